@@ -1,0 +1,24 @@
+GO ?= go
+PKGS := ./...
+
+.PHONY: build test demo bench lint docker
+
+build:
+	$(GO) build -o bin/processor ./cmd/processor
+
+# The race detector is on: every package, the Kafka and crash tests included.
+test:
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+demo:
+	$(GO) run ./cmd/processor demo
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./internal/bench/
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+docker:
+	docker build -t sluice/processor:dev .

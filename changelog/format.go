@@ -1,0 +1,103 @@
+package changelog
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// EpochHeader is the record header carrying the epoch (8 bytes, big endian)
+// on every changelog record, for debugging and tooling.
+const EpochHeader = "sluice.epoch"
+
+// markerFormat versions the marker value encoding.
+const markerFormat byte = 1
+
+// MarkerKey is the key of every epoch marker.
+var MarkerKey = kstate.EncodeKey(kstate.KindMarker, "", nil, nil)
+
+// ErrBadMarker is returned (wrapped) for a marker value that does not decode.
+var ErrBadMarker = errors.New("changelog: bad epoch marker")
+
+// Marker ends a task's epoch in its changelog partition: the epoch number
+// and, per input topic, the next offset of the task's partition to read.
+// Offsets are operator state: they commit in the same transaction as the
+// state changes they reflect.
+type Marker struct {
+	Epoch   uint64
+	Offsets map[string]int64
+}
+
+// IsMarker reports whether a changelog key is an epoch marker's.
+func IsMarker(key []byte) bool {
+	return len(key) >= 2 && key[0] == kstate.FormatV1 && kstate.Kind(key[1]) == kstate.KindMarker
+}
+
+// EncodeMarker encodes m: [format][uvarint epoch][uvarint n] then n times
+// [uvarint len][topic][varint offset], topics sorted so equal markers encode
+// equally.
+func EncodeMarker(m Marker) []byte {
+	topics := make([]string, 0, len(m.Offsets))
+	for t := range m.Offsets {
+		topics = append(topics, t)
+	}
+	sort.Strings(topics)
+	b := make([]byte, 0, 16+len(topics)*24)
+	b = append(b, markerFormat)
+	b = binary.AppendUvarint(b, m.Epoch)
+	b = binary.AppendUvarint(b, uint64(len(topics)))
+	for _, t := range topics {
+		b = binary.AppendUvarint(b, uint64(len(t)))
+		b = append(b, t...)
+		b = binary.AppendVarint(b, m.Offsets[t])
+	}
+	return b
+}
+
+// DecodeMarker decodes a marker value, strictly.
+func DecodeMarker(b []byte) (Marker, error) {
+	if len(b) == 0 || b[0] != markerFormat {
+		return Marker{}, fmt.Errorf("%w: unknown format", ErrBadMarker)
+	}
+	b = b[1:]
+	epoch, n := binary.Uvarint(b)
+	if n <= 0 {
+		return Marker{}, fmt.Errorf("%w: epoch", ErrBadMarker)
+	}
+	b = b[n:]
+	count, n := binary.Uvarint(b)
+	if n <= 0 || count > uint64(len(b)) {
+		return Marker{}, fmt.Errorf("%w: topic count", ErrBadMarker)
+	}
+	b = b[n:]
+	m := Marker{Epoch: epoch, Offsets: make(map[string]int64, count)}
+	for i := uint64(0); i < count; i++ {
+		l, n := binary.Uvarint(b)
+		if n <= 0 || l > uint64(len(b)-n) {
+			return Marker{}, fmt.Errorf("%w: topic length", ErrBadMarker)
+		}
+		topic := string(b[n : n+int(l)])
+		b = b[n+int(l):]
+		off, n := binary.Varint(b)
+		if n <= 0 {
+			return Marker{}, fmt.Errorf("%w: offset of %q", ErrBadMarker, topic)
+		}
+		b = b[n:]
+		if _, dup := m.Offsets[topic]; dup {
+			return Marker{}, fmt.Errorf("%w: topic %q twice", ErrBadMarker, topic)
+		}
+		m.Offsets[topic] = off
+	}
+	if len(b) != 0 {
+		return Marker{}, fmt.Errorf("%w: %d trailing bytes", ErrBadMarker, len(b))
+	}
+	return m, nil
+}
+
+// EncodeEpoch is the EpochHeader value for epoch.
+func EncodeEpoch(epoch uint64) []byte {
+	return binary.BigEndian.AppendUint64(nil, epoch)
+}

@@ -1,0 +1,613 @@
+package main
+
+// Configuration of the processor binary. Every variable is a field of Config
+// (or of GenerateConfig for `processor generate`), read with caarlos0/env from
+// an explicit map so tests never touch the process environment. The struct
+// tags are the single source of the README's configuration reference:
+//
+//	env         name and env options (required, notEmpty)
+//	envDefault  literal default, shown in backticks in the README
+//	docDefault  default shown when it is derived or conditional
+//	desc        the README's "Meaning" column (no '|')
+//	expect      the accepted form, used in "expected ..." errors; durations,
+//	            integers, floats and bools have a built-in one
+//	secret      "true": never logged by Summary nor echoed in errors
+//
+// readme_test.go fails when README.md drifts from these tags.
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Config is the environment of `processor` (run, demo). Fields named Raw…
+// hold a variable as given, 0 or "" meaning derived: use the method of the
+// same name without Raw for the value in effect.
+type Config struct {
+	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run and generate" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
+	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, rising-temperature, temperature-split or wordcount."`
+	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Comma-separated input topics; several topics must be co-partitioned (same partition count)."`
+	OutputTopic           string        `env:"SLUICE_OUTPUT_TOPIC" docDefault:"required by jobs that emit" expect:"a Kafka topic name" desc:"Topic the job writes its results to."`
+	StateDir              string        `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task. Kept across restarts; the container image sets /var/lib/sluice (a volume)."`
+	StateBackend          string        `env:"SLUICE_STATE_BACKEND" envDefault:"bbolt" desc:"State backend: bbolt (on disk, survives restarts) or memory (rebuilt from the changelog at every start)."`
+	Guarantee             string        `env:"SLUICE_GUARANTEE" envDefault:"exactly_once" desc:"exactly_once (one Kafka transaction per epoch; read output with isolation.level=read_committed) or at_least_once (idempotent producer, no transaction)."`
+	CheckpointInterval    time.Duration `env:"SLUICE_CHECKPOINT_INTERVAL" envDefault:"100ms" desc:"Epoch length: how often state, outputs and offsets are committed. Shorter lowers end-to-end latency of read_committed readers; longer raises throughput. Must be > 0."`
+	RawCheckpointTimeout  time.Duration `env:"SLUICE_CHECKPOINT_TIMEOUT" docDefault:"SLUICE_TRANSACTION_TIMEOUT minus the epoch" desc:"How long one checkpoint (flush and commit) may take before it counts as failed. The derived value ends the checkpoint before the broker would abort its transaction. Must be greater than SLUICE_CHECKPOINT_INTERVAL when set."`
+	MinPause              time.Duration `env:"SLUICE_MIN_PAUSE" envDefault:"0s" desc:"Least time between the end of one checkpoint and the start of the next, so slow commits cannot starve processing. 0 = none."`
+	TolerableFailures     int           `env:"SLUICE_TOLERABLE_FAILURES" envDefault:"3" desc:"Consecutive failed checkpoints tolerated before the instance exits (each failure aborts the epoch and rewinds). Must be >= 0."`
+	RawTransactionTimeout time.Duration `env:"SLUICE_TRANSACTION_TIMEOUT" docDefault:"max(10s, 10 × epoch), where epoch = the longer of SLUICE_CHECKPOINT_INTERVAL and SLUICE_MIN_PAUSE" desc:"Kafka transaction timeout. When set it must be at least 2 × the epoch; at startup it is also checked against the broker's transaction.max.timeout.ms."`
+	InstanceID            string        `env:"SLUICE_INSTANCE_ID" docDefault:"the hostname" expect:"1 to 249 of the characters a-z A-Z 0-9 . _ -" desc:"Stable identity of this instance: static group membership (group.instance.id) and the transactional id. Give every replica its own, and keep it across restarts."`
+	SessionTimeout        time.Duration `env:"SLUICE_SESSION_TIMEOUT" envDefault:"45s" desc:"Consumer group session timeout: how long a silent member keeps its partitions. Must be >= 1s and within the broker's group.min/max.session.timeout.ms."`
+	RawRebalanceTimeout   time.Duration `env:"SLUICE_REBALANCE_TIMEOUT" docDefault:"2/3 of SLUICE_SESSION_TIMEOUT, at least 1s" desc:"How long members get to rejoin a rebalance. The derived value stays below the session timeout, which keeps a group moving when a member dies during a rebalance. Must be > 0 when set."`
+	GroupProtocol         string        `env:"SLUICE_GROUP_PROTOCOL" envDefault:"classic" desc:"classic (JoinGroup/SyncGroup, any broker) or consumer (KIP-848, Kafka 4.0+ brokers)."`
+	MetricsAddr           string        `env:"SLUICE_METRICS_ADDR" envDefault:":9090" expect:"a listen address such as :9090 or 127.0.0.1:9090" desc:"Listen address for /metrics, /healthz and /readyz."`
+	RawDLQTopic           string        `env:"SLUICE_DLQ_TOPIC" docDefault:"SLUICE_APP_ID followed by -dlq" expect:"a Kafka topic name" desc:"Dead-letter topic for records the job cannot process; headers say why."`
+	LogLevel              string        `env:"SLUICE_LOG_LEVEL" envDefault:"info" desc:"Least severity logged: debug, info, warn or error."`
+	AlertThreshold        float64       `env:"SLUICE_ALERT_THRESHOLD" envDefault:"10.0" desc:"temperature-alert: emit when a sensor's reading differs from its last one by more than this. Must be >= 0."`
+	RisingWindow          time.Duration `env:"SLUICE_RISING_WINDOW" envDefault:"10s" desc:"rising-temperature: how long a sensor's temperature must rise at every reading before an alert. Must be > 0."`
+	TimeDomain            string        `env:"SLUICE_TIME" envDefault:"processing" desc:"rising-temperature: timers in processing time (wall clock) or event time (the record's CSV seconds, driven by the watermark)."`
+	MaxOutOfOrderness     time.Duration `env:"SLUICE_MAX_OUT_OF_ORDERNESS" envDefault:"0s" desc:"Event time: watermark = highest record time seen minus this. Must be >= 0."`
+	SideOutputTopic       string        `env:"SLUICE_SIDE_OUTPUT_TOPIC" docDefault:"required by temperature-split" expect:"a Kafka topic name" desc:"temperature-split: topic for readings below 30 (the rest go to SLUICE_OUTPUT_TOPIC)."`
+	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, side output, DLQ and changelog topics at startup. Existing topics are never altered."`
+	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the topics the processor creates. 0 = that of the first input topic. Must be >= 0."`
+}
+
+// GenerateConfig is the environment of `processor generate`, which produces
+// base-10 integers (the aggregate job's input) to a topic.
+type GenerateConfig struct {
+	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	Topic   string   `env:"SLUICE_GENERATE_TOPIC,required,notEmpty" expect:"a Kafka topic name" desc:"generate: topic to write the generated records to."`
+	Rate    int      `env:"SLUICE_GENERATE_RATE" envDefault:"1000" desc:"generate: records per second. Must be > 0."`
+	Keys    int      `env:"SLUICE_GENERATE_KEYS" envDefault:"1000" desc:"generate: number of distinct record keys. Must be > 0."`
+}
+
+// JobSpec is what configuration needs to know about a built-in job.
+type JobSpec struct {
+	Name string
+	// Emits means the job writes to SLUICE_OUTPUT_TOPIC, which is then required.
+	Emits bool
+	// SideOutput means the job writes to SLUICE_SIDE_OUTPUT_TOPIC, which is then required.
+	SideOutput bool
+}
+
+// ConfigError is a bad or missing variable. Its Error is one line naming the
+// variable, its value and the expected form; main exits with status 2 on it.
+type ConfigError struct {
+	Var      string // e.g. SLUICE_CHECKPOINT_INTERVAL
+	Value    string // the value in the environment or in effect; "" when missing
+	Expected string // the accepted form, e.g. "a Go duration such as 200ms or 1s"
+}
+
+func (e *ConfigError) Error() string {
+	if e.Value == "" {
+		return fmt.Sprintf("%s is required: expected %s", e.Var, e.Expected)
+	}
+	return fmt.Sprintf("%s=%q: expected %s", e.Var, e.Value, e.Expected)
+}
+
+// Allowed values of the enumerated variables.
+var (
+	stateBackends  = []string{"bbolt", "memory"}
+	guarantees     = []string{"exactly_once", "at_least_once"}
+	groupProtocols = []string{"classic", "consumer"}
+	logLevels      = []string{"debug", "info", "warn", "error"}
+	timeDomains    = []string{"processing", "event"}
+)
+
+const (
+	// maxAppIDLen leaves room under Kafka's 249-character topic name limit
+	// for the suffixes of internal topics (-dlq, -<store>-changelog).
+	maxAppIDLen = 200
+	// maxNameLen is Kafka's limit for topic names and group.instance.id.
+	maxNameLen = 249
+
+	minTransactionTimeout = 10 * time.Second
+	minRebalanceTimeout   = time.Second
+	minSessionTimeout     = time.Second
+	// maxWireTimeout is the longest timeout Kafka's int32 millisecond fields
+	// carry (session, rebalance and transaction timeouts).
+	maxWireTimeout = time.Duration(math.MaxInt32) * time.Millisecond
+)
+
+// loadConfig reads Config from environ (as from env.ToMap(os.Environ())) and
+// validates it for jobs, the built-in jobs. It returns a *ConfigError for the
+// first problem found: unknown SLUICE_ variables first (a typo usually explains
+// everything after it), then unparsable values in field order, then rules.
+// SLUICE_BROKERS is checked by validateRun, since demo runs without brokers.
+func loadConfig(environ map[string]string, jobs []JobSpec) (Config, error) {
+	var c Config
+	if err := parseEnv(&c, environ); err != nil {
+		return Config{}, err
+	}
+	c.Brokers = trimList(c.Brokers)
+	c.InputTopics = trimList(c.InputTopics)
+	if c.InstanceID == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			return Config{}, &ConfigError{Var: "SLUICE_INSTANCE_ID", Expected: fmt.Sprintf("a stable instance name (the hostname is unavailable: %v)", err)}
+		}
+		c.InstanceID = h
+	}
+	if err := c.validate(environ, jobs); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// validateRun checks what only `run` needs: brokers to talk to.
+func (c Config) validateRun() error {
+	if len(c.Brokers) == 0 {
+		return &ConfigError{Var: "SLUICE_BROKERS", Expected: expectedOf(reflect.TypeFor[Config](), "SLUICE_BROKERS")}
+	}
+	return nil
+}
+
+// loadGenerateConfig reads and validates GenerateConfig from environ.
+func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
+	var g GenerateConfig
+	if err := parseEnv(&g, environ); err != nil {
+		return GenerateConfig{}, err
+	}
+	g.Brokers = trimList(g.Brokers)
+	v := validation{environ: environ, cfg: reflect.ValueOf(g)}
+	v.check("SLUICE_BROKERS", allNonEmpty(g.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
+	v.check("SLUICE_GENERATE_TOPIC", validTopic(g.Topic), "a Kafka topic name: 1 to 249 of the characters a-z A-Z 0-9 . _ -")
+	v.check("SLUICE_GENERATE_RATE", g.Rate > 0, "a number of records per second greater than 0")
+	v.check("SLUICE_GENERATE_KEYS", g.Keys > 0, "a number of keys greater than 0")
+	if v.err != nil {
+		return GenerateConfig{}, v.err
+	}
+	return g, nil
+}
+
+// TransactionTimeout is SLUICE_TRANSACTION_TIMEOUT, or when unset
+// max(10s, 10 × epoch): room for ten epochs so a slow commit or a GC pause does
+// not let the broker abort the open transaction, yet a dead instance's dangling
+// transaction (which holds back every read_committed reader) ends quickly.
+func (c Config) TransactionTimeout() time.Duration {
+	if c.RawTransactionTimeout > 0 {
+		return c.RawTransactionTimeout
+	}
+	return max(minTransactionTimeout, 10*c.epoch())
+}
+
+// CheckpointTimeout is SLUICE_CHECKPOINT_TIMEOUT, or when unset the
+// transaction timeout minus one epoch: a transaction opens when its epoch
+// begins, so a checkpoint that takes longer than this would be aborted by the
+// broker anyway.
+func (c Config) CheckpointTimeout() time.Duration {
+	if c.RawCheckpointTimeout > 0 {
+		return c.RawCheckpointTimeout
+	}
+	return c.TransactionTimeout() - c.epoch()
+}
+
+// epoch is the least time one transaction stays open: the checkpoint interval,
+// stretched by the minimum pause between checkpoints.
+func (c Config) epoch() time.Duration { return max(c.CheckpointInterval, c.MinPause) }
+
+// RebalanceTimeout is SLUICE_REBALANCE_TIMEOUT, or when unset 2/3 of the
+// session timeout (at least 1s). kfake's classic coordinator can wait for a
+// member that died in JoinGroup until the rebalance timeout, restarted by every
+// new JoinGroup; a rebalance timeout below the session timeout (together with
+// kgo.RequestTimeoutOverhead(5*time.Second) in the engine) was measured to keep
+// such groups moving (DESIGN §10). Real Kafka is not hurt by it: members only
+// need the rebalance timeout to finish their final epoch commit.
+func (c Config) RebalanceTimeout() time.Duration {
+	if c.RawRebalanceTimeout > 0 {
+		return c.RawRebalanceTimeout
+	}
+	return max(minRebalanceTimeout, c.SessionTimeout*2/3)
+}
+
+// DLQTopic is SLUICE_DLQ_TOPIC, or "<app id>-dlq".
+func (c Config) DLQTopic() string {
+	if c.RawDLQTopic != "" {
+		return c.RawDLQTopic
+	}
+	return c.AppID + "-dlq"
+}
+
+// Level is SLUICE_LOG_LEVEL as a slog level.
+func (c Config) Level() slog.Level {
+	switch c.LogLevel {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// Summary returns slog attributes of the configuration in effect, derived
+// values resolved, for the startup log line. Keys are the variable names
+// without the prefix, lower-cased (SLUICE_TIME is time_domain, as slog owns
+// "time"). Fields tagged secret are left out.
+func (c Config) Summary() []any {
+	rv := reflect.ValueOf(c)
+	var attrs []any
+	for _, f := range reflect.VisibleFields(rv.Type()) {
+		name := envName(f)
+		if name == "" || f.Tag.Get("secret") == "true" {
+			continue
+		}
+		key := strings.ToLower(strings.TrimPrefix(name, "SLUICE_"))
+		if name == "SLUICE_TIME" {
+			key = "time_domain" // slog's own key for the record's timestamp is "time"
+		}
+		var val any
+		switch name {
+		case "SLUICE_TRANSACTION_TIMEOUT":
+			val = c.TransactionTimeout().String()
+		case "SLUICE_REBALANCE_TIMEOUT":
+			val = c.RebalanceTimeout().String()
+		case "SLUICE_DLQ_TOPIC":
+			val = c.DLQTopic()
+		default:
+			val = formatValue(rv.FieldByIndex(f.Index))
+		}
+		attrs = append(attrs, slog.Any(key, val))
+	}
+	return attrs
+}
+
+func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
+	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
+	topic := "a Kafka topic name: 1 to 249 of the characters a-z A-Z 0-9 . _ -"
+
+	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
+	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
+
+	names := make([]string, len(jobs))
+	for i, j := range jobs {
+		names[i] = j.Name
+	}
+	i := slices.Index(names, c.Job)
+	v.check("SLUICE_JOB", i >= 0, "one of "+strings.Join(slices.Sorted(slices.Values(names)), ", "))
+	var job JobSpec
+	if i >= 0 {
+		job = jobs[i]
+	}
+
+	v.check("SLUICE_INPUT_TOPICS", len(c.InputTopics) > 0 && everyEntry(c.InputTopics, validTopic), "comma-separated Kafka topic names (letters, digits, '.', '_', '-'), without empty entries")
+	if job.Emits || c.OutputTopic != "" {
+		v.check("SLUICE_OUTPUT_TOPIC", validTopic(c.OutputTopic), topic+writtenBy(job))
+	}
+	v.check("SLUICE_STATE_BACKEND", slices.Contains(stateBackends, c.StateBackend), oneOf(stateBackends))
+	v.check("SLUICE_GUARANTEE", slices.Contains(guarantees, c.Guarantee), oneOf(guarantees))
+	v.check("SLUICE_CHECKPOINT_INTERVAL", c.CheckpointInterval > 0, "a Go duration greater than 0 such as 100ms")
+	v.check("SLUICE_CHECKPOINT_TIMEOUT", c.RawCheckpointTimeout == 0 || c.RawCheckpointTimeout > c.CheckpointInterval,
+		fmt.Sprintf("a Go duration greater than SLUICE_CHECKPOINT_INTERVAL (%v)", c.CheckpointInterval))
+	v.check("SLUICE_MIN_PAUSE", c.MinPause >= 0, "a Go duration of 0 or more")
+	v.check("SLUICE_TOLERABLE_FAILURES", c.TolerableFailures >= 0, "an integer of 0 or more")
+	v.check("SLUICE_TRANSACTION_TIMEOUT", c.RawTransactionTimeout == 0 || c.RawTransactionTimeout >= 2*c.epoch(),
+		fmt.Sprintf("0 (derived) or a Go duration of at least 2 × the epoch (%v), the longer of SLUICE_CHECKPOINT_INTERVAL and SLUICE_MIN_PAUSE", 2*c.epoch()))
+	v.check("SLUICE_TRANSACTION_TIMEOUT", c.TransactionTimeout() <= maxWireTimeout, "a transaction timeout of at most 596h (Kafka's limit); lower SLUICE_CHECKPOINT_INTERVAL or SLUICE_MIN_PAUSE if it is derived")
+	v.check("SLUICE_INSTANCE_ID", validName(c.InstanceID, maxNameLen), "1 to 249 of the characters a-z A-Z 0-9 . _ -")
+	v.check("SLUICE_SESSION_TIMEOUT", c.SessionTimeout >= minSessionTimeout && c.SessionTimeout <= maxWireTimeout, "a Go duration from 1s to 596h such as 45s")
+	v.check("SLUICE_REBALANCE_TIMEOUT", c.RawRebalanceTimeout >= 0 && c.RawRebalanceTimeout <= maxWireTimeout, "0 (derived) or a Go duration from 1ms to 596h")
+	v.check("SLUICE_GROUP_PROTOCOL", slices.Contains(groupProtocols, c.GroupProtocol), oneOf(groupProtocols))
+	v.check("SLUICE_METRICS_ADDR", validListenAddr(c.MetricsAddr), "a listen address such as :9090 or 127.0.0.1:9090")
+	v.check("SLUICE_DLQ_TOPIC", c.RawDLQTopic == "" || validTopic(c.RawDLQTopic), topic)
+	v.check("SLUICE_LOG_LEVEL", slices.Contains(logLevels, c.LogLevel), oneOf(logLevels))
+	v.check("SLUICE_ALERT_THRESHOLD", c.AlertThreshold >= 0 && !math.IsInf(c.AlertThreshold, 1), "a finite number of 0 or more such as 10.0")
+	v.check("SLUICE_RISING_WINDOW", c.RisingWindow > 0, "a Go duration greater than 0 such as 10s")
+	v.check("SLUICE_TIME", slices.Contains(timeDomains, c.TimeDomain), oneOf(timeDomains))
+	v.check("SLUICE_MAX_OUT_OF_ORDERNESS", c.MaxOutOfOrderness >= 0, "a Go duration of 0 or more")
+	if job.SideOutput || c.SideOutputTopic != "" {
+		v.check("SLUICE_SIDE_OUTPUT_TOPIC", validTopic(c.SideOutputTopic), topic+writtenBy(job))
+	}
+	v.check("SLUICE_PARTITIONS", c.Partitions >= 0, "0 (as the first input topic) or a partition count")
+	return v.err
+}
+
+func writtenBy(job JobSpec) string {
+	if job.Name == "" {
+		return ""
+	}
+	return " (job " + job.Name + " writes to it)"
+}
+
+// validation keeps the first failed check as a *ConfigError.
+type validation struct {
+	environ map[string]string
+	cfg     reflect.Value // the struct checked, to show values in effect
+	err     error
+}
+
+func (v *validation) check(name string, ok bool, expected string) {
+	if ok || v.err != nil {
+		return
+	}
+	value, set := v.environ[name]
+	if !set || value == "" {
+		value = effectiveValue(v.cfg, name)
+	}
+	v.err = newConfigError(v.cfg.Type(), name, value, expected)
+}
+
+// parseEnv fills dst (a *Config or *GenerateConfig) from environ and maps
+// caarlos0/env's errors to a *ConfigError for the first failing variable.
+func parseEnv(dst any, environ map[string]string) error {
+	if environ == nil {
+		// caarlos0/env reads the process environment when Options.Environment
+		// is nil; an absent environment means no variables.
+		environ = map[string]string{}
+	}
+	t := reflect.TypeOf(dst).Elem()
+	if err := checkUnknown(environ); err != nil {
+		return err
+	}
+	err := env.ParseWithOptions(dst, env.Options{Environment: environ})
+	if err == nil {
+		return nil
+	}
+	first := err
+	var agg env.AggregateError
+	if errors.As(err, &agg) && len(agg.Errors) > 0 {
+		first = agg.Errors[0]
+	}
+	var (
+		pe    env.ParseError
+		unset env.VarIsNotSetError
+		empty env.EmptyVarError
+	)
+	switch {
+	case errors.As(first, &pe):
+		f, _ := t.FieldByName(pe.Name)
+		name := envName(f)
+		return newConfigError(t, name, environ[name], expectedOf(t, name))
+	case errors.As(first, &unset):
+		return newConfigError(t, unset.Key, "", expectedOf(t, unset.Key))
+	case errors.As(first, &empty):
+		return newConfigError(t, empty.Key, "", expectedOf(t, empty.Key))
+	}
+	return fmt.Errorf("reading the environment: %w", err)
+}
+
+// checkUnknown rejects SLUICE_ variables that no struct reads: a typo such as
+// SLUICE_CHECKPOINT_INTERVALL would otherwise be ignored in silence. Empty
+// ones set nothing and are let through.
+func checkUnknown(environ map[string]string) error {
+	known := knownVars()
+	var unknown []string
+	for k, val := range environ {
+		if strings.HasPrefix(k, "SLUICE_") && val != "" && !slices.Contains(known, k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	k := unknown[0]
+	expected := "a known variable (unknown variable; see README env reference)"
+	if near := nearest(k, known); near != "" {
+		expected = fmt.Sprintf("a known variable (unknown variable; did you mean %s? see README env reference)", near)
+	}
+	return &ConfigError{Var: k, Value: environ[k], Expected: expected}
+}
+
+// envVar is one row of the configuration reference.
+type envVar struct {
+	Name    string
+	Default string // markdown: `literal`, "required", or prose
+	Meaning string
+}
+
+// envReference lists every variable of Config, then those of GenerateConfig
+// not already listed, in field order: the README's configuration table.
+func envReference() []envVar {
+	var rows []envVar
+	seen := map[string]bool{}
+	for _, t := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[GenerateConfig]()} {
+		for _, f := range reflect.VisibleFields(t) {
+			name := envName(f)
+			if name == "" || seen[name] {
+				continue
+			}
+			seen[name] = true
+			rows = append(rows, envVar{Name: name, Default: docDefault(f), Meaning: f.Tag.Get("desc")})
+		}
+	}
+	return rows
+}
+
+func knownVars() []string {
+	var names []string
+	for _, r := range envReference() {
+		names = append(names, r.Name)
+	}
+	return names
+}
+
+func docDefault(f reflect.StructField) string {
+	if d := f.Tag.Get("docDefault"); d != "" {
+		return d
+	}
+	if d, ok := f.Tag.Lookup("envDefault"); ok {
+		return "`" + d + "`"
+	}
+	if slices.Contains(envOptions(f), "required") {
+		return "required"
+	}
+	return "empty"
+}
+
+// envName is the variable a field is read from, "" for none.
+func envName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+	if name == "-" {
+		return ""
+	}
+	return name
+}
+
+func envOptions(f reflect.StructField) []string {
+	_, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
+	return strings.Split(opts, ",")
+}
+
+func fieldOf(t reflect.Type, name string) (reflect.StructField, bool) {
+	for _, f := range reflect.VisibleFields(t) {
+		if envName(f) == name {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// expectedOf is the accepted form of a variable: its expect tag, else one
+// derived from its Go type.
+func expectedOf(t reflect.Type, name string) string {
+	f, ok := fieldOf(t, name)
+	if !ok {
+		return "a valid value"
+	}
+	if e := f.Tag.Get("expect"); e != "" {
+		return e
+	}
+	if f.Type == reflect.TypeFor[time.Duration]() {
+		return "a Go duration such as 200ms or 1s"
+	}
+	switch f.Type.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return "an integer such as 3"
+	case reflect.Float64, reflect.Float32:
+		return "a decimal number such as 10.0"
+	case reflect.Bool:
+		return "true or false"
+	}
+	// Enumerations explain themselves in validate; this is the parse fallback.
+	return "a valid value (see README env reference)"
+}
+
+func newConfigError(t reflect.Type, name, value, expected string) *ConfigError {
+	if f, ok := fieldOf(t, name); ok && f.Tag.Get("secret") == "true" && value != "" {
+		value = "<redacted>"
+	}
+	return &ConfigError{Var: name, Value: value, Expected: expected}
+}
+
+// effectiveValue formats the value in effect of the variable name in the
+// struct cfg, for errors about a value the user did not set (a default).
+func effectiveValue(cfg reflect.Value, name string) string {
+	if f, ok := fieldOf(cfg.Type(), name); ok {
+		return fmt.Sprint(formatValue(cfg.FieldByIndex(f.Index)))
+	}
+	return ""
+}
+
+// formatValue is a field's value for logs: durations as text, lists joined
+// with commas as they were given, everything else as is.
+func formatValue(v reflect.Value) any {
+	switch x := v.Interface().(type) {
+	case time.Duration:
+		return x.String()
+	case []string:
+		return strings.Join(x, ",")
+	default:
+		return x
+	}
+}
+
+func oneOf(vals []string) string {
+	return "one of " + strings.Join(vals, ", ")
+}
+
+// trimList drops the spaces around list entries ("a, b"); empty entries are
+// kept so validation can reject them.
+func trimList(l []string) []string {
+	for i := range l {
+		l[i] = strings.TrimSpace(l[i])
+	}
+	return l
+}
+
+func allNonEmpty(l []string) bool {
+	return everyEntry(l, func(s string) bool { return s != "" })
+}
+
+func everyEntry(l []string, ok func(string) bool) bool {
+	for _, s := range l {
+		if !ok(s) {
+			return false
+		}
+	}
+	return true
+}
+
+// validName reports whether s is 1..maxLen of Kafka's legal name characters,
+// the rule for topic names and group.instance.id.
+func validName(s string, maxLen int) bool {
+	if s == "" || len(s) > maxLen {
+		return false
+	}
+	for _, r := range s {
+		switch {
+		case 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', '0' <= r && r <= '9', r == '.', r == '_', r == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func validTopic(s string) bool {
+	return validName(s, maxNameLen) && s != "." && s != ".."
+}
+
+func validListenAddr(s string) bool {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return false
+	}
+	p, err := strconv.Atoi(port)
+	return err == nil && p >= 0 && p <= 65535
+}
+
+// nearest returns the known name closest to name when it is a likely typo
+// (edit distance at most 3), else "".
+func nearest(name string, known []string) string {
+	best, bestD := "", 4
+	for _, k := range known {
+		if d := editDistance(name, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

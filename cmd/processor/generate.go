@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// runGenerate writes base-10 integers keyed by "key-N" to a topic at a
+// steady rate until SIGTERM: input for the aggregate job.
+func runGenerate(envm map[string]string) int {
+	cfg, err := loadGenerateConfig(envm)
+	if err != nil {
+		return configFail(err)
+	}
+	log := newLogger(0)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		log.Error("generate", "err", err)
+		return 1
+	}
+	defer cl.Close()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	perTick := max(1, cfg.Rate/10)
+	var sent int64
+	for {
+		select {
+		case <-ctx.Done():
+			cl.Flush(context.Background())
+			log.Info("generate stopped", "records", sent)
+			return 0
+		case <-tick.C:
+		}
+		for range perTick {
+			key := fmt.Sprintf("key-%d", rng.IntN(cfg.Keys))
+			val := strconv.Itoa(rng.IntN(2001) - 1000)
+			cl.Produce(ctx, &kgo.Record{Topic: cfg.Topic, Key: []byte(key), Value: []byte(val)}, func(_ *kgo.Record, err error) {
+				if err != nil && ctx.Err() == nil {
+					log.Warn("generate: produce failed", "err", err)
+				}
+			})
+			sent++
+		}
+	}
+}

@@ -1,0 +1,194 @@
+// Command processor runs a Sluice processor instance with a built-in job,
+// configured by SLUICE_* environment variables (see the README's
+// configuration reference).
+//
+//	processor [run]    run the job named by SLUICE_JOB (the default)
+//	processor demo     run a real job on an embedded broker, crash it, check it
+//	processor generate write integer input for the aggregate job
+//	processor broker   run an embedded single-node Kafka (kfake) for trying things out
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+const usage = `usage: processor [command]
+
+commands:
+  run        run the job named by SLUICE_JOB (default when no command is given)
+  demo       start an embedded broker, run two instances of the aggregate job,
+             kill one mid-run, restart it, and check the output exactly once
+             (flags: -keep keeps it running; -inputs N; -partitions N)
+  generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
+  broker     run an embedded single-node Kafka-protocol broker (kfake);
+             flags: -addr host:port (default 127.0.0.1:9092)
+  help       show this text
+
+Configuration is by environment variables only; every SLUICE_* variable is
+listed with its default in the README's "Configuration reference".
+A bad or missing variable exits with status 2 and one line naming it.
+`
+
+// builtins are the jobs SLUICE_JOB can name.
+var builtins = map[string]func() sluice.Job{
+	"aggregate": jobs.Aggregate,
+	"echo":      jobs.Echo,
+}
+
+func jobSpecs() []JobSpec {
+	specs := make([]JobSpec, 0, len(builtins))
+	for name, mk := range builtins {
+		specs = append(specs, JobSpec{Name: name, Emits: mk().Emits})
+	}
+	return specs
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	cmd := "run"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runProcessor(environ())
+	case "demo":
+		return runDemo(args)
+	case "generate":
+		return runGenerate(environ())
+	case "broker":
+		return runBroker(args)
+	case "help", "-h", "-help", "--help":
+		fmt.Print(usage)
+		return 0
+	default:
+		fmt.Fprintf(os.Stderr, "processor: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+}
+
+func environ() map[string]string {
+	m := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func configFail(err error) int {
+	fmt.Fprintln(os.Stderr, "processor:", err)
+	return 2
+}
+
+func newLogger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func runProcessor(envm map[string]string) int {
+	cfg, err := loadConfig(envm, jobSpecs())
+	if err == nil {
+		err = cfg.validateRun()
+	}
+	if err != nil {
+		return configFail(err)
+	}
+	log := newLogger(cfg.Level())
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := serve(ctx, log, cfg); err != nil {
+		log.Error("processor stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// serve runs one instance and its HTTP endpoints until ctx ends.
+func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	inst, err := sluice.New(engineOptions(cfg, log, reg))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("SLUICE_METRICS_ADDR=%s: %w", cfg.MetricsAddr, err)
+	}
+	srv := &http.Server{Handler: httpHandler(reg, inst), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	log.Info("processor starting", append(cfg.Summary(), "metrics", ln.Addr().String())...)
+	err = inst.Run(ctx)
+	log.Info("processor stopped")
+	return err
+}
+
+func httpHandler(reg *prometheus.Registry, inst *sluice.Instance) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !inst.Ready() {
+			http.Error(w, "not ready: joining the group, restoring tasks, or the brokers are unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) sluice.Options {
+	return sluice.Options{
+		Brokers:     cfg.Brokers,
+		AppID:       cfg.AppID,
+		InstanceID:  cfg.InstanceID,
+		Job:         builtins[cfg.Job](),
+		InputTopics: cfg.InputTopics,
+		OutputTopic: cfg.OutputTopic,
+		DLQTopic:    cfg.DLQTopic(),
+		StateDir:    cfg.StateDir,
+		Backend:     cfg.StateBackend,
+		Guarantee:   sluice.Guarantee(cfg.Guarantee),
+		Checkpoint: barrier.Config{
+			Interval:          cfg.CheckpointInterval,
+			Timeout:           cfg.CheckpointTimeout(),
+			MinPause:          cfg.MinPause,
+			TolerableFailures: cfg.TolerableFailures,
+		},
+		TransactionTimeout: cfg.TransactionTimeout(),
+		SessionTimeout:     cfg.SessionTimeout,
+		RebalanceTimeout:   cfg.RebalanceTimeout(),
+		GroupProtocol:      cfg.GroupProtocol,
+		CreateTopics:       cfg.CreateTopics,
+		Partitions:         int32(cfg.Partitions),
+		Logger:             log,
+		Registry:           reg,
+	}
+}
+
+var errUsage = errors.New("usage")

@@ -1,0 +1,107 @@
+// Package api holds the types a job sees: the record, the processing
+// context and the job declaration. The root package sluice re-exports them;
+// they live here so the engine can use them without an import cycle.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// Header is a Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Record is one input record, as read from an input topic.
+type Record struct {
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Topic     string
+	Partition int32
+	Offset    int64
+	Timestamp time.Time
+}
+
+// Context is what a Processor gets for each record. Keyed state read or
+// written through it (it is a kstate.Scope) is scoped to the record's key.
+// Emitted records join the epoch's transaction; they are produced only if
+// the record's processing returns nil.
+//
+// A Context is valid only during the call it was passed to.
+type Context interface {
+	kstate.Scope
+
+	// Context is cancelled when the instance shuts down.
+	Context() context.Context
+	// Task is the task (input partition number) processing the record.
+	Task() int32
+	// OutputTopic is the job's output topic.
+	OutputTopic() string
+	// Emit sends a record to the job's output topic, partitioned by key
+	// with Kafka's default murmur2 partitioner.
+	Emit(key, value []byte, headers ...Header)
+	// EmitTo sends a record to another topic (a side output), partitioned
+	// by key with murmur2.
+	EmitTo(topic string, key, value []byte, headers ...Header)
+	// EmitToPartition sends a record to an explicit partition of topic.
+	EmitToPartition(topic string, partition int32, key, value []byte, headers ...Header)
+}
+
+// ProcessFunc handles one record. A non-nil error sends the record to the
+// dead-letter topic with headers saying why: its state changes and its
+// emitted records are dropped, and processing continues. Wrap an error with
+// Fatal to stop the instance instead.
+type ProcessFunc func(ctx Context, rec *Record) error
+
+// Job declares a processing job. Declare it once, Validate it, then run it.
+type Job struct {
+	// Name identifies the job in logs, metrics and dead-letter headers.
+	Name string
+	// Process is called once per input record, in partition order.
+	Process ProcessFunc
+	// Emits reports whether the job writes to the output topic, which is
+	// then required.
+	Emits bool
+}
+
+// Validate checks the declaration before any I/O happens.
+func (j Job) Validate() error {
+	if j.Name == "" {
+		return errors.New("job: Name is empty")
+	}
+	if j.Process == nil {
+		return fmt.Errorf("job %s: Process is nil", j.Name)
+	}
+	return nil
+}
+
+// fatalError marks an error that must stop the instance.
+type fatalError struct{ err error }
+
+func (e fatalError) Error() string { return "fatal: " + e.err.Error() }
+func (e fatalError) Unwrap() error { return e.err }
+
+// Fatal wraps err so that returning it from a ProcessFunc stops the instance
+// (the open epoch aborts; nothing of it is committed) instead of sending the
+// record to the dead-letter topic.
+func Fatal(err error) error { return fatalError{err} }
+
+// IsFatal reports whether err was wrapped with Fatal.
+func IsFatal(err error) bool {
+	var f fatalError
+	return errors.As(err, &f)
+}
+
+// DecodeError marks a record whose bytes could not be decoded. The
+// dead-letter headers then name the decode stage rather than processing.
+type DecodeError struct{ Err error }
+
+func (e *DecodeError) Error() string { return "decode: " + e.Err.Error() }
+func (e *DecodeError) Unwrap() error { return e.Err }

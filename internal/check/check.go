@@ -1,0 +1,174 @@
+// Package check verifies a job's committed output against its input the
+// way an outside reader would: with a read_committed consumer. The demo and
+// the crash tests use it; it knows the built-in jobs' contracts.
+package check
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// ReadCommitted reads topic from the start with isolation.level
+// read_committed until done reports true for the records read so far, or
+// nothing new arrives for idle, or ctx ends.
+func ReadCommitted(ctx context.Context, brokers []string, topic string, idle time.Duration, done func([]*kgo.Record) bool) ([]*kgo.Record, error) {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	last := time.Now()
+	for {
+		if done != nil && done(out) {
+			return out, nil
+		}
+		if time.Since(last) > idle {
+			return out, nil
+		}
+		pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return out, ctx.Err()
+		}
+		var ferr error
+		fs.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = fmt.Errorf("fetch %s/%d: %w", t, p, err)
+			}
+		})
+		if ferr != nil {
+			return out, ferr
+		}
+		n := len(out)
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+		if len(out) > n {
+			last = time.Now()
+		}
+	}
+}
+
+// Aggregation mirrors the aggregate job's output value.
+type Aggregation struct {
+	Count int64 `json:"count"`
+	Sum   int64 `json:"sum"`
+	Min   int64 `json:"min"`
+	Max   int64 `json:"max"`
+}
+
+// Report counts what a check found.
+type Report struct {
+	Inputs     int // valid inputs
+	Outputs    int // output records read
+	Duplicates int // outputs for an input already reflected
+	Lost       int // inputs with no output
+	Wrong      int // outputs whose value is not the expected running aggregation
+}
+
+// OK reports whether the output was exactly once and correct.
+func (r Report) OK() bool { return r.Duplicates == 0 && r.Lost == 0 && r.Wrong == 0 }
+
+func (r Report) String() string {
+	return fmt.Sprintf("%d inputs, %d outputs, %d duplicates, %d lost, %d wrong", r.Inputs, r.Outputs, r.Duplicates, r.Lost, r.Wrong)
+}
+
+// Aggregate checks the aggregate job: inputs are each key's valid values in
+// the order they were produced (one key lives in one partition, so that is
+// processing order), outputs the output records. Every input must be
+// reflected by exactly one output carrying the running aggregation up to
+// and including it.
+func Aggregate(inputs map[string][]int64, outputs []*kgo.Record) Report {
+	var rep Report
+	byKey := map[string][]Aggregation{}
+	for _, r := range outputs {
+		var a Aggregation
+		if err := json.Unmarshal(r.Value, &a); err != nil {
+			rep.Wrong++
+			continue
+		}
+		byKey[string(r.Key)] = append(byKey[string(r.Key)], a)
+	}
+	rep.Outputs = len(outputs)
+	for key, vals := range inputs {
+		rep.Inputs += len(vals)
+		want := make([]Aggregation, len(vals))
+		var acc Aggregation
+		for i, v := range vals {
+			if i == 0 {
+				acc.Min, acc.Max = v, v
+			}
+			acc.Count++
+			acc.Sum += v
+			acc.Min, acc.Max = min(acc.Min, v), max(acc.Max, v)
+			want[i] = acc
+		}
+		seen := 0
+		for _, got := range byKey[key] {
+			switch {
+			case got.Count >= 1 && got.Count <= int64(seen):
+				rep.Duplicates++
+			case got.Count == int64(seen)+1 && got == want[seen]:
+				seen++
+			default:
+				rep.Wrong++
+			}
+		}
+		rep.Lost += len(vals) - seen
+		delete(byKey, key)
+	}
+	for _, extra := range byKey {
+		rep.Wrong += len(extra)
+	}
+	return rep
+}
+
+// Echo checks the echo job: every output partition must equal its input
+// partition, record for record, in order.
+func Echo(inputs, outputs map[int32][][]byte) Report {
+	var rep Report
+	for p, in := range inputs {
+		out := outputs[p]
+		rep.Inputs += len(in)
+		rep.Outputs += len(out)
+		i, j := 0, 0
+		for j < len(out) {
+			switch {
+			case i < len(in) && string(out[j]) == string(in[i]):
+				i++
+			case i > 0 && indexOf(in[:i], out[j]) >= 0:
+				rep.Duplicates++
+			default:
+				rep.Wrong++
+			}
+			j++
+		}
+		rep.Lost += len(in) - i
+	}
+	for p, out := range outputs {
+		if _, ok := inputs[p]; !ok {
+			rep.Outputs += len(out)
+			rep.Wrong += len(out)
+		}
+	}
+	return rep
+}
+
+func indexOf(vs [][]byte, v []byte) int {
+	for i := len(vs) - 1; i >= 0; i-- {
+		if string(vs[i]) == string(v) {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/internal/api"
+)
+
+// Guarantee is the delivery guarantee of an instance.
+type Guarantee string
+
+const (
+	ExactlyOnce Guarantee = "exactly_once"
+	AtLeastOnce Guarantee = "at_least_once"
+)
+
+// Config is everything an instance needs; the library never reads the
+// environment (cmd/processor turns env variables into a Config).
+type Config struct {
+	Brokers    []string
+	ClientOpts []kgo.Opt // extra client options (TLS, SASL) for every client
+
+	AppID      string
+	InstanceID string
+	Job        api.Job
+
+	InputTopics []string
+	OutputTopic string
+	DLQTopic    string
+
+	StateDir string
+	Backend  string // "bbolt" or "memory"
+
+	Guarantee  Guarantee
+	Checkpoint barrier.Config
+
+	TransactionTimeout time.Duration
+	SessionTimeout     time.Duration
+	RebalanceTimeout   time.Duration
+	GroupProtocol      string // "classic" or "consumer"
+
+	CreateTopics bool
+	Partitions   int32 // for created output and DLQ topics; 0 = the input's
+
+	MaxPollRecords int
+	Logger         *slog.Logger
+	Registry       prometheus.Registerer
+
+	// Hook, if set, is called on the loop goroutine at each step of the
+	// epoch protocol named by the Point constants: for tracing, and for
+	// crash tests that kill the process exactly there.
+	Hook func(point string)
+}
+
+// Steps of the epoch protocol passed to Config.Hook.
+const (
+	PointBeforePreCommit = "before-precommit" // barrier placed, nothing of the epoch produced to the changelog
+	PointBeforeCommit    = "before-commit"    // changelog and markers produced, EndTxn not sent
+	PointAfterCommit     = "after-commit"     // transaction committed, backends not yet applied
+	PointAfterApply      = "after-apply"      // every task applied the epoch
+)
+
+func (c *Config) at(point string) {
+	if c.Hook != nil {
+		c.Hook(point)
+	}
+}
+
+func (c *Config) fill() error {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Registry == nil {
+		c.Registry = prometheus.NewRegistry()
+	}
+	if c.MaxPollRecords <= 0 {
+		c.MaxPollRecords = 10000
+	}
+	if c.Guarantee == "" {
+		c.Guarantee = ExactlyOnce
+	}
+	if c.Backend == "" {
+		c.Backend = "bbolt"
+	}
+	if c.DLQTopic == "" {
+		c.DLQTopic = c.AppID + "-dlq"
+	}
+	if c.GroupProtocol == "" {
+		c.GroupProtocol = "classic"
+	}
+	switch {
+	case len(c.Brokers) == 0:
+		return errors.New("engine: no brokers")
+	case c.AppID == "":
+		return errors.New("engine: no app id")
+	case c.InstanceID == "":
+		return errors.New("engine: no instance id")
+	case len(c.InputTopics) == 0:
+		return errors.New("engine: no input topics")
+	case c.Job.Emits && c.OutputTopic == "":
+		return fmt.Errorf("engine: job %s emits but no output topic is set", c.Job.Name)
+	case c.Guarantee != ExactlyOnce && c.Guarantee != AtLeastOnce:
+		return fmt.Errorf("engine: unknown guarantee %q", c.Guarantee)
+	case c.GroupProtocol != "classic" && c.GroupProtocol != "consumer":
+		return fmt.Errorf("engine: unknown group protocol %q", c.GroupProtocol)
+	case c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0:
+		return errors.New("engine: session and rebalance timeouts must be positive")
+	}
+	if err := c.Job.Validate(); err != nil {
+		return err
+	}
+	if err := c.Checkpoint.Validate(); err != nil {
+		return err
+	}
+	if c.Guarantee == ExactlyOnce && c.TransactionTimeout <= c.Checkpoint.Interval {
+		return fmt.Errorf("engine: transaction timeout %s must exceed the checkpoint interval %s", c.TransactionTimeout, c.Checkpoint.Interval)
+	}
+	return nil
+}
+
+// transactionalID is stable across restarts of an instance, so a restarted
+// instance fences its predecessor and aborts its dangling transaction at
+// once (InitProducerID bumps the epoch).
+func (c *Config) transactionalID() string { return c.AppID + "-" + c.InstanceID }

@@ -1,0 +1,351 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/txsink"
+)
+
+// Instance is one processor instance: a member of the app's consumer group
+// running a task per assigned input partition.
+type Instance struct {
+	cfg            Config
+	log            *slog.Logger
+	m              *metrics
+	changelogTopic string
+
+	adm   *kadm.Client
+	admCl *kgo.Client
+
+	// Read by /readyz and metrics from other goroutines.
+	ready           atomic.Bool
+	committedEpochs atomic.Uint64
+	txnOpenedAt     atomic.Int64 // unix nanoseconds; 0 when no transaction is open
+
+	// Rebalance callbacks run on franz-go's goroutines; they only record
+	// what happened here, and the loop acts on it after its poll returns.
+	evMu            sync.Mutex
+	ev              events
+	rebalanceWanted atomic.Bool
+
+	restored chan restoreResult
+	wakeMu   sync.Mutex
+	wake     context.CancelFunc // cancels the loop's current poll
+}
+
+type events struct {
+	assigned, revoked, lost []int32
+}
+
+// errSessionBroken says the session must be closed and rebuilt: a fenced
+// producer, a failed EndTxn, or a lost transaction state.
+var errSessionBroken = errors.New("session broken")
+
+// New validates cfg and builds an instance. Nothing touches the network
+// until Run.
+func New(cfg Config) (*Instance, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if len(cfg.InputTopics) > 1 {
+		// A task owns partition p of every input topic; the group
+		// balancer would have to assign equal partition numbers
+		// together, which cooperative-sticky does not promise.
+		return nil, errors.New("engine: more than one input topic needs a co-partitioning assignor, which Sluice does not have yet")
+	}
+	in := &Instance{
+		cfg:            cfg,
+		log:            cfg.Logger.With("app", cfg.AppID, "instance", cfg.InstanceID),
+		changelogTopic: changelog.TopicName(cfg.AppID),
+		restored:       make(chan restoreResult, 64),
+	}
+	in.m = newMetrics(cfg.Registry, in)
+	return in, nil
+}
+
+// Ready reports whether the instance is in its group and every assigned
+// task has restored and is running.
+func (in *Instance) Ready() bool { return in.ready.Load() }
+
+func (in *Instance) openTxnAge() float64 {
+	at := in.txnOpenedAt.Load()
+	if at == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, at)).Seconds()
+}
+
+func (in *Instance) baseOpts() []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(in.cfg.Brokers...),
+		kgo.WithLogger(kgoLogger{in.log}),
+		kgo.ClientID("sluice-" + in.cfg.AppID + "-" + in.cfg.InstanceID),
+	}
+	return append(opts, in.cfg.ClientOpts...)
+}
+
+// Run runs the instance until ctx is cancelled, then ends with a final
+// checkpoint and returns nil; it returns an error only for a condition a
+// restart cannot fix by itself (bad topics, a failed local apply).
+func (in *Instance) Run(ctx context.Context) error {
+	if err := in.connect(ctx); err != nil {
+		return err
+	}
+	defer in.admCl.Close()
+	backoff := 250 * time.Millisecond
+	for {
+		err := in.runSession(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !errors.Is(err, errSessionBroken) {
+			return err
+		}
+		in.log.Warn("session ended; rebuilding it", "err", err, "backoff", backoff)
+		if sleep(ctx, backoff) != nil {
+			return nil
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// connect waits for the brokers with backoff, then checks the topics and the
+// transaction timeout.
+func (in *Instance) connect(ctx context.Context) error {
+	cl, err := kgo.NewClient(in.baseOpts()...)
+	if err != nil {
+		return fmt.Errorf("engine: client: %w", err)
+	}
+	in.admCl, in.adm = cl, kadm.NewClient(cl)
+	backoff := 250 * time.Millisecond
+	for {
+		err := in.prepare(ctx)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			cl.Close()
+			return ctx.Err()
+		}
+		var fatal *startupError
+		if errors.As(err, &fatal) {
+			cl.Close()
+			return err
+		}
+		in.log.Warn("waiting for the brokers", "err", err, "retry_in", backoff)
+		if sleep(ctx, backoff) != nil {
+			cl.Close()
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// startupError is a configuration problem found against the cluster;
+// retrying does not help.
+type startupError struct{ msg string }
+
+func (e *startupError) Error() string { return e.msg }
+
+func (in *Instance) prepare(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if in.cfg.Guarantee == ExactlyOnce {
+		if err := in.checkTransactionTimeout(rctx); err != nil {
+			return err
+		}
+	}
+	topics, err := in.adm.ListTopics(rctx, in.cfg.InputTopics...)
+	if err != nil {
+		return err
+	}
+	var parts int32 = -1
+	for _, t := range in.cfg.InputTopics {
+		d, ok := topics[t]
+		if !ok || d.Err != nil {
+			return fmt.Errorf("input topic %s is not there yet: %v", t, d.Err)
+		}
+		n := int32(len(d.Partitions))
+		if parts >= 0 && n != parts {
+			return &startupError{fmt.Sprintf("input topics are not co-partitioned: %s has %d partitions, expected %d", t, n, parts)}
+		}
+		parts = n
+	}
+	outParts := parts
+	if in.cfg.Partitions > 0 {
+		outParts = in.cfg.Partitions
+	}
+	if err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, in.cfg.CreateTopics); err != nil {
+		if errors.Is(err, changelog.ErrTopicMismatch) {
+			return &startupError{err.Error()}
+		}
+		return err
+	}
+	plain := []string{in.cfg.DLQTopic}
+	if in.cfg.OutputTopic != "" {
+		plain = append(plain, in.cfg.OutputTopic)
+	}
+	return in.ensureTopics(rctx, outParts, plain...)
+}
+
+func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...string) error {
+	have, err := in.adm.ListTopics(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	var missing []string
+	for _, t := range topics {
+		if d, ok := have[t]; !ok || d.Err != nil {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if !in.cfg.CreateTopics {
+		return &startupError{fmt.Sprintf("topics %v do not exist and topic creation is off", missing)}
+	}
+	resp, err := in.adm.CreateTopics(ctx, parts, -1, nil, missing...)
+	if err != nil {
+		return err
+	}
+	for _, r := range resp {
+		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", r.Topic, r.Err)
+		}
+	}
+	return nil
+}
+
+// checkTransactionTimeout refuses to start when the broker would reject the
+// transaction timeout at InitProducerID.
+func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
+	rcs, err := in.adm.DescribeBrokerConfigs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			continue
+		}
+		for _, c := range rc.Configs {
+			if c.Key != "transaction.max.timeout.ms" || c.Value == nil {
+				continue
+			}
+			maxMs, err := strconv.ParseInt(*c.Value, 10, 64)
+			if err != nil {
+				continue
+			}
+			if limit := time.Duration(maxMs) * time.Millisecond; in.cfg.TransactionTimeout > limit {
+				return &startupError{fmt.Sprintf("SLUICE_TRANSACTION_TIMEOUT=%s exceeds the broker's transaction.max.timeout.ms (%s)", in.cfg.TransactionTimeout, limit)}
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+func (in *Instance) newSession() (txsink.Session, error) {
+	opts := append(in.baseOpts(),
+		kgo.ConsumerGroup(in.cfg.AppID),
+		kgo.ConsumeTopics(in.cfg.InputTopics...),
+		kgo.InstanceID(in.cfg.InstanceID),
+		kgo.SessionTimeout(in.cfg.SessionTimeout),
+		// franz-go refuses a heartbeat interval above the session timeout.
+		kgo.HeartbeatInterval(min(3*time.Second, in.cfg.SessionTimeout/3)),
+		kgo.RebalanceTimeout(in.cfg.RebalanceTimeout),
+		// DESIGN §10: with a rebalance timeout below the session timeout,
+		// this keeps kfake's classic coordinator from stalling a group.
+		kgo.RequestTimeoutOverhead(5*time.Second),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.DisableAutoCommit(),
+		kgo.RecordPartitioner(newPartitioner()),
+		kgo.ProducerLinger(0),
+		kgo.MaxBufferedRecords(100000),
+		kgo.OnPartitionsAssigned(in.onAssigned),
+		kgo.OnPartitionsRevoked(in.onRevoked),
+		kgo.OnPartitionsLost(in.onLost),
+		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { in.rebalanceWanted.Store(true) }),
+	)
+	if in.cfg.GroupProtocol == "consumer" {
+		opts = append(opts, kgo.ServerSideBalancer(), kgo.Balancers(kgo.CooperativeStickyBalancer()))
+	} else {
+		opts = append(opts, kgo.Balancers(kgo.CooperativeStickyBalancer()))
+	}
+	if in.cfg.Guarantee == ExactlyOnce {
+		opts = append(opts,
+			kgo.TransactionalID(in.cfg.transactionalID()),
+			kgo.TransactionTimeout(in.cfg.TransactionTimeout),
+		)
+		return txsink.NewExactlyOnce(opts...)
+	}
+	return txsink.NewAtLeastOnce(opts...)
+}
+
+// Partitions given to us are paused at once: fetching them starts only
+// after their task has restored.
+func (in *Instance) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	cl.PauseFetchPartitions(assigned)
+	in.evMu.Lock()
+	in.ev.assigned = append(in.ev.assigned, taskSet(assigned)...)
+	in.evMu.Unlock()
+}
+
+func (in *Instance) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	in.evMu.Lock()
+	in.ev.revoked = append(in.ev.revoked, taskSet(revoked)...)
+	in.evMu.Unlock()
+}
+
+func (in *Instance) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	in.evMu.Lock()
+	in.ev.lost = append(in.ev.lost, taskSet(lost)...)
+	in.evMu.Unlock()
+}
+
+func (in *Instance) takeEvents() events {
+	in.evMu.Lock()
+	defer in.evMu.Unlock()
+	ev := in.ev
+	in.ev = events{}
+	return ev
+}
+
+func taskSet(m map[string][]int32) []int32 {
+	seen := map[int32]bool{}
+	var out []int32
+	for _, ps := range m {
+		for _, p := range ps {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,582 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/api"
+	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/txsink"
+)
+
+// errAborted is what a commit refused by the session reports to the
+// coordinator: a rebalance or a lost partition since the epoch began.
+var errAborted = errors.New("transaction aborted: partitions were revoked or lost during the epoch")
+
+// loop is one session's state, owned by the goroutine running runSession.
+type loop struct {
+	in        *Instance
+	ctx       context.Context // cancelled on shutdown
+	sess      txsink.Session
+	coord     *barrier.Coordinator
+	tasks     map[int32]*task
+	restoring map[int32]*restoreJob
+	inTxn     bool
+	ckptAt    time.Time // when the checkpoint in flight placed its barrier
+
+	// produceErr is the epoch's first failed produce (set from franz-go's
+	// promise goroutine); brokenErr says the session must be rebuilt once
+	// the abort is done; fatal is a failure only a restart can handle.
+	produceErr atomic.Pointer[error]
+	brokenErr  error
+	fatal      error
+}
+
+type restoreJob struct {
+	cancel context.CancelFunc
+	result chan restoreResult // exactly one result is sent
+}
+
+type restoreResult struct {
+	p    int32
+	be   kstate.Backend
+	meta kstate.Meta
+	err  error
+}
+
+func (in *Instance) runSession(ctx context.Context) error {
+	sess, err := in.newSession()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errSessionBroken, err)
+	}
+	l := &loop{
+		in:        in,
+		ctx:       ctx,
+		sess:      sess,
+		coord:     barrier.New(in.cfg.Checkpoint, time.Now(), 1),
+		tasks:     map[int32]*task{},
+		restoring: map[int32]*restoreJob{},
+	}
+	in.takeEvents() // callbacks of a previous session are void
+	in.rebalanceWanted.Store(false)
+	defer l.close()
+	for {
+		if ctx.Err() != nil {
+			return l.shutdown()
+		}
+		if err := l.iterate(); err != nil {
+			return err
+		}
+	}
+}
+
+func (l *loop) iterate() error {
+	in := l.in
+	l.installRestored()
+	in.ready.Store(len(l.restoring) == 0 && l.joined())
+
+	pctx, cancel := context.WithTimeout(l.ctx, l.pollWait())
+	in.wakeMu.Lock()
+	in.wake = cancel
+	in.wakeMu.Unlock()
+	fs := l.sess.PollRecords(pctx, in.cfg.MaxPollRecords)
+	cancel()
+	if errors.Is(fs.Err0(), kgo.ErrClientClosed) {
+		return fmt.Errorf("%w: client closed", errSessionBroken)
+	}
+
+	// Rebalance callbacks ran inside the poll; act on them before
+	// touching the records the poll returned.
+	ev := in.takeEvents()
+	if len(ev.revoked) > 0 || len(ev.lost) > 0 {
+		if err := l.release(ev); err != nil {
+			return err
+		}
+		fs = nil // the consumer was rewound; these records come again
+	}
+	for _, p := range ev.assigned {
+		l.startRestore(p)
+	}
+
+	if err := l.process(fs); err != nil {
+		return err
+	}
+	act := l.coord.Tick(time.Now())
+	if in.rebalanceWanted.Swap(false) && act.Kind == barrier.ActNone {
+		// A rebalance waits for us: commit what we have so the
+		// partitions leave with their work done instead of aborted.
+		act = l.coord.RequestRevoke(time.Now())
+	}
+	if err := l.run(act); err != nil {
+		return err
+	}
+	l.sess.AllowRebalance()
+	return nil
+}
+
+func (l *loop) pollWait() time.Duration {
+	d := l.in.cfg.Checkpoint.Interval / 2
+	return max(d, 5*time.Millisecond)
+}
+
+func (l *loop) joined() bool {
+	_, gen := l.sess.Client().GroupMetadata()
+	return gen >= 0
+}
+
+// process runs the job over the polled records, in partition order.
+func (l *loop) process(fs kgo.Fetches) error {
+	if len(fs) == 0 {
+		return nil
+	}
+	in := l.in
+	var rewind map[string]map[int32]kgo.EpochOffset
+	worked := false
+	var err error
+	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		if err != nil || len(ftp.Records) == 0 {
+			return
+		}
+		t := l.tasks[ftp.Partition]
+		if t == nil {
+			// Fetched before the pause took hold; the task is not
+			// running, so fetch these again once it is.
+			if rewind == nil {
+				rewind = map[string]map[int32]kgo.EpochOffset{}
+			}
+			if rewind[ftp.Topic] == nil {
+				rewind[ftp.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			rewind[ftp.Topic][ftp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: ftp.Records[0].Offset}
+			return
+		}
+		last := ftp.Records[len(ftp.Records)-1]
+		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
+		for _, r := range ftp.Records {
+			if next, ok := t.next[r.Topic]; ok && r.Offset < next {
+				continue // reflected in state already
+			}
+			if _, ok := t.committed[r.Topic]; !ok {
+				// First record of a task with no committed
+				// offset: an abort rewinds to here.
+				t.committed[r.Topic] = r.Offset
+			}
+			if err = l.processOne(t, r); err != nil {
+				return
+			}
+			worked = true
+		}
+	})
+	if rewind != nil {
+		l.sess.Client().SetOffsets(rewind)
+	}
+	if err != nil {
+		return err
+	}
+	if worked {
+		return l.run(l.coord.Work(time.Now()))
+	}
+	return nil
+}
+
+func (l *loop) processOne(t *task, r *kgo.Record) error {
+	in := l.in
+	if !l.inTxn {
+		if err := l.sess.Begin(); err != nil {
+			return fmt.Errorf("%w: begin: %w", errSessionBroken, err)
+		}
+		l.inTxn = true
+		in.txnOpenedAt.Store(time.Now().UnixNano())
+	}
+	t.next[r.Topic] = r.Offset + 1
+	t.advanced = true
+	in.m.recordsIn.WithLabelValues(t.label).Inc()
+
+	rc := &t.rc
+	rc.ctx, rc.in, rc.key, rc.now, rc.out = l.ctx, in, r.Key, time.Now(), rc.out[:0]
+	err := in.cfg.Job.Process(rc, apiRecord(r))
+	switch {
+	case err == nil:
+		t.store.CommitRecord()
+		for _, o := range rc.out {
+			l.produce(o)
+		}
+		in.m.recordsOut.WithLabelValues(t.label).Add(float64(len(rc.out)))
+	case api.IsFatal(err):
+		t.store.RollbackRecord()
+		return fmt.Errorf("job %s: task %d offset %d: %w", in.cfg.Job.Name, t.p, r.Offset, err)
+	default:
+		t.store.RollbackRecord()
+		stage := "process"
+		var de *api.DecodeError
+		if errors.As(err, &de) {
+			stage = "decode"
+		}
+		l.produce(in.deadLetter(r, err, stage))
+		in.m.processingErrors.WithLabelValues(t.label).Inc()
+		in.m.dlq.WithLabelValues(t.label).Inc()
+	}
+	clear(rc.out)
+	return nil
+}
+
+func (l *loop) produce(r *kgo.Record) {
+	l.sess.Produce(l.ctx, r, func(r *kgo.Record, err error) {
+		if err != nil {
+			err = fmt.Errorf("%w: %s/%d: %w", txsink.ErrProduce, r.Topic, r.Partition, err)
+			l.produceErr.CompareAndSwap(nil, &err)
+		}
+	})
+}
+
+// run carries out the coordinator's actions until it has nothing to do.
+func (l *loop) run(act barrier.Action) error {
+	in := l.in
+	for {
+		now := time.Now()
+		switch act.Kind {
+		case barrier.ActNone:
+			return nil
+
+		case barrier.ActEndEpoch:
+			// Alignment is immediate: this goroutine processed every
+			// record polled before the barrier. Each task hands over
+			// by producing its dirty keys and its marker.
+			in.cfg.at(PointBeforePreCommit)
+			start := now
+			records := 0
+			next := barrier.Action{}
+			for _, p := range act.Tasks {
+				if t := l.tasks[p]; t != nil {
+					records += t.preCommit(l.ctx, in, l.produce)
+				}
+				next = l.coord.TaskReady(p, time.Now())
+			}
+			if records > 0 {
+				in.m.changelogPerEpoch.Observe(float64(records))
+			}
+			act = next
+			l.ckptAt = start
+
+		case barrier.ActCommit:
+			act = l.commit()
+
+		case barrier.ActApply:
+			act = l.apply(act.Tasks)
+
+		case barrier.ActAbort:
+			in.log.Warn("epoch aborted", "epoch", act.Epoch, "reason", act.Reason, "err", act.Err)
+			in.m.checkpointFailures.Inc()
+			if err := l.abort(); err != nil {
+				return err
+			}
+			act = l.coord.Aborted(time.Now())
+
+		case barrier.ActFail:
+			if l.fatal != nil {
+				return l.fatal
+			}
+			// Flink's answer to too many failed checkpoints is a
+			// restart from the last completed one; ours is a new
+			// session over the local stores.
+			in.m.checkpointFailures.Inc()
+			return fmt.Errorf("%w: %w", errSessionBroken, act.Err)
+
+		default:
+			return fmt.Errorf("engine: unknown barrier action %v", act.Kind)
+		}
+	}
+}
+
+// commit ends the epoch's transaction. The session flushes every output,
+// changelog record and marker before TxnOffsetCommit and EndTxn.
+func (l *loop) commit() barrier.Action {
+	in := l.in
+	if !l.inTxn {
+		// Tasks were ready but nothing was consumed: nothing to end.
+		return l.coord.CommitDone(time.Now())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.Checkpoint.Timeout)
+	defer cancel()
+	if perr := l.produceErr.Load(); perr != nil {
+		return l.coord.CommitFailed(*perr, time.Now())
+	}
+	in.cfg.at(PointBeforeCommit)
+	committed, err := l.sess.End(ctx, true)
+	l.inTxn = false
+	in.txnOpenedAt.Store(0)
+	if perr := l.produceErr.Swap(nil); perr != nil && committed {
+		// franz-go fails the producer ID on a failed produce, which
+		// fails the commit; a commit that went through anyway is what
+		// Kafka now holds, so local state follows it.
+		in.log.Error("a record failed to produce but the transaction committed", "err", *perr)
+	}
+	switch {
+	case err != nil:
+		in.m.transactions.WithLabelValues("abort").Inc()
+		l.sessionBroken(err)
+		return l.coord.CommitFailed(err, time.Now())
+	case !committed:
+		in.m.transactions.WithLabelValues("abort").Inc()
+		return l.coord.CommitFailed(errAborted, time.Now())
+	}
+	in.m.transactions.WithLabelValues("commit").Inc()
+	in.cfg.at(PointAfterCommit)
+	return l.coord.CommitDone(time.Now())
+}
+
+// apply advances every task's backend to the committed epoch.
+func (l *loop) apply(tasks []int32) barrier.Action {
+	for _, p := range tasks {
+		if t := l.tasks[p]; t != nil {
+			if err := t.apply(l.in); err != nil {
+				l.fatal = err
+				return l.coord.ApplyFailed(err, time.Now())
+			}
+		}
+	}
+	l.in.committedEpochs.Add(1)
+	l.in.cfg.at(PointAfterApply)
+	if !l.ckptAt.IsZero() {
+		l.in.m.checkpointDuration.Observe(time.Since(l.ckptAt).Seconds())
+	}
+	return l.coord.Applied(time.Now())
+}
+
+// sessionBroken records that the session must be rebuilt once the epoch's
+// abort is done.
+func (l *loop) sessionBroken(err error) {
+	if l.fatal == nil {
+		l.brokenErr = err
+	}
+}
+
+// abort drops the open epoch everywhere: the transaction (if the session
+// still works), every task's write-set, and the consumer positions, which go
+// back to the tasks' committed offsets.
+func (l *loop) abort() error {
+	// End even without an open transaction: it clears the session's
+	// revoked flag, which would otherwise abort the next epoch too.
+	if l.brokenErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
+		_, err := l.sess.End(ctx, false)
+		cancel()
+		if err != nil {
+			l.brokenErr = err
+		}
+	}
+	l.inTxn = false
+	l.in.txnOpenedAt.Store(0)
+	l.produceErr.Store(nil)
+	rewind := map[string]map[int32]kgo.EpochOffset{}
+	for _, t := range l.tasks {
+		t.discard()
+		t.rewindOffsets(rewind)
+	}
+	if l.brokenErr != nil {
+		err := l.brokenErr
+		return fmt.Errorf("%w: %w", errSessionBroken, err)
+	}
+	l.sess.Client().SetOffsets(rewind)
+	return nil
+}
+
+// release handles partitions revoked or lost in the last poll. Revoked
+// partitions had their work committed when the rebalance asked for it
+// (RequestRevoke); anything processed since is aborted, as it is for lost
+// partitions. The session marked the transaction for abort either way, so
+// it is ended now, which also rewinds the consumer to the committed
+// offsets.
+func (l *loop) release(ev events) error {
+	gone := append(append([]int32{}, ev.revoked...), ev.lost...)
+	l.in.log.Info("partitions released", "revoked", ev.revoked, "lost", ev.lost)
+	act := barrier.Action{}
+	if l.coord.Phase() == barrier.Processing && (l.inTxn || len(ev.lost) > 0) {
+		act = l.coord.EpochFailed(errAborted, time.Now())
+	}
+	if act.Kind != barrier.ActNone {
+		if err := l.run(act); err != nil {
+			return err
+		}
+	} else if err := l.abort(); err != nil {
+		return err
+	}
+	for _, p := range gone {
+		if job := l.restoring[p]; job != nil {
+			job.cancel()
+			if r := <-job.result; r.err == nil {
+				r.be.Close()
+			}
+			delete(l.restoring, p)
+		}
+		if t := l.tasks[p]; t != nil {
+			if err := t.store.Backend().Close(); err != nil {
+				l.in.log.Warn("closing task store", "task", p, "err", err)
+			}
+			delete(l.tasks, p)
+			l.in.m.tasks.WithLabelValues("running").Dec()
+		}
+	}
+	return l.run(l.coord.SetTasks(l.taskList()))
+}
+
+func (l *loop) taskList() []int32 {
+	ps := make([]int32, 0, len(l.tasks))
+	for p := range l.tasks {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// startRestore opens the task's store and brings it up to date from its
+// changelog partition in a goroutine of its own; the task's input stays
+// paused until the loop installs the result.
+func (l *loop) startRestore(p int32) {
+	in := l.in
+	if l.tasks[p] != nil || l.restoring[p] != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	job := &restoreJob{cancel: cancel, result: make(chan restoreResult, 1)}
+	l.restoring[p] = job
+	in.m.tasks.WithLabelValues("restoring").Inc()
+	go func() {
+		r := in.restore(ctx, p)
+		job.result <- r
+		in.wakeMu.Lock()
+		if in.wake != nil {
+			in.wake()
+		}
+		in.wakeMu.Unlock()
+	}()
+}
+
+func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
+	dir := filepath.Join(in.cfg.StateDir, in.cfg.AppID)
+	name := fmt.Sprintf("task-%04d", p)
+	start := time.Now()
+	be, err := kstate.Open(in.cfg.Backend, dir, name)
+	if err != nil {
+		return restoreResult{p: p, err: fmt.Errorf("open store of task %d: %w", p, err)}
+	}
+	meta, err := be.Meta()
+	if err != nil {
+		be.Close()
+		return restoreResult{p: p, err: fmt.Errorf("read meta of task %d: %w", p, err)}
+	}
+	var applied *changelog.Marker
+	if len(meta.Offsets) > 0 {
+		applied = &changelog.Marker{Epoch: meta.Epoch, Offsets: meta.Offsets}
+	}
+	label := taskLabel(p)
+	res, err := changelog.Restore(ctx, changelog.RestoreParams{
+		Admin:       in.adm,
+		ClientOpts:  in.baseOpts(),
+		Topic:       in.changelogTopic,
+		Partition:   p,
+		From:        meta.ChangelogOffset,
+		Group:       in.cfg.AppID,
+		InputTopics: in.cfg.InputTopics,
+		Applied:     applied,
+		Apply: func(muts []kstate.Mutation, m changelog.Marker, next int64) error {
+			return be.Apply(muts, kstate.Meta{Epoch: m.Epoch, ChangelogOffset: next, Offsets: m.Offsets})
+		},
+		Progress: func(done, remaining int64) {
+			in.m.restoreDone.WithLabelValues(label).Set(float64(done))
+			in.m.restoreRemaining.WithLabelValues(label).Set(float64(remaining))
+		},
+		Logf: func(msg string, args ...any) { in.log.Info(msg, args...) },
+	})
+	if err != nil {
+		be.Close()
+		return restoreResult{p: p, err: fmt.Errorf("restore task %d: %w", p, err)}
+	}
+	in.m.restoreRemaining.WithLabelValues(label).Set(0)
+	if meta, err = be.Meta(); err != nil {
+		be.Close()
+		return restoreResult{p: p, err: fmt.Errorf("read meta of task %d: %w", p, err)}
+	}
+	in.log.Info("task restored", "task", p, "records", res.Records, "epoch", meta.Epoch,
+		"offsets", meta.Offsets, "took", time.Since(start).Round(time.Millisecond))
+	return restoreResult{p: p, be: be, meta: meta}
+}
+
+// installRestored turns finished restores into running tasks: the consumer
+// is placed at the offsets the store reflects (the marker is the truth;
+// the group's committed offsets agree with it) and fetching resumes.
+func (l *loop) installRestored() {
+	for p, job := range l.restoring {
+		var r restoreResult
+		select {
+		case r = <-job.result:
+		default:
+			continue
+		}
+		delete(l.restoring, p)
+		l.in.m.tasks.WithLabelValues("restoring").Dec()
+		if r.err != nil {
+			if l.ctx.Err() != nil {
+				continue
+			}
+			l.in.log.Error("restore failed; retrying", "task", p, "err", r.err)
+			l.startRestore(p)
+			continue
+		}
+		t := newTask(p, r.be, r.meta)
+		l.tasks[p] = t
+		l.in.m.tasks.WithLabelValues("running").Inc()
+		set := map[string]map[int32]kgo.EpochOffset{}
+		t.rewindOffsets(set)
+		cl := l.sess.Client()
+		cl.SetOffsets(set)
+		resume := map[string][]int32{}
+		for _, topic := range l.in.cfg.InputTopics {
+			resume[topic] = []int32{p}
+		}
+		cl.ResumeFetchPartitions(resume)
+	}
+	if err := l.run(l.coord.SetTasks(l.taskList())); err != nil {
+		l.fatal = err
+	}
+}
+
+// shutdown takes the final checkpoint and closes the session (deferred).
+func (l *loop) shutdown() error {
+	act := l.coord.RequestShutdown(time.Now())
+	err := l.run(act)
+	if err != nil {
+		l.in.log.Warn("final checkpoint failed; the next start replays the epoch", "err", err)
+	}
+	return nil
+}
+
+// close ends the session: restores are cancelled, stores closed, the client
+// closed. Uncommitted work is dropped; the broker aborts an open
+// transaction when the next session (or the transaction timeout) fences it.
+func (l *loop) close() {
+	l.in.ready.Store(false)
+	for p, job := range l.restoring {
+		job.cancel()
+		if r := <-job.result; r.err == nil {
+			r.be.Close()
+		}
+		delete(l.restoring, p)
+	}
+	l.sess.Close()
+	for p, t := range l.tasks {
+		if err := t.store.Backend().Close(); err != nil {
+			l.in.log.Warn("closing task store", "task", p, "err", err)
+		}
+	}
+	l.in.m.tasks.Reset()
+}

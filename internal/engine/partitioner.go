@@ -1,0 +1,42 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+type explicitKey struct{}
+
+// explicitCtx, set as a record's Context, marks a record whose Partition is
+// already chosen (changelog records go to their task's partition; echo
+// copies partitions). One shared value: no allocation per record.
+var explicitCtx = context.WithValue(context.Background(), explicitKey{}, true)
+
+// partitioner sends explicitly placed records to their partition and every
+// other record by key with Kafka's default murmur2 hash, so consumers that
+// rely on Kafka's default partitioning find keys where they expect them.
+type partitioner struct{ byKey kgo.Partitioner }
+
+func newPartitioner() kgo.Partitioner {
+	return partitioner{byKey: kgo.StickyKeyPartitioner(nil)}
+}
+
+func (p partitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	return topicPartitioner{byKey: p.byKey.ForTopic(topic)}
+}
+
+type topicPartitioner struct{ byKey kgo.TopicPartitioner }
+
+func (t topicPartitioner) RequiresConsistency(r *kgo.Record) bool {
+	return isExplicit(r) || t.byKey.RequiresConsistency(r)
+}
+
+func (t topicPartitioner) Partition(r *kgo.Record, n int) int {
+	if isExplicit(r) {
+		return int(r.Partition)
+	}
+	return t.byKey.Partition(r, n)
+}
+
+func isExplicit(r *kgo.Record) bool { return r.Context == explicitCtx }

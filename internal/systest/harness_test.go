@@ -1,0 +1,334 @@
+package systest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// The test binary doubles as a processor: with SYSTEST_CHILD set it runs one
+// instance configured from SYSTEST_* variables, so crash tests kill a real
+// process (kill -9, SIGSTOP) while the broker lives on in the test process.
+func TestMain(m *testing.M) {
+	if os.Getenv("SYSTEST_CHILD") != "" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+func runChild() int {
+	env := os.Getenv
+	interval, _ := time.ParseDuration(env("SYSTEST_INTERVAL"))
+	session, _ := time.ParseDuration(env("SYSTEST_SESSION"))
+	crashAfter, _ := strconv.Atoi(env("SYSTEST_CRASH_AFTER"))
+	cfg := options(env("SYSTEST_BROKERS"), env("SYSTEST_APP"), env("SYSTEST_ID"), env("SYSTEST_STATE"), env("SYSTEST_JOB"), engine.Guarantee(env("SYSTEST_GUARANTEE")))
+	cfg.Checkpoint.Interval = interval
+	cfg.SessionTimeout = session
+	cfg.RebalanceTimeout = session * 2 / 3
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if point := env("SYSTEST_CRASH_AT"); point != "" {
+		seen := 0
+		cfg.Hook = func(p string) {
+			if p != point {
+				return
+			}
+			if seen++; seen > crashAfter {
+				fmt.Fprintf(os.Stderr, "systest: crashing at %s\n", p)
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+	}
+	inst, err := sluice.New(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if err := inst.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "run:", err)
+		return 1
+	}
+	return 0
+}
+
+const (
+	input  = "in"
+	output = "out"
+)
+
+func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Options {
+	j := jobs.Aggregate()
+	if job == "echo" {
+		j = jobs.Echo()
+	}
+	return sluice.Options{
+		Brokers:     []string{brokers},
+		AppID:       app,
+		InstanceID:  id,
+		Job:         j,
+		InputTopics: []string{input},
+		OutputTopic: output,
+		StateDir:    state,
+		Backend:     "bbolt",
+		Guarantee:   g,
+		Checkpoint: barrier.Config{
+			Interval:          50 * time.Millisecond,
+			Timeout:           9 * time.Second,
+			TolerableFailures: 3,
+		},
+		TransactionTimeout: 10 * time.Second,
+		SessionTimeout:     6 * time.Second,
+		RebalanceTimeout:   4 * time.Second,
+		CreateTopics:       true,
+		Registry:           prometheus.NewRegistry(),
+		Logger:             slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+func newCluster(t *testing.T, partitions int32) string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()[0]
+}
+
+// feeder produces keyed integer input and remembers it for the check.
+type feeder struct {
+	t      *testing.T
+	cl     *kgo.Client
+	rng    *rand.Rand
+	keys   int
+	mu     sync.Mutex
+	values map[string][]int64
+	bad    int
+	n      int
+	raw    map[int32][][]byte // echo: values per partition in order
+}
+
+func newFeeder(t *testing.T, brokers string, keys int, seed uint64) *feeder {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &feeder{t: t, cl: cl, rng: rand.New(rand.NewPCG(seed, seed)), keys: keys, values: map[string][]int64{}, raw: map[int32][][]byte{}}
+}
+
+// produce sends n records synchronously; every badEvery-th is not an
+// integer (0 = never).
+func (f *feeder) produce(n, badEvery int) {
+	f.t.Helper()
+	recs := make([]*kgo.Record, 0, n)
+	f.mu.Lock()
+	for range n {
+		f.n++
+		key := "k" + strconv.Itoa(f.rng.IntN(f.keys))
+		var val string
+		if badEvery > 0 && f.n%badEvery == 0 {
+			val = "x" + strconv.Itoa(f.n)
+			f.bad++
+		} else {
+			v := f.rng.Int64N(2001) - 1000
+			val = strconv.FormatInt(v, 10)
+			f.values[key] = append(f.values[key], v)
+		}
+		recs = append(recs, &kgo.Record{Topic: input, Key: []byte(key), Value: []byte(val + "")})
+	}
+	f.mu.Unlock()
+	res := f.cl.ProduceSync(context.Background(), recs...)
+	if err := res.FirstErr(); err != nil {
+		f.t.Fatal(err)
+	}
+	f.mu.Lock()
+	for _, r := range recs {
+		f.raw[r.Partition] = append(f.raw[r.Partition], append([]byte(string(r.Key)+"="), r.Value...))
+	}
+	f.mu.Unlock()
+}
+
+func (f *feeder) valid() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n - f.bad
+}
+
+// awaitAggregate reads the output read_committed until every valid input
+// has an output (or nothing arrives for idle), then checks it.
+func awaitAggregate(t *testing.T, brokers string, f *feeder, idle time.Duration) check.Report {
+	t.Helper()
+	want := f.valid()
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, idle, func(r []*kgo.Record) bool { return len(r) >= want })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read on briefly: a duplicate would arrive after the expected count.
+	more, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 500*time.Millisecond, func(r []*kgo.Record) bool { return len(r) > len(recs) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return check.Aggregate(f.values, more)
+}
+
+// awaitEcho reads the echo output until it has as many records as the input
+// and compares partition by partition.
+func awaitEcho(t *testing.T, brokers string, f *feeder, idle time.Duration) check.Report {
+	t.Helper()
+	want := f.n
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, idle, func(r []*kgo.Record) bool { return len(r) >= want })
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int32][][]byte{}
+	for _, r := range recs {
+		out[r.Partition] = append(out[r.Partition], append([]byte(string(r.Key)+"="), r.Value...))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return check.Echo(f.raw, out)
+}
+
+// inProcess runs an instance in this process until stopped.
+type inProcess struct {
+	cancel context.CancelFunc
+	done   chan error
+	inst   *sluice.Instance
+}
+
+func startInProcess(t *testing.T, cfg sluice.Options) *inProcess {
+	t.Helper()
+	inst, err := sluice.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &inProcess{cancel: cancel, done: make(chan error, 1), inst: inst}
+	go func() { p.done <- inst.Run(ctx) }()
+	t.Cleanup(func() { p.stop(t) })
+	return p
+}
+
+func (p *inProcess) stop(t *testing.T) {
+	if p.cancel == nil {
+		return
+	}
+	p.cancel()
+	p.cancel = nil
+	if err := <-p.done; err != nil {
+		t.Errorf("instance: %v", err)
+	}
+}
+
+// child is an instance in a subprocess (this test binary).
+type child struct {
+	t      *testing.T
+	id     string
+	env    []string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    string
+}
+
+func newChild(t *testing.T, brokers, app, id, state, job string, g engine.Guarantee, extra ...string) *child {
+	logPath := filepath.Join(t.TempDir(), id+".log")
+	env := append(os.Environ(),
+		"SYSTEST_CHILD=1",
+		"SYSTEST_BROKERS="+brokers,
+		"SYSTEST_APP="+app,
+		"SYSTEST_ID="+id,
+		"SYSTEST_STATE="+state,
+		"SYSTEST_JOB="+job,
+		"SYSTEST_GUARANTEE="+string(g),
+		"SYSTEST_INTERVAL=100ms",
+		"SYSTEST_SESSION=6s",
+	)
+	return &child{t: t, id: id, env: append(env, extra...), log: logPath}
+}
+
+func (c *child) start(extra ...string) {
+	c.t.Helper()
+	logf, err := os.OpenFile(c.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append([]string{}, c.env...), extra...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.cmd, c.exited = cmd, make(chan struct{})
+	go func(exited chan struct{}) {
+		cmd.Wait()
+		logf.Close()
+		close(exited)
+	}(c.exited)
+	c.t.Cleanup(func() { c.signal(syscall.SIGKILL); c.wait(10 * time.Second) })
+}
+
+func (c *child) signal(sig syscall.Signal) {
+	if c.cmd != nil && c.cmd.Process != nil {
+		c.cmd.Process.Signal(sig)
+	}
+}
+
+// wait waits for the process to exit; false if it is still running at the
+// deadline.
+func (c *child) wait(d time.Duration) bool {
+	if c.cmd == nil {
+		return true
+	}
+	select {
+	case <-c.exited:
+		c.cmd = nil
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+func (c *child) running() bool {
+	if c.cmd == nil {
+		return false
+	}
+	select {
+	case <-c.exited:
+		c.cmd = nil
+		return false
+	default:
+		return true
+	}
+}
+
+func (c *child) dumpLog() {
+	b, _ := os.ReadFile(c.log)
+	if len(b) > 8000 {
+		b = b[len(b)-8000:]
+	}
+	c.t.Logf("log of %s (tail):\n%s", c.id, b)
+}

@@ -1,0 +1,234 @@
+package systest
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
+	brokers := newCluster(t, 4)
+	f := newFeeder(t, brokers, 50, 1)
+	startInProcess(t, options(brokers, "agg", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce))
+	for range 10 {
+		f.produce(200, 50)
+	}
+	rep := awaitAggregate(t, brokers, f, 20*time.Second)
+	if !rep.OK() || rep.Inputs != 1960 {
+		t.Fatalf("aggregate: %v", rep)
+	}
+	dlq, err := check.ReadCommitted(context.Background(), []string{brokers}, "agg-dlq", 5*time.Second, func(r []*kgo.Record) bool { return len(r) >= f.bad })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dlq) != f.bad {
+		t.Fatalf("dead letters: %d, want %d", len(dlq), f.bad)
+	}
+	hdr := map[string]string{}
+	for _, h := range dlq[0].Headers {
+		hdr[h.Key] = string(h.Value)
+	}
+	if hdr[engine.HeaderStage] != "decode" || hdr[engine.HeaderTopic] != input || hdr[engine.HeaderError] == "" || hdr[engine.HeaderOffset] == "" {
+		t.Fatalf("dead-letter headers: %v", hdr)
+	}
+}
+
+func TestEchoCopiesPartitionsInOrder(t *testing.T) {
+	brokers := newCluster(t, 3)
+	f := newFeeder(t, brokers, 100, 2)
+	startInProcess(t, options(brokers, "echo", "i1", t.TempDir(), "echo", engine.ExactlyOnce))
+	for range 5 {
+		f.produce(300, 0)
+	}
+	if rep := awaitEcho(t, brokers, f, 20*time.Second); !rep.OK() || rep.Inputs != 1500 {
+		t.Fatalf("echo: %v", rep)
+	}
+}
+
+// restoreDone sums sluice_restore_records_done over tasks.
+func restoreDone(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_restore_records_done" {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// A restart with the state dir intact reads only the changelog tail (here:
+// nothing); without it, the whole changelog. Both continue exactly once.
+func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
+	brokers := newCluster(t, 2)
+	f := newFeeder(t, brokers, 30, 3)
+	dir := t.TempDir()
+	p := startInProcess(t, options(brokers, "agg", "i1", dir, "aggregate", engine.ExactlyOnce))
+	f.produce(1000, 0)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		t.Fatalf("first run: %v", rep)
+	}
+	p.stop(t)
+
+	f.produce(500, 0)
+	cfg := options(brokers, "agg", "i1", dir, "aggregate", engine.ExactlyOnce)
+	reg := prometheus.NewRegistry()
+	cfg.Registry = reg
+	p = startInProcess(t, cfg)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		t.Fatalf("after restart with state: %v", rep)
+	}
+	if n := restoreDone(t, reg); n != 0 {
+		t.Errorf("restart with local state read %v changelog records, want 0", n)
+	}
+	p.stop(t)
+
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	f.produce(500, 0)
+	cfg = options(brokers, "agg", "i1", dir, "aggregate", engine.ExactlyOnce)
+	reg = prometheus.NewRegistry()
+	cfg.Registry = reg
+	startInProcess(t, cfg)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		t.Fatalf("after restart without state: %v", rep)
+	}
+	if n := restoreDone(t, reg); n < 30 {
+		t.Errorf("restore without local state read %v changelog records, want at least one per key", n)
+	}
+}
+
+// Partitions move between instances as they join and leave; the epoch in
+// flight commits before its partitions go (or aborts and replays).
+func TestRebalanceKeepsExactlyOnce(t *testing.T) {
+	brokers := newCluster(t, 6)
+	f := newFeeder(t, brokers, 60, 4)
+	a := startInProcess(t, options(brokers, "agg", "a", t.TempDir(), "aggregate", engine.ExactlyOnce))
+	f.produce(600, 0)
+	b := startInProcess(t, options(brokers, "agg", "b", t.TempDir(), "aggregate", engine.ExactlyOnce))
+	for range 5 {
+		f.produce(200, 0)
+	}
+	c := startInProcess(t, options(brokers, "agg", "c", t.TempDir(), "aggregate", engine.ExactlyOnce))
+	f.produce(600, 0)
+	a.stop(t)
+	f.produce(600, 0)
+	b.stop(t)
+	f.produce(600, 0)
+	if rep := awaitAggregate(t, brokers, f, 30*time.Second); !rep.OK() {
+		t.Fatalf("aggregate: %v", rep)
+	}
+	c.stop(t)
+}
+
+// counter keeps a count per key; the value "reset" deletes the key's state,
+// which the changelog carries as a tombstone.
+var count = kstate.Value[int64]("count", kstate.Int64())
+
+func counterJob() sluice.Job {
+	return sluice.Job{Name: "counter", Emits: true, Process: func(ctx sluice.Context, rec *sluice.Record) error {
+		if string(rec.Value) == "reset" {
+			return count.Clear(ctx)
+		}
+		n, _, err := count.Get(ctx)
+		if err != nil {
+			return err
+		}
+		if err := count.Set(ctx, n+1); err != nil {
+			return err
+		}
+		ctx.Emit(rec.Key, []byte(strconv.FormatInt(n+1, 10)))
+		return nil
+	}}
+}
+
+// Restore from a compacted changelog: tombstones delete, the newest value
+// of every key and the newest marker survive compaction, and the restored
+// state continues where it was.
+func TestRestoreFromCompactedChangelog(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, input, output))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()[0]
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	send := func(key, value string, n int) {
+		t.Helper()
+		recs := make([]*kgo.Record, n)
+		for i := range recs {
+			recs[i] = &kgo.Record{Topic: input, Key: []byte(key), Value: []byte(value)}
+		}
+		if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := func(dir string) sluice.Options {
+		o := options(brokers, "ctr", "i1", dir, "aggregate", engine.ExactlyOnce)
+		o.Job = counterJob()
+		return o
+	}
+	dir := t.TempDir()
+	p := startInProcess(t, cfg(dir))
+	send("a", "+", 5)
+	send("b", "+", 3)
+	send("b", "reset", 1)
+	send("c", "+", 2)
+	waitOutputs(t, brokers, 10)
+	p.stop(t)
+
+	c.Compact()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	p = startInProcess(t, cfg(dir))
+	send("a", "+", 1)
+	send("b", "+", 1)
+	send("c", "+", 1)
+	recs := waitOutputs(t, brokers, 13)
+	p.stop(t)
+	got := map[string]string{}
+	for _, r := range recs[10:] {
+		got[string(r.Key)] = string(r.Value)
+	}
+	want := map[string]string{"a": "6", "b": "1", "c": "3"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("after compacted restore: %v, want %v", got, want)
+		}
+	}
+}
+
+func waitOutputs(t *testing.T, brokers string, n int) []*kgo.Record {
+	t.Helper()
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 20*time.Second, func(r []*kgo.Record) bool { return len(r) >= n })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != n {
+		t.Fatalf("read %d outputs, want %d", len(recs), n)
+	}
+	return recs
+}

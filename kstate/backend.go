@@ -1,0 +1,168 @@
+package kstate
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// Mutation is one change to a backend entry.
+type Mutation struct {
+	Key   []byte
+	Value []byte // nil deletes the key (a tombstone); empty is a value
+}
+
+// Meta is what a backend knows about its own progress. It is written in the
+// same atomic transaction as the entries of the epoch it describes, so after
+// any crash the entries and the meta agree: both at epoch E-1 or both at E.
+type Meta struct {
+	// Epoch is the last epoch applied.
+	Epoch uint64
+	// ChangelogOffset is the changelog offset just past the last applied
+	// epoch marker: where a restore resumes reading. 0 (or -1) is the start.
+	ChangelogOffset int64
+	// Offsets maps each input topic to the next input offset of this task's
+	// partition.
+	Offsets map[string]int64
+}
+
+// Clone returns a deep copy of m, so a caller's map is never shared with a
+// backend.
+func (m Meta) Clone() Meta {
+	m.Offsets = maps.Clone(m.Offsets)
+	if m.Offsets == nil {
+		m.Offsets = map[string]int64{}
+	}
+	return m
+}
+
+// Stats describes a backend's contents for metrics.
+type Stats struct {
+	Keys  int64 // exact number of entries
+	Bytes int64 // sum of key and value lengths (logical size, not file size)
+}
+
+// Backend is one task's durable key-value store: the state a Store overlays.
+//
+// A Backend has one writer, the goroutine that owns its task: Apply must not
+// run concurrently with another Apply. Reads (Get, Scan, Meta, Stats) may run
+// from any goroutine, so metrics and savepoint exports can read while the
+// task works. A Scan callback may call Get but must not call Apply, and
+// Close must not run concurrently with any other call: a scan holds a read
+// lock (or read transaction) while its callback runs.
+type Backend interface {
+	// Get returns the value stored under key. The returned slice is the
+	// caller's to keep.
+	Get(key []byte) (value []byte, ok bool, err error)
+	// Scan calls fn for every key with the prefix, in ascending byte order.
+	// k and v are valid only during the call; copy them to keep them. If fn
+	// returns ErrStopScan the scan ends and Scan returns nil; any other
+	// error ends it and is returned.
+	Scan(prefix []byte, fn func(k, v []byte) error) error
+	// Apply writes the mutations and the meta in one atomic transaction.
+	// The mutations need not be sorted; Apply sorts them in place, so it
+	// may reorder and overwrite the elements of muts (never the bytes they
+	// point to). If a key appears more than once, the last mutation wins. Keys must be
+	// non-empty and at most MaxKeySize bytes; otherwise nothing is written
+	// and the error wraps ErrBadKey.
+	Apply(muts []Mutation, meta Meta) error
+	// Meta returns the meta of the last Apply, or for a fresh store a zero
+	// Meta with an empty Offsets map.
+	Meta() (Meta, error)
+	// Stats returns the current key count (exact) and byte size.
+	Stats() Stats
+	// Close releases the backend. Calling it again returns nil; every other
+	// method returns ErrClosed after it.
+	Close() error
+}
+
+// Backend kinds accepted by Open and Remove.
+const (
+	BoltBackend   = "bbolt"
+	MemoryBackend = "memory"
+)
+
+// Open opens the backend of the given kind for a task. A bbolt backend lives
+// in filepath.Join(dir, task+".db"); a memory backend ignores dir and starts
+// empty. The task name becomes a file name, so it must not be empty, ".",
+// "..", or contain a path separator.
+func Open(kind, dir, task string) (Backend, error) {
+	if err := validateTask(task); err != nil {
+		return nil, err
+	}
+	switch kind {
+	case BoltBackend:
+		return OpenBolt(BoltPath(dir, task))
+	case MemoryBackend:
+		return NewMemory(), nil
+	}
+	return nil, fmt.Errorf("%w %q (want %q or %q)", ErrUnknownBackend, kind, BoltBackend, MemoryBackend)
+}
+
+// Remove deletes a task's local state, for example when a restore must start
+// over from the changelog. Removing state that does not exist is not an
+// error; the memory backend keeps nothing on disk, so Remove is a no-op for
+// it. The backend must be closed first.
+func Remove(kind, dir, task string) error {
+	if err := validateTask(task); err != nil {
+		return err
+	}
+	switch kind {
+	case BoltBackend:
+		if err := os.Remove(BoltPath(dir, task)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("kstate: remove task %q state: %w", task, err)
+		}
+		return nil
+	case MemoryBackend:
+		return nil
+	}
+	return fmt.Errorf("%w %q (want %q or %q)", ErrUnknownBackend, kind, BoltBackend, MemoryBackend)
+}
+
+// BoltPath is the file that holds a task's bbolt state in dir.
+func BoltPath(dir, task string) string { return filepath.Join(dir, task+".db") }
+
+func validateTask(task string) error {
+	if task == "" || task == "." || task == ".." || filepath.Base(task) != task {
+		return fmt.Errorf("kstate: invalid task name %q: must be a plain file name", task)
+	}
+	return nil
+}
+
+// prepareMutations sorts muts by key in place, drops all but the last
+// mutation of each key and checks the keys. Both backends use it, so they
+// agree on which inputs are valid and on what duplicates mean.
+func prepareMutations(muts []Mutation) ([]Mutation, error) {
+	for i := range muts {
+		if err := checkKey(muts[i].Key); err != nil {
+			return nil, err
+		}
+	}
+	cmp := func(a, b Mutation) int { return bytes.Compare(a.Key, b.Key) }
+	if !slices.IsSortedFunc(muts, cmp) {
+		// Stable, so that among equal keys the caller's last one stays last.
+		slices.SortStableFunc(muts, cmp)
+	}
+	out := muts[:0]
+	for i := range muts {
+		if i+1 < len(muts) && bytes.Equal(muts[i].Key, muts[i+1].Key) {
+			continue
+		}
+		out = append(out, muts[i])
+	}
+	return out, nil
+}
+
+func checkKey(key []byte) error {
+	switch {
+	case len(key) == 0:
+		return fmt.Errorf("%w: empty key", ErrBadKey)
+	case len(key) > MaxKeySize:
+		return fmt.Errorf("%w: key of %d bytes exceeds MaxKeySize (%d)", ErrBadKey, len(key), MaxKeySize)
+	}
+	return nil
+}

@@ -1,0 +1,416 @@
+package kstate_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/kstate/kstatetest"
+)
+
+var stateCases = []conformanceCase{
+	{"State/Value", testValueState},
+	{"State/List", testListState},
+	{"State/Map", testMapState},
+	{"State/MapPrefixIsolation", testMapPrefixIsolation},
+	{"State/Reducing", testReducingState},
+	{"State/Aggregating", testAggregatingState},
+	{"State/CodecErrorsNameTheState", testCodecErrors},
+	{"State/RollbackLeavesNoTrace", testStateRollback},
+	{"State/TTL", testTTL},
+}
+
+// newScope returns a scope over a fresh store of kind, keyed "k1".
+func newScope(t *testing.T, kind string) *kstatetest.Scope {
+	t.Helper()
+	return kstatetest.NewScope(storeOver(t, kind)).SetKey("k1")
+}
+
+// endEpoch commits the record and applies the epoch, so that later reads
+// come from the backend rather than the write-sets.
+func endEpoch(t *testing.T, sc *kstatetest.Scope) {
+	t.Helper()
+	st := sc.Store()
+	if err := st.RecordErr(); err != nil {
+		t.Fatalf("RecordErr: %v", err)
+	}
+	st.CommitRecord()
+	m, err := st.Backend().Meta()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Epoch++
+	if err := st.Apply(m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantValue[T comparable](t *testing.T, get func(kstate.Scope) (T, bool, error), sc kstate.Scope, want T, wantOK bool) {
+	t.Helper()
+	got, ok, err := get(sc)
+	if err != nil || ok != wantOK || got != want {
+		t.Fatalf("key %q: Get = %v, %v, %v; want %v, %v", sc.Key(), got, ok, err, want, wantOK)
+	}
+}
+
+func testValueState(t *testing.T, kind string) {
+	count := kstate.Value("count", kstate.Int64())
+	other := kstate.Value("count2", kstate.Int64())
+	sc := newScope(t, kind)
+	wantValue(t, count.Get, sc, 0, false)
+	must(t, count.Set(sc, 5))
+	wantValue(t, count.Get, sc, 5, true)
+	wantValue(t, other.Get, sc, 0, false)
+	sc.SetKey("k2")
+	wantValue(t, count.Get, sc, 0, false)
+	must(t, count.Set(sc, -7))
+	endEpoch(t, sc)
+	wantValue(t, count.Get, sc, -7, true)
+	must(t, count.Clear(sc))
+	wantValue(t, count.Get, sc, 0, false)
+	sc.SetKey("k1")
+	wantValue(t, count.Get, sc, 5, true)
+	if count.Name() != "count" {
+		t.Fatalf("Name = %q", count.Name())
+	}
+
+	// The empty record key is a key like any other.
+	sc.SetKey("")
+	must(t, count.Set(sc, 1))
+	endEpoch(t, sc)
+	wantValue(t, count.Get, sc, 1, true)
+}
+
+func testListState(t *testing.T, kind string) {
+	list := kstate.List("events", kstate.String())
+	sc := newScope(t, kind)
+	wantList := func(want ...string) {
+		t.Helper()
+		got, err := list.Get(sc)
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("List.Get = %q, %v; want %q", got, err, want)
+		}
+	}
+	wantList()
+	must(t, list.Add(sc, "a"))
+	must(t, list.Add(sc, ""))
+	wantList("a", "")
+	endEpoch(t, sc)
+	must(t, list.Add(sc, strings.Repeat("x", 300)))
+	wantList("a", "", strings.Repeat("x", 300))
+	must(t, list.Update(sc, []string{"u", "v"}))
+	wantList("u", "v")
+	sc.SetKey("k2")
+	wantList()
+	sc.SetKey("k1")
+	endEpoch(t, sc)
+	wantList("u", "v")
+	must(t, list.Update(sc, nil)) // an empty update clears
+	wantList()
+	if _, ok, _ := sc.Store().Get(kstate.EncodeKey(kstate.KindKeyed, "events", []byte("k1"), nil)); ok {
+		t.Fatal("empty list left an entry behind")
+	}
+	must(t, list.Add(sc, "z"))
+	must(t, list.Clear(sc))
+	wantList()
+}
+
+func testMapState(t *testing.T, kind string) {
+	m := kstate.Map("prices", kstate.String(), kstate.Float64())
+	sc := newScope(t, kind)
+	wantEntries := func(want ...string) {
+		t.Helper()
+		var got []string
+		must(t, m.Entries(sc, func(k string, v float64) error {
+			got = append(got, fmt.Sprintf("%s=%g", k, v))
+			return nil
+		}))
+		if !slices.Equal(got, want) {
+			t.Fatalf("Entries = %q, want %q", got, want)
+		}
+	}
+	wantEntries()
+	must(t, m.Put(sc, "x", 1.5))
+	must(t, m.Put(sc, "a", 2))
+	endEpoch(t, sc)
+	must(t, m.Put(sc, "m", 3))
+	must(t, m.Put(sc, "", -1)) // the empty map key sorts first
+	wantEntries("=-1", "a=2", "m=3", "x=1.5")
+	wantValue(t, func(s kstate.Scope) (float64, bool, error) { return m.Get(s, "x") }, sc, 1.5, true)
+	wantValue(t, func(s kstate.Scope) (float64, bool, error) { return m.Get(s, "nope") }, sc, 0, false)
+	must(t, m.Remove(sc, "m"))
+	must(t, m.Remove(sc, "a"))
+	wantEntries("=-1", "x=1.5")
+	endEpoch(t, sc)
+	wantEntries("=-1", "x=1.5")
+
+	// fn may read the map it iterates (a nested read of the backend).
+	must(t, m.Entries(sc, func(k string, v float64) error {
+		got, ok, err := m.Get(sc, k)
+		if err != nil || !ok || got != v {
+			return fmt.Errorf("Get(%q) inside Entries = %v, %v, %v; want %v", k, got, ok, err, v)
+		}
+		return nil
+	}))
+
+	// fn's error comes back as it is, and stops the iteration.
+	boom := errors.New("boom")
+	calls := 0
+	err := m.Entries(sc, func(string, float64) error { calls++; return boom })
+	if err != boom || calls != 1 {
+		t.Fatalf("Entries = %v after %d calls, want boom after 1", err, calls)
+	}
+	sc.SetKey("k2")
+	wantEntries()
+	sc.SetKey("k1")
+	must(t, m.Clear(sc))
+	wantEntries()
+	endEpoch(t, sc)
+	wantEntries()
+	if s := sc.Store().Backend().Stats(); s.Keys != 0 {
+		t.Fatalf("backend keys after Clear = %d, want 0", s.Keys)
+	}
+}
+
+// A map's prefix for one record key must not cover another record key's map
+// or another state, whatever their bytes.
+func testMapPrefixIsolation(t *testing.T, kind string) {
+	m := kstate.Map("m", kstate.String(), kstate.Int64())
+	mm := kstate.Map("mm", kstate.String(), kstate.Int64())
+	sc := newScope(t, kind)
+	for _, k := range []string{"k", "k1", "k12", ""} {
+		sc.SetKey(k)
+		must(t, m.Put(sc, "e", int64(len(k))))
+		must(t, mm.Put(sc, "e", 100))
+	}
+	endEpoch(t, sc)
+	sc.SetKey("k1")
+	must(t, m.Clear(sc))
+	for _, k := range []string{"k", "k12", ""} {
+		sc.SetKey(k)
+		n := 0
+		must(t, m.Entries(sc, func(key string, v int64) error {
+			if n++; v != int64(len(k)) {
+				t.Errorf("key %q sees %s=%d", k, key, v)
+			}
+			return nil
+		}))
+		if n != 1 {
+			t.Errorf("key %q: %d entries, want 1", k, n)
+		}
+	}
+}
+
+func testReducingState(t *testing.T, kind string) {
+	sum := kstate.Reducing("sum", kstate.Int64(), func(a, b int64) int64 { return a + b })
+	sc := newScope(t, kind)
+	wantValue(t, sum.Get, sc, 0, false)
+	for _, v := range []int64{1, 2, 3} {
+		must(t, sum.Add(sc, v))
+	}
+	wantValue(t, sum.Get, sc, 6, true)
+	endEpoch(t, sc)
+	must(t, sum.Add(sc, 10))
+	wantValue(t, sum.Get, sc, 16, true)
+	must(t, sum.Clear(sc))
+	wantValue(t, sum.Get, sc, 0, false)
+}
+
+type avgAcc struct{ Count, Sum int64 }
+
+type average struct{}
+
+func (average) CreateAccumulator() avgAcc { return avgAcc{} }
+func (average) Add(in int64, acc avgAcc) avgAcc {
+	return avgAcc{Count: acc.Count + 1, Sum: acc.Sum + in}
+}
+func (average) Result(acc avgAcc) float64 { return float64(acc.Sum) / float64(acc.Count) }
+
+func testAggregatingState(t *testing.T, kind string) {
+	avg := kstate.Aggregating("avg", kstate.JSON[avgAcc](), average{})
+	sc := newScope(t, kind)
+	wantValue(t, avg.Get, sc, 0, false)
+	must(t, avg.Add(sc, 1))
+	must(t, avg.Add(sc, 2))
+	endEpoch(t, sc)
+	must(t, avg.Add(sc, 6))
+	wantValue(t, avg.Get, sc, 3, true)
+	must(t, avg.Clear(sc))
+	wantValue(t, avg.Get, sc, 0, false)
+}
+
+var errCodec = errors.New("codec failure")
+
+type failingCodec struct{}
+
+func (failingCodec) Encode(int64) ([]byte, error) { return nil, errCodec }
+func (failingCodec) Decode([]byte) (int64, error) { return 0, errCodec }
+
+func testCodecErrors(t *testing.T, kind string) {
+	sc := newScope(t, kind)
+	bad := kstate.Value("badcodec", failingCodec{})
+	// Stored bytes the Int64 codec cannot read (wrong width).
+	sc.Store().Put(kstate.EncodeKey(kstate.KindKeyed, "short", []byte("k1"), nil), []byte{1, 2, 3})
+	short := kstate.Value("short", kstate.Int64())
+	shortList := kstate.List("shortlist", kstate.Int64())
+	sc.Store().Put(kstate.EncodeKey(kstate.KindKeyed, "shortlist", []byte("k1"), nil), []byte{5, 1})
+	tests := []struct {
+		name  string
+		state string
+		op    func() error
+		is    error
+	}{
+		{"encode", "badcodec", func() error { return bad.Set(sc, 1) }, errCodec},
+		{"decode", "short", func() error { _, _, err := short.Get(sc); return err }, nil},
+		{"list framing", "shortlist", func() error { _, err := shortList.Get(sc); return err }, kstate.ErrCorrupt},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.op()
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", tt.state)) {
+				t.Fatalf("error %v does not name state %q", err, tt.state)
+			}
+			if tt.is != nil && !errors.Is(err, tt.is) {
+				t.Fatalf("error %v does not wrap %v", err, tt.is)
+			}
+		})
+	}
+}
+
+// A failed record (sent to the DLQ) must leave state exactly as it was.
+func testStateRollback(t *testing.T, kind string) {
+	count := kstate.Value("count", kstate.Int64())
+	m := kstate.Map("m", kstate.String(), kstate.Int64())
+	sc := newScope(t, kind)
+	must(t, count.Set(sc, 1))
+	must(t, m.Put(sc, "a", 1))
+	sc.Store().CommitRecord()
+	before := sc.Store().Dirty()
+
+	must(t, count.Set(sc, 2))
+	must(t, m.Put(sc, "b", 2))
+	must(t, m.Clear(sc))
+	kstate.RegisterTimer(sc, kstate.EventTime, kstatetest.Epoch)
+	sc.Store().RollbackRecord()
+
+	wantValue(t, count.Get, sc, 1, true)
+	if after := sc.Store().Dirty(); len(after) != len(before) {
+		t.Fatalf("Dirty has %d keys after rollback, want %d", len(after), len(before))
+	}
+}
+
+func testTTL(t *testing.T, kind string) {
+	const ttl = 10 * time.Second
+	type step struct {
+		advance time.Duration
+		op      string // "set", "get", "flush"
+		want    bool   // for get: present?
+	}
+	tests := []struct {
+		name   string
+		update kstate.TTLUpdate
+		steps  []step
+	}{
+		{"create-and-write expires", kstate.OnCreateAndWrite, []step{
+			{0, "set", false}, {ttl - time.Millisecond, "get", true}, {time.Millisecond, "get", false},
+		}},
+		{"create-and-write read does not extend", kstate.OnCreateAndWrite, []step{
+			{0, "set", false}, {6 * time.Second, "get", true}, {6 * time.Second, "get", false},
+		}},
+		{"create-and-write write extends", kstate.OnCreateAndWrite, []step{
+			{0, "set", false}, {6 * time.Second, "set", false}, {6 * time.Second, "get", true},
+		}},
+		{"read-and-write read extends", kstate.OnReadAndWrite, []step{
+			{0, "set", false}, {6 * time.Second, "get", true}, {6 * time.Second, "get", true},
+			{ttl, "get", false},
+		}},
+		{"survives the backend", kstate.OnCreateAndWrite, []step{
+			{0, "set", false}, {0, "flush", false}, {time.Second, "get", true},
+			{0, "flush", false}, {ttl, "get", false},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := kstate.Value("v", kstate.Int64(), kstate.WithTTL(ttl, tt.update))
+			sc := newScope(t, kind)
+			for i, s := range tt.steps {
+				sc.Advance(s.advance)
+				switch s.op {
+				case "set":
+					must(t, v.Set(sc, int64(i)))
+				case "flush":
+					endEpoch(t, sc)
+				case "get":
+					_, ok, err := v.Get(sc)
+					if err != nil || ok != s.want {
+						t.Fatalf("step %d: Get = %v, %v; want present=%v", i, ok, err, s.want)
+					}
+				}
+			}
+			// An expired value was deleted lazily: the delete is dirty.
+			sc.Store().CommitRecord()
+			last := tt.steps[len(tt.steps)-1]
+			if !last.want {
+				d := sc.Store().Dirty()
+				if len(d) != 1 || d[0].Value != nil {
+					t.Fatalf("after expiry Dirty = %v, want one tombstone", d)
+				}
+			}
+		})
+	}
+
+	t.Run("map entries expire one by one", func(t *testing.T) {
+		m := kstate.Map("m", kstate.String(), kstate.Int64(), kstate.WithTTL(ttl, kstate.OnCreateAndWrite))
+		sc := newScope(t, kind)
+		entries := func() (out []string) {
+			must(t, m.Entries(sc, func(k string, _ int64) error { out = append(out, k); return nil }))
+			return out
+		}
+		must(t, m.Put(sc, "x", 1))
+		sc.Advance(5 * time.Second)
+		must(t, m.Put(sc, "y", 2))
+		endEpoch(t, sc)
+		sc.Advance(5 * time.Second)
+		if got := entries(); !slices.Equal(got, []string{"y"}) {
+			t.Fatalf("Entries = %q, want [y]", got)
+		}
+		if _, ok, _ := m.Get(sc, "x"); ok {
+			t.Fatal("expired entry x returned")
+		}
+		sc.Advance(5 * time.Second)
+		if got := entries(); len(got) != 0 {
+			t.Fatalf("Entries = %q, want none", got)
+		}
+		endEpoch(t, sc)
+		if s := sc.Store().Backend().Stats(); s.Keys != 0 {
+			t.Fatalf("expired entries still stored: %d keys", s.Keys)
+		}
+	})
+
+	t.Run("list expires as a whole", func(t *testing.T) {
+		l := kstate.List("l", kstate.String(), kstate.WithTTL(ttl, kstate.OnCreateAndWrite))
+		sc := newScope(t, kind)
+		must(t, l.Add(sc, "a"))
+		sc.Advance(5 * time.Second)
+		must(t, l.Add(sc, "b"))
+		sc.Advance(9 * time.Second)
+		if got, err := l.Get(sc); err != nil || !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("Get = %q, %v", got, err)
+		}
+		sc.Advance(time.Second)
+		if got, err := l.Get(sc); err != nil || got != nil {
+			t.Fatalf("Get after expiry = %q, %v", got, err)
+		}
+	})
+}

@@ -1,0 +1,323 @@
+package kstate_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/kstate"
+)
+
+var storeCases = []conformanceCase{
+	{"Store/OverlayLevels", testStoreOverlay},
+	{"Store/DirtySortedLastWins", testStoreDirty},
+	{"Store/ApplyWritesBackendAndClears", testStoreApply},
+	{"Store/ScanWhileWriting", testStoreScanWhileWriting},
+	{"Store/RecordErrForUnstorableKey", testStoreRecordErr},
+	{"Store/MatchesModel", testStoreModel},
+}
+
+// storeOver returns a Store whose backend already holds base.
+func storeOver(t *testing.T, kind string, base ...kstate.Mutation) *kstate.Store {
+	t.Helper()
+	b := mustOpen(t, kind)
+	mustApply(t, b, kstate.Meta{}, base...)
+	return kstate.NewStore(b)
+}
+
+func testStoreOverlay(t *testing.T, kind string) {
+	st := storeOver(t, kind, put("a", "b0"), put("b", "b0"), put("c", "b0"), put("e", "b0"))
+	// Epoch level: overwrite a, delete b.
+	st.Put([]byte("a"), []byte("e1"))
+	st.Delete([]byte("b"))
+	st.CommitRecord()
+	// Record level: overwrite a again, delete c, add d, revive b.
+	st.Put([]byte("a"), []byte("r2"))
+	st.Delete([]byte("c"))
+	st.Put([]byte("d"), []byte("r2"))
+	st.Put([]byte("b"), []byte("r2"))
+
+	views := []struct {
+		name string
+		do   func()
+		get  map[string]string // "" means absent
+		scan []string
+	}{
+		{"record over epoch over backend", func() {},
+			map[string]string{"a": "r2", "b": "r2", "c": "", "d": "r2", "e": "b0"},
+			[]string{"a=r2", "b=r2", "d=r2", "e=b0"}},
+		{"after rollback", st.RollbackRecord,
+			map[string]string{"a": "e1", "b": "", "c": "b0", "d": "", "e": "b0"},
+			[]string{"a=e1", "c=b0", "e=b0"}},
+		{"after discard", st.Discard,
+			map[string]string{"a": "b0", "b": "b0", "c": "b0", "d": "", "e": "b0"},
+			[]string{"a=b0", "b=b0", "c=b0", "e=b0"}},
+	}
+	for _, v := range views {
+		v.do()
+		for k, want := range v.get {
+			var w []byte
+			if want != "" {
+				w = []byte(want)
+			}
+			wantGet(t, st, k, w)
+		}
+		if got := scanAll(t, st, ""); !slices.Equal(got, v.scan) {
+			t.Fatalf("%s: Scan = %q, want %q", v.name, got, v.scan)
+		}
+	}
+	if st.DirtyLen() != 0 {
+		t.Fatalf("DirtyLen after Discard = %d", st.DirtyLen())
+	}
+}
+
+func testStoreDirty(t *testing.T, kind string) {
+	st := storeOver(t, kind, put("gone", "x"))
+	st.Put([]byte("c"), []byte("1"))
+	st.Put([]byte("a"), []byte("1"))
+	st.CommitRecord()
+	st.Put([]byte("c"), []byte("2"))
+	st.Delete([]byte("gone"))
+	st.Put([]byte("b"), nil) // nil is stored as empty, never as a delete
+	st.CommitRecord()
+	st.Put([]byte("a"), []byte("rolled back"))
+	st.Put([]byte("z"), []byte("rolled back"))
+	st.RollbackRecord()
+	st.Delete([]byte("a"))
+	st.Put([]byte("c"), []byte("3"))
+	st.CommitRecord()
+
+	type mut struct {
+		k   string
+		v   string
+		del bool
+	}
+	want := []mut{{"a", "", true}, {"b", "", false}, {"c", "3", false}, {"gone", "", true}}
+	var got []mut
+	for _, m := range st.Dirty() {
+		got = append(got, mut{string(m.Key), string(m.Value), m.Value == nil})
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Dirty = %+v, want %+v", got, want)
+	}
+	if st.DirtyLen() != len(want) {
+		t.Fatalf("DirtyLen = %d, want %d", st.DirtyLen(), len(want))
+	}
+	// Uncommitted record writes are not dirty.
+	st.Put([]byte("pending"), []byte("1"))
+	if st.DirtyLen() != len(want) {
+		t.Fatal("record write-set counted as dirty before CommitRecord")
+	}
+}
+
+func testStoreApply(t *testing.T, kind string) {
+	st := storeOver(t, kind, put("a", "0"), put("b", "0"))
+	st.Put([]byte("a"), []byte("1"))
+	st.Delete([]byte("b"))
+	st.Put([]byte("c"), []byte("1"))
+	st.CommitRecord()
+	// Backend untouched until Apply: the epoch has not committed.
+	wantGet(t, st.Backend(), "a", []byte("0"))
+	meta := kstate.Meta{Epoch: 1, ChangelogOffset: 10, Offsets: map[string]int64{"in": 5}}
+	if err := st.Apply(meta); err != nil {
+		t.Fatal(err)
+	}
+	if st.DirtyLen() != 0 {
+		t.Fatalf("DirtyLen after Apply = %d", st.DirtyLen())
+	}
+	if got := scanAll(t, st.Backend(), ""); !slices.Equal(got, []string{"a=1", "c=1"}) {
+		t.Fatalf("backend after Apply = %q", got)
+	}
+	if m, _ := st.Backend().Meta(); m.Epoch != 1 || m.Offsets["in"] != 5 {
+		t.Fatalf("backend meta = %+v", m)
+	}
+	if s := st.Backend().Stats(); s.Keys != 2 {
+		t.Fatalf("Stats.Keys = %d, want 2", s.Keys)
+	}
+	// A failed Apply keeps the write-set so the caller can retry.
+	st.Put([]byte("d"), []byte("1"))
+	st.CommitRecord()
+	_ = st.Backend().Close()
+	if err := st.Apply(kstate.Meta{Epoch: 2}); !errors.Is(err, kstate.ErrClosed) {
+		t.Fatalf("Apply on closed backend = %v", err)
+	}
+	if st.DirtyLen() != 1 {
+		t.Fatalf("DirtyLen after failed Apply = %d, want 1", st.DirtyLen())
+	}
+}
+
+func testStoreScanWhileWriting(t *testing.T, kind string) {
+	st := storeOver(t, kind, put("p/a", "b"), put("p/c", "b"))
+	st.Put([]byte("p/b"), []byte("e"))
+	st.CommitRecord()
+	st.Put([]byte("p/d"), []byte("r"))
+	var seen []string
+	err := st.Scan([]byte("p/"), func(k, v []byte) error {
+		seen = append(seen, string(k))
+		st.Delete(k) // writes during a scan do not disturb it
+		st.Put([]byte("p/bb"), []byte("new"))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"p/a", "p/b", "p/c", "p/d"}; !slices.Equal(seen, want) {
+		t.Fatalf("scan saw %q, want %q", seen, want)
+	}
+	if got := scanAll(t, st, "p/"); !slices.Equal(got, []string{"p/bb=new"}) {
+		t.Fatalf("after scan: %q", got)
+	}
+	// ErrStopScan works wherever the merge stands: on a backend entry, an
+	// epoch entry or a record entry.
+	st = storeOver(t, kind, put("a", "b"), put("d", "b"))
+	st.Put([]byte("b"), []byte("e"))
+	st.CommitRecord()
+	st.Put([]byte("c"), []byte("r"))
+	st.Put([]byte("e"), []byte("r"))
+	for stopAt := 1; stopAt <= 5; stopAt++ {
+		n := 0
+		err := st.Scan(nil, func(k, v []byte) error {
+			if n++; n == stopAt {
+				return kstate.ErrStopScan
+			}
+			return nil
+		})
+		if err != nil || n != stopAt {
+			t.Fatalf("stop at %d: err %v after %d", stopAt, err, n)
+		}
+	}
+}
+
+func testStoreRecordErr(t *testing.T, kind string) {
+	tests := []struct {
+		name  string
+		write func(st *kstate.Store)
+	}{
+		{"empty key put", func(st *kstate.Store) { st.Put(nil, []byte("v")) }},
+		{"empty key delete", func(st *kstate.Store) { st.Delete([]byte{}) }},
+		{"oversize put", func(st *kstate.Store) { st.Put(bytes.Repeat([]byte("k"), kstate.MaxKeySize+1), nil) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := storeOver(t, kind)
+			st.Put([]byte("ok"), []byte("1"))
+			tt.write(st)
+			st.Put([]byte("ok2"), []byte("1"))
+			if err := st.RecordErr(); !errors.Is(err, kstate.ErrBadKey) {
+				t.Fatalf("RecordErr = %v, want ErrBadKey", err)
+			}
+			st.RollbackRecord()
+			if err := st.RecordErr(); err != nil {
+				t.Fatalf("RecordErr after rollback = %v", err)
+			}
+			if st.DirtyLen() != 0 {
+				t.Fatal("rolled back record left dirty keys")
+			}
+		})
+	}
+}
+
+// testStoreModel drives a Store with random operations and checks every
+// read against a plain-map model of the three levels. Keys share prefixes so
+// scans cross level boundaries; the seed is fixed so failures repeat.
+func testStoreModel(t *testing.T, kind string) {
+	keys := []string{"a", "aa", "ab", "aba", "b", "ba", "bb", "c", "\x00", "\xff"}
+	prefixes := []string{"", "a", "ab", "b", "c", "d", "\x00", "\xff"}
+	type level map[string]*string // nil value: tombstone
+	var (
+		backend = map[string]string{}
+		epoch   = level{}
+		record  = level{}
+	)
+	model := func() map[string]string {
+		out := maps.Clone(backend)
+		for _, l := range []level{epoch, record} {
+			for k, v := range l {
+				if v == nil {
+					delete(out, k)
+				} else {
+					out[k] = *v
+				}
+			}
+		}
+		return out
+	}
+	st := storeOver(t, kind)
+	rng := rand.New(rand.NewPCG(42, uint64(len(kind))))
+	var epochNo uint64
+	for step := range 3000 {
+		k := keys[rng.IntN(len(keys))]
+		var op string
+		switch r := rng.IntN(100); {
+		case r < 40:
+			op = "put"
+			v := fmt.Sprint(step)
+			st.Put([]byte(k), []byte(v))
+			record[k] = &v
+		case r < 60:
+			op = "delete"
+			st.Delete([]byte(k))
+			record[k] = nil
+		case r < 80:
+			op = "commit"
+			st.CommitRecord()
+			maps.Copy(epoch, record)
+			clear(record)
+		case r < 88:
+			op = "rollback"
+			st.RollbackRecord()
+			clear(record)
+		case r < 96:
+			op = "apply"
+			st.CommitRecord()
+			maps.Copy(epoch, record)
+			clear(record)
+			epochNo++
+			if err := st.Apply(kstate.Meta{Epoch: epochNo}); err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range epoch {
+				if v == nil {
+					delete(backend, k)
+				} else {
+					backend[k] = *v
+				}
+			}
+			clear(epoch)
+		default:
+			op = "discard"
+			st.Discard()
+			clear(epoch)
+			clear(record)
+		}
+		want := model()
+		for _, k := range keys {
+			got, ok, err := st.Get([]byte(k))
+			w, wok := want[k]
+			if err != nil || ok != wok || string(got) != w {
+				t.Fatalf("step %d (%s): Get(%q) = %q,%v,%v; want %q,%v", step, op, k, got, ok, err, w, wok)
+			}
+		}
+		p := prefixes[rng.IntN(len(prefixes))]
+		var wantScan []string
+		for _, k := range slices.Sorted(maps.Keys(want)) {
+			if strings.HasPrefix(k, p) {
+				wantScan = append(wantScan, k+"="+want[k])
+			}
+		}
+		if got := scanAll(t, st, p); !slices.Equal(got, wantScan) {
+			t.Fatalf("step %d (%s): Scan(%q) = %q, want %q", step, op, p, got, wantScan)
+		}
+		if st.DirtyLen() != len(epoch) {
+			t.Fatalf("step %d (%s): DirtyLen = %d, want %d", step, op, st.DirtyLen(), len(epoch))
+		}
+	}
+	if s := st.Backend().Stats(); s.Keys != int64(len(backend)) {
+		t.Fatalf("Stats.Keys = %d, want %d", s.Keys, len(backend))
+	}
+}

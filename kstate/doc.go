@@ -1,0 +1,51 @@
+// Package kstate owns Sluice's state: the typed state API that jobs use, the
+// codecs, the physical key format shared with the changelog, the epoch
+// write-set overlay, and the storage backends (memory and bbolt).
+//
+// It knows nothing about Kafka. The engine drives it; the changelog package
+// ships its write-sets and replays them; neither concern leaks in here.
+//
+// # Layers
+//
+// A task's state is a Backend (durable, one per task) under a Store (two
+// write-sets, the record's and the epoch's). Keyed state descriptors such as
+// Value and Map read and write through a Scope, which names the Store, the
+// current record key and the processing clock:
+//
+//	descriptor (Value, List, Map, Reducing, Aggregating, timers)
+//	    │  Scope: Store + record key + clock
+//	Store ── record write-set ── epoch write-set
+//	    │
+//	Backend (memory | bbolt)
+//
+// # The engine's loop
+//
+// One goroutine owns a task's Store and does, per epoch:
+//
+//	for each record:
+//	    err := process(record)       // reads and writes state via a Scope
+//	    if err == nil { err = st.RecordErr() }
+//	    if err != nil { st.RollbackRecord() } else { st.CommitRecord() }
+//	at the barrier:
+//	    muts := st.Dirty()           // produce to the changelog, then the marker
+//	    commit the Kafka transaction
+//	    if committed { st.Apply(meta) } else { st.Discard(); rewind inputs }
+//
+// The order is the exactly-once argument: the backend changes only after
+// the transaction that made the change visible has committed, in one
+// atomic backend transaction together with the input offsets it
+// corresponds to. An aborted epoch therefore leaves nothing to repair.
+//
+// # Declaring state
+//
+// Descriptors are declared once, usually as package variables of a job, and
+// used with whatever Scope the runtime passes:
+//
+//	var count = kstate.Value("count", kstate.Int64())
+//
+//	n, _, err := count.Get(ctx)
+//	err = count.Set(ctx, n+1)
+//
+// State names are the identity of state in the backend and the changelog:
+// keep them unique within a job and stable across releases.
+package kstate

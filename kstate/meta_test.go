@@ -1,0 +1,68 @@
+package kstate
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func TestMetaEncoding(t *testing.T) {
+	tests := []Meta{
+		{Offsets: map[string]int64{}},
+		{Epoch: 1, ChangelogOffset: -1, Offsets: map[string]int64{}},
+		{Epoch: 1 << 40, ChangelogOffset: 123456789, Offsets: map[string]int64{"in": 5, "": 0, "other": 1 << 50}},
+	}
+	for _, m := range tests {
+		b := encodeMeta(m)
+		got, err := decodeMeta(b)
+		if err != nil {
+			t.Fatalf("decodeMeta(encodeMeta(%+v)): %v", m, err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Errorf("round trip: got %+v, want %+v", got, m)
+		}
+		// Deterministic bytes whatever the map's iteration order.
+		if string(encodeMeta(got)) != string(b) {
+			t.Errorf("encoding of %+v is not deterministic", m)
+		}
+	}
+}
+
+func TestMetaDecodeRejects(t *testing.T) {
+	good := encodeMeta(Meta{Epoch: 3, ChangelogOffset: 9, Offsets: map[string]int64{"in": 7}})
+	tests := []struct {
+		name string
+		in   []byte
+	}{
+		{"empty", nil},
+		{"unknown format", []byte{9, 0, 0, 0}},
+		{"truncated", good[:len(good)-1]},
+		{"trailing", append(append([]byte{}, good...), 0)},
+		{"huge topic count", []byte{metaFormatV1, 0, 0, 0xff, 0xff, 0x03}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := decodeMeta(tt.in); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("decodeMeta(%x) = %v, want ErrCorrupt", tt.in, err)
+			}
+		})
+	}
+}
+
+func FuzzDecodeMeta(f *testing.F) {
+	f.Add(encodeMeta(Meta{Epoch: 3, ChangelogOffset: -1, Offsets: map[string]int64{"in": 7, "x": 0}}))
+	f.Add([]byte{metaFormatV1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMeta(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		again, err := decodeMeta(encodeMeta(m))
+		if err != nil || !reflect.DeepEqual(again, m) {
+			t.Fatalf("re-encoded meta %+v decodes to %+v, %v", m, again, err)
+		}
+	})
+}

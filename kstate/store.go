@@ -1,0 +1,270 @@
+package kstate
+
+import (
+	"slices"
+	"strings"
+)
+
+// Store is a task's state as the task sees it: the backend overlaid with two
+// write-sets.
+//
+//   - The record write-set holds the writes of the record being processed.
+//     CommitRecord folds it into the epoch write-set when the record
+//     succeeds; RollbackRecord drops it when the record fails, so a record
+//     sent to the dead-letter queue leaves no trace in state.
+//   - The epoch write-set holds every key changed in the current epoch, last
+//     value wins. At the barrier Dirty lists it for the changelog; Apply
+//     writes it to the backend only after the Kafka transaction committed,
+//     and Discard drops it when the epoch aborts. The backend therefore only
+//     ever holds committed epochs, which is why an abort needs no repair.
+//
+// Reads look at the record write-set, then the epoch write-set, then the
+// backend; a delete in a write-set hides the backend's entry.
+//
+// A Store belongs to its task's goroutine and is not safe for concurrent use.
+type Store struct {
+	backend   Backend
+	epoch     *writeSet
+	record    map[string][]byte // nil value is a tombstone
+	recordErr error
+	// keyBuf is reused to build keys for point reads and writes, which do
+	// not retain the key (writes copy it), so keyed state allocates no key
+	// on the hot path. Scans build their own prefixes because callbacks may
+	// do point operations while the scan still needs its prefix.
+	keyBuf []byte
+}
+
+// NewStore returns a Store over b with empty write-sets.
+func NewStore(b Backend) *Store {
+	return &Store{backend: b, epoch: newWriteSet(), record: map[string][]byte{}}
+}
+
+// Backend returns the backend the Store overlays.
+func (s *Store) Backend() Backend { return s.backend }
+
+// Get returns key's value as the current record sees it. The returned slice
+// may be shared with the write-set: read it, keep it, but do not modify it.
+func (s *Store) Get(key []byte) ([]byte, bool, error) {
+	if v, ok := s.record[string(key)]; ok {
+		return v, v != nil, nil
+	}
+	if n := s.epoch.get(key); n != nil {
+		return n.val, n.val != nil, nil
+	}
+	return s.backend.Get(key)
+}
+
+// Put sets key to a copy of value in the record write-set. A nil value is
+// stored as an empty one (nil is reserved for deletes).
+//
+// A key the backend could not store (empty, or longer than MaxKeySize) is not
+// written; the error is kept for RecordErr so the record fails before it can
+// reach the changelog, instead of the epoch failing after its commit.
+func (s *Store) Put(key, value []byte) {
+	if err := checkKey(key); err != nil {
+		s.fail(err)
+		return
+	}
+	s.record[string(key)] = append([]byte{}, value...)
+}
+
+// Delete removes key in the record write-set. Invalid keys are handled as
+// in Put.
+func (s *Store) Delete(key []byte) {
+	if err := checkKey(key); err != nil {
+		s.fail(err)
+		return
+	}
+	s.record[string(key)] = nil
+}
+
+// putOwned is Put for a value the caller built and will not touch again,
+// saving the copy.
+func (s *Store) putOwned(key, value []byte) {
+	if err := checkKey(key); err != nil {
+		s.fail(err)
+		return
+	}
+	if value == nil {
+		value = []byte{}
+	}
+	s.record[string(key)] = value
+}
+
+func (s *Store) fail(err error) {
+	if s.recordErr == nil {
+		s.recordErr = err
+	}
+}
+
+// RecordErr returns the first write of the current record that was refused
+// (see Put), or nil. A caller that sees an error must treat the record as
+// failed and call RollbackRecord; CommitRecord would commit the record's
+// other writes without the refused one.
+func (s *Store) RecordErr() error { return s.recordErr }
+
+// CommitRecord folds the record write-set into the epoch write-set.
+func (s *Store) CommitRecord() {
+	for k, v := range s.record {
+		s.epoch.set(k, v)
+	}
+	s.clearRecord()
+}
+
+// RollbackRecord drops the record write-set.
+func (s *Store) RollbackRecord() { s.clearRecord() }
+
+func (s *Store) clearRecord() {
+	clear(s.record)
+	s.recordErr = nil
+}
+
+// Dirty returns the epoch write-set as mutations sorted by key: one per key
+// changed in the epoch, holding its last value, nil for a delete. The
+// mutations share the write-set's bytes; do not modify them.
+func (s *Store) Dirty() []Mutation {
+	muts := make([]Mutation, 0, s.epoch.len())
+	for n := s.epoch.first(); n != nil; n = n.next[0] {
+		muts = append(muts, Mutation{Key: []byte(n.key), Value: n.val})
+	}
+	return muts
+}
+
+// DirtyLen returns the number of keys changed in the epoch.
+func (s *Store) DirtyLen() int { return s.epoch.len() }
+
+// Apply writes the epoch write-set and meta to the backend in one atomic
+// transaction and then clears the write-set. Call it only after the epoch's
+// Kafka transaction committed, and commit no record between the Dirty that
+// went to the changelog and Apply: Apply writes the write-set as it is now,
+// and the backend must hold exactly what the changelog holds. On error the
+// write-set is kept, so the caller may retry.
+func (s *Store) Apply(meta Meta) error {
+	if err := s.backend.Apply(s.Dirty(), meta); err != nil {
+		return err
+	}
+	s.epoch.reset()
+	return nil
+}
+
+// Discard drops both write-sets: the epoch aborted, and the backend already
+// holds the state the task rewinds to.
+func (s *Store) Discard() {
+	s.epoch.reset()
+	s.clearRecord()
+}
+
+// Scan calls fn for every key with the prefix as the current record sees it,
+// in ascending byte order: write-set values replace backend values, deletes
+// hide them. k and v are valid only during the call. fn may call Get, Put
+// and Delete (the scan goes on over the state as it was when it started) but
+// not CommitRecord, RollbackRecord, Apply or Discard. If fn returns
+// ErrStopScan the scan ends and Scan returns nil.
+func (s *Store) Scan(prefix []byte, fn func(k, v []byte) error) error {
+	ov := overlay{prefix: string(prefix), records: s.recordRange(prefix), node: s.epoch.seek(prefix)}
+	stopped := false
+	call := func(k, v []byte) error {
+		err := fn(k, v)
+		if err == ErrStopScan {
+			stopped = true
+		}
+		return err
+	}
+	// emit hands one overlay entry to fn, skipping tombstones.
+	emit := func(e overlayEntry) error {
+		if e.val == nil {
+			return nil
+		}
+		return call([]byte(e.key), e.val)
+	}
+	err := s.backend.Scan(prefix, func(k, v []byte) error {
+		for {
+			e, ok := ov.peek()
+			if !ok || e.key > string(k) {
+				return call(k, v)
+			}
+			ov.advance()
+			if e.key == string(k) {
+				return emit(e) // the write-set shadows the backend
+			}
+			if err := emit(e); err != nil {
+				return err
+			}
+		}
+	})
+	if err != nil || stopped {
+		return err
+	}
+	for e, ok := ov.peek(); ok; e, ok = ov.peek() {
+		ov.advance()
+		if err := emit(e); err != nil {
+			if err == ErrStopScan {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// recordRange returns the record write-set's entries under prefix, sorted.
+// The record write-set holds a handful of keys, so sorting on demand is
+// cheaper than keeping it ordered.
+func (s *Store) recordRange(prefix []byte) []overlayEntry {
+	if len(s.record) == 0 {
+		return nil
+	}
+	p := string(prefix)
+	var out []overlayEntry
+	for k, v := range s.record {
+		if strings.HasPrefix(k, p) {
+			out = append(out, overlayEntry{key: k, val: v})
+		}
+	}
+	slices.SortFunc(out, func(a, b overlayEntry) int { return strings.Compare(a.key, b.key) })
+	return out
+}
+
+// appendKey builds a key in the Store's reusable buffer. The result is valid
+// until the next appendKey; use it only for point reads and writes.
+func (s *Store) appendKey(kind Kind, name string, userKey, sub []byte) []byte {
+	s.keyBuf = AppendKey(s.keyBuf[:0], kind, name, userKey, sub)
+	return s.keyBuf
+}
+
+type overlayEntry struct {
+	key string
+	val []byte // nil is a tombstone
+}
+
+// overlay merges the record write-set range with the epoch write-set range
+// into one ordered stream; on equal keys the record's entry wins.
+type overlay struct {
+	prefix  string
+	records []overlayEntry
+	node    *wsNode
+}
+
+func (o *overlay) peek() (overlayEntry, bool) {
+	hasNode := o.node.within(o.prefix)
+	switch {
+	case len(o.records) > 0 && (!hasNode || o.records[0].key <= o.node.key):
+		return o.records[0], true
+	case hasNode:
+		return overlayEntry{key: o.node.key, val: o.node.val}, true
+	}
+	return overlayEntry{}, false
+}
+
+func (o *overlay) advance() {
+	hasNode := o.node.within(o.prefix)
+	switch {
+	case len(o.records) > 0 && hasNode && o.records[0].key == o.node.key:
+		o.records = o.records[1:]
+		o.node = o.node.next[0]
+	case len(o.records) > 0 && (!hasNode || o.records[0].key < o.node.key):
+		o.records = o.records[1:]
+	case hasNode:
+		o.node = o.node.next[0]
+	}
+}

@@ -1,0 +1,65 @@
+// Package sluice is exactly-once, stateful stream processing for Go services
+// on Kafka.
+//
+// Declare a Job with a ProcessFunc, keep keyed state with the descriptors of
+// package kstate, and run it with New and Instance.Run:
+//
+//	var count = kstate.Value[int64]("count", kstate.Int64())
+//
+//	job := sluice.Job{Name: "count", Emits: true, Process: func(ctx sluice.Context, rec *sluice.Record) error {
+//		n, _, err := count.Get(ctx)
+//		if err != nil {
+//			return err
+//		}
+//		if err := count.Set(ctx, n+1); err != nil {
+//			return err
+//		}
+//		ctx.Emit(rec.Key, []byte(strconv.FormatInt(n+1, 10)))
+//		return nil
+//	}}
+//	inst, err := sluice.New(sluice.Options{Job: job, Brokers: ..., AppID: "counter", ...})
+//	err = inst.Run(ctx)
+//
+// Each epoch's state changes, outputs and input offsets commit in one Kafka
+// transaction; a read_committed consumer of the output sees every input
+// reflected exactly once.
+package sluice
+
+import (
+	"github.com/sluicehq/sluice/internal/api"
+	"github.com/sluicehq/sluice/internal/engine"
+)
+
+type (
+	// Record is an input record.
+	Record = api.Record
+	// Header is a record header.
+	Header = api.Header
+	// Context is what a ProcessFunc gets per record; it scopes keyed state.
+	Context = api.Context
+	// ProcessFunc handles one record.
+	ProcessFunc = api.ProcessFunc
+	// Job declares a job.
+	Job = api.Job
+	// DecodeError marks a record whose bytes do not decode.
+	DecodeError = api.DecodeError
+
+	// Options configures an instance; see the field docs.
+	Options = engine.Config
+	// Instance is one running processor instance.
+	Instance = engine.Instance
+	// Guarantee is exactly_once or at_least_once.
+	Guarantee = engine.Guarantee
+)
+
+const (
+	ExactlyOnce = engine.ExactlyOnce
+	AtLeastOnce = engine.AtLeastOnce
+)
+
+// Fatal wraps an error so that returning it stops the instance rather than
+// dead-lettering the record.
+func Fatal(err error) error { return api.Fatal(err) }
+
+// New validates opts and builds an instance; Run starts it.
+func New(opts Options) (*Instance, error) { return engine.New(opts) }

@@ -1,0 +1,119 @@
+package txsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Session is one group membership's consumer and producer. Every method but
+// Close must be called from the one goroutine that polls; Close may be
+// called once, by that goroutine, after its last use.
+type Session interface {
+	// Client is the underlying client, for pausing partitions and setting
+	// offsets. Do not end transactions through it.
+	Client() *kgo.Client
+	// PollRecords polls at most n records. Rebalances stay blocked until
+	// AllowRebalance.
+	PollRecords(ctx context.Context, n int) kgo.Fetches
+	// AllowRebalance lets a pending rebalance run during the next poll.
+	AllowRebalance()
+	// Begin opens the epoch's transaction (a no-op at-least-once).
+	Begin() error
+	// Produce buffers r for the open epoch; promise is called once with
+	// its outcome.
+	Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error))
+	// End finishes the epoch. With commit set, it flushes everything
+	// produced and commits the consumed offsets with it; it reports
+	// whether the epoch committed. Without commit, or when the commit is
+	// refused (a rebalance took partitions), the epoch is aborted and the
+	// consumer rewound to the committed offsets. A non-nil error means the
+	// session cannot be used again: Close it and build a new one.
+	End(ctx context.Context, commit bool) (committed bool, err error)
+	// Close leaves the session; buffered, uncommitted records are dropped.
+	Close()
+}
+
+// ErrProduce is returned (wrapped) by End when a record of the epoch failed
+// to produce; the epoch is then not committed.
+var ErrProduce = errors.New("txsink: produce failed")
+
+// NewExactlyOnce builds a transactional session. opts must configure the
+// consumer group, the transactional ID and BlockRebalanceOnPoll.
+func NewExactlyOnce(opts ...kgo.Opt) (Session, error) {
+	s, err := kgo.NewGroupTransactSession(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("txsink: %w", err)
+	}
+	return &exactlyOnce{s: s}, nil
+}
+
+type exactlyOnce struct {
+	s *kgo.GroupTransactSession
+}
+
+func (e *exactlyOnce) Client() *kgo.Client { return e.s.Client() }
+func (e *exactlyOnce) PollRecords(ctx context.Context, n int) kgo.Fetches {
+	return e.s.PollRecords(ctx, n)
+}
+func (e *exactlyOnce) AllowRebalance() { e.s.AllowRebalance() }
+func (e *exactlyOnce) Begin() error    { return e.s.Begin() }
+func (e *exactlyOnce) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	e.s.Produce(ctx, r, promise)
+}
+
+// End ends the transaction. The session flushes before TxnOffsetCommit and
+// EndTxn, so the changelog records and markers are durable in the open
+// transaction before it commits; a revoke or a lost partition since Begin
+// turns a commit into an abort (GroupTransactSession's rule (b)).
+func (e *exactlyOnce) End(ctx context.Context, commit bool) (bool, error) {
+	return e.s.End(ctx, kgo.TransactionEndTry(commit))
+}
+func (e *exactlyOnce) Close() { e.s.Close() }
+
+// NewAtLeastOnce builds an idempotent, non-transactional session. opts must
+// configure the consumer group with DisableAutoCommit and
+// BlockRebalanceOnPoll.
+func NewAtLeastOnce(opts ...kgo.Opt) (Session, error) {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("txsink: %w", err)
+	}
+	return &atLeastOnce{cl: cl}, nil
+}
+
+type atLeastOnce struct {
+	cl *kgo.Client
+}
+
+func (a *atLeastOnce) Client() *kgo.Client { return a.cl }
+func (a *atLeastOnce) PollRecords(ctx context.Context, n int) kgo.Fetches {
+	return a.cl.PollRecords(ctx, n)
+}
+func (a *atLeastOnce) AllowRebalance() { a.cl.AllowRebalance() }
+func (a *atLeastOnce) Begin() error    { return nil }
+func (a *atLeastOnce) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	a.cl.Produce(ctx, r, promise)
+}
+
+// End flushes everything produced, then commits the polled offsets. A
+// crash between the two replays the epoch: at-least-once.
+func (a *atLeastOnce) End(ctx context.Context, commit bool) (bool, error) {
+	if !commit {
+		committed := a.cl.CommittedOffsets()
+		a.cl.SetOffsets(committed)
+		return false, nil
+	}
+	if err := a.cl.Flush(ctx); err != nil {
+		return false, fmt.Errorf("txsink: flush: %w", err)
+	}
+	if err := a.cl.CommitUncommittedOffsets(ctx); err != nil {
+		// The outputs are out; the offsets are not. Replaying the
+		// epoch is allowed at-least-once, so the session stays usable.
+		return false, nil
+	}
+	return true, nil
+}
+func (a *atLeastOnce) Close() { a.cl.Close() }
