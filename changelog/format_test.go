@@ -28,11 +28,11 @@ func TestMarkerRoundTrip(t *testing.T) {
 func TestDecodeMarkerRejects(t *testing.T) {
 	good := EncodeMarker(Marker{Epoch: 3, Offsets: map[string]int64{"in": 10}})
 	for name, b := range map[string][]byte{
-		"empty":    nil,
-		"format":   append([]byte{9}, good[1:]...),
-		"truncate": good[:len(good)-1],
-		"trailing": append(append([]byte{}, good...), 0),
-		"count":    {markerFormat, 1, 200},
+		"empty":     nil,
+		"format":    append([]byte{9}, good[1:]...),
+		"truncate":  good[:len(good)-1],
+		"trailing":  append(append([]byte{}, good...), 0),
+		"count":     {markerFormat, 1, 200},
 		"duplicate": EncodeMarkerRaw(t, 1, []string{"a", "a"}),
 	} {
 		if _, err := DecodeMarker(b); !errors.Is(err, ErrBadMarker) {

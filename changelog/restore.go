@@ -100,12 +100,18 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 		}
 		ahead, err := r.groupAhead(ctx)
 		if err != nil {
-			return r.res, err
+			// UNSTABLE_OFFSET_COMMIT outlasting the client's retries
+			// means a transaction is still in flight: read again.
+			r.logf("fetching the group's stable offsets failed; re-reading", "partition", p.Partition, "err", err)
+			ahead = true
 		}
 		if !ahead {
 			return r.res, r.flush()
 		}
 		if attempt >= stableAttempts {
+			if err != nil {
+				return r.res, err
+			}
 			return r.res, fmt.Errorf("%w: partition %d, last marker %+v", ErrGroupAhead, p.Partition, r.res.Last)
 		}
 		r.logf("consumer group offsets ahead of the changelog; re-reading", "partition", p.Partition)
@@ -319,7 +325,7 @@ func (r *restorer) groupAhead(ctx context.Context) (bool, error) {
 			}
 		}
 		if o.At > mine && (last != nil || o.At > 0) {
-			r.logf("group committed offset ahead of changelog marker", "topic", t, "partition", r.p.Partition, "group", o.At, "marker", mine)
+			r.logf("group committed offset ahead of changelog marker", "topic", t, "partition", r.p.Partition, "group", o.At, "marker", mine, "from", r.p.From, "position", r.pos, "records", r.res.Records)
 			return true, nil
 		}
 	}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Session is one group membership's consumer and producer. Every method but
@@ -26,12 +28,14 @@ type Session interface {
 	// its outcome.
 	Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error))
 	// End finishes the epoch. With commit set, it flushes everything
-	// produced and commits the consumed offsets with it; it reports
-	// whether the epoch committed. Without commit, or when the commit is
-	// refused (a rebalance took partitions), the epoch is aborted and the
-	// consumer rewound to the committed offsets. A non-nil error means the
-	// session cannot be used again: Close it and build a new one.
-	End(ctx context.Context, commit bool) (committed bool, err error)
+	// produced and commits offsets with it; it reports whether the epoch
+	// committed. Exactly-once commits the consumer's positions (the caller
+	// makes them equal offsets first); at-least-once commits offsets as
+	// given. Without commit, or when the commit is refused (a rebalance
+	// took partitions), the epoch is aborted and the consumer rewound to
+	// the committed offsets. A non-nil error means the session cannot be
+	// used again: Close it and build a new one.
+	End(ctx context.Context, commit bool, offsets map[string]map[int32]kgo.EpochOffset) (committed bool, err error)
 	// Close leaves the session; buffered, uncommitted records are dropped.
 	Close()
 }
@@ -68,7 +72,7 @@ func (e *exactlyOnce) Produce(ctx context.Context, r *kgo.Record, promise func(*
 // EndTxn, so the changelog records and markers are durable in the open
 // transaction before it commits; a revoke or a lost partition since Begin
 // turns a commit into an abort (GroupTransactSession's rule (b)).
-func (e *exactlyOnce) End(ctx context.Context, commit bool) (bool, error) {
+func (e *exactlyOnce) End(ctx context.Context, commit bool, _ map[string]map[int32]kgo.EpochOffset) (bool, error) {
 	return e.s.End(ctx, kgo.TransactionEndTry(commit))
 }
 func (e *exactlyOnce) Close() { e.s.Close() }
@@ -98,22 +102,36 @@ func (a *atLeastOnce) Produce(ctx context.Context, r *kgo.Record, promise func(*
 	a.cl.Produce(ctx, r, promise)
 }
 
-// End flushes everything produced, then commits the polled offsets. A
-// crash between the two replays the epoch: at-least-once.
-func (a *atLeastOnce) End(ctx context.Context, commit bool) (bool, error) {
+// End flushes everything produced, then commits offsets: exactly those
+// given, never whatever else the consumer has polled. A crash between the
+// two replays the epoch: at-least-once.
+func (a *atLeastOnce) End(ctx context.Context, commit bool, offsets map[string]map[int32]kgo.EpochOffset) (bool, error) {
 	if !commit {
-		committed := a.cl.CommittedOffsets()
-		a.cl.SetOffsets(committed)
+		a.cl.SetOffsets(a.cl.CommittedOffsets())
 		return false, nil
 	}
 	if err := a.cl.Flush(ctx); err != nil {
 		return false, fmt.Errorf("txsink: flush: %w", err)
 	}
-	if err := a.cl.CommitUncommittedOffsets(ctx); err != nil {
-		// The outputs are out; the offsets are not. Replaying the
-		// epoch is allowed at-least-once, so the session stays usable.
-		return false, nil
+	if len(offsets) == 0 {
+		return true, nil
 	}
-	return true, nil
+	var commitErr error
+	a.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			commitErr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil && commitErr == nil {
+					commitErr = fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err)
+				}
+			}
+		}
+	})
+	// The outputs are out and the offsets maybe not: replaying the epoch
+	// is allowed at-least-once, so the session stays usable.
+	return commitErr == nil, nil
 }
 func (a *atLeastOnce) Close() { a.cl.Close() }

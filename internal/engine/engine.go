@@ -39,8 +39,8 @@ type Instance struct {
 	evMu            sync.Mutex
 	ev              events
 	rebalanceWanted atomic.Bool
+	rebalanceWaits  chan struct{} // signalled (never blocking) when a rebalance waits on us
 
-	restored chan restoreResult
 	wakeMu   sync.Mutex
 	wake     context.CancelFunc // cancels the loop's current poll
 }
@@ -69,7 +69,7 @@ func New(cfg Config) (*Instance, error) {
 		cfg:            cfg,
 		log:            cfg.Logger.With("app", cfg.AppID, "instance", cfg.InstanceID),
 		changelogTopic: changelog.TopicName(cfg.AppID),
-		restored:       make(chan restoreResult, 64),
+		rebalanceWaits: make(chan struct{}, 1),
 	}
 	in.m = newMetrics(cfg.Registry, in)
 	return in, nil
@@ -279,7 +279,13 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		kgo.OnPartitionsAssigned(in.onAssigned),
 		kgo.OnPartitionsRevoked(in.onRevoked),
 		kgo.OnPartitionsLost(in.onLost),
-		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) { in.rebalanceWanted.Store(true) }),
+		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) {
+			in.rebalanceWanted.Store(true)
+			select {
+			case in.rebalanceWaits <- struct{}{}:
+			default:
+			}
+		}),
 	)
 	if in.cfg.GroupProtocol == "consumer" {
 		opts = append(opts, kgo.ServerSideBalancer(), kgo.Balancers(kgo.CooperativeStickyBalancer()))

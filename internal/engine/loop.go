@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
@@ -112,6 +113,10 @@ func (l *loop) iterate() error {
 	}
 	act := l.coord.Tick(time.Now())
 	if in.rebalanceWanted.Swap(false) && act.Kind == barrier.ActNone {
+		select {
+		case <-in.rebalanceWaits:
+		default:
+		}
 		// A rebalance waits for us: commit what we have so the
 		// partitions leave with their work done instead of aborted.
 		act = l.coord.RequestRevoke(time.Now())
@@ -229,8 +234,12 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	return nil
 }
 
+// produce adds r to the open epoch. The context is never cancelled: a
+// record failed by its own context is simply not sent, and the transaction
+// would still commit without it (shutdown is handled by the final
+// checkpoint, not by cancelling produces).
 func (l *loop) produce(r *kgo.Record) {
-	l.sess.Produce(l.ctx, r, func(r *kgo.Record, err error) {
+	l.sess.Produce(context.Background(), r, func(r *kgo.Record, err error) {
 		if err != nil {
 			err = fmt.Errorf("%w: %s/%d: %w", txsink.ErrProduce, r.Topic, r.Partition, err)
 			l.produceErr.CompareAndSwap(nil, &err)
@@ -307,18 +316,30 @@ func (l *loop) commit() barrier.Action {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.Checkpoint.Timeout)
 	defer cancel()
-	if perr := l.produceErr.Load(); perr != nil {
+	// Ordering rule: every output, changelog record and marker is
+	// acknowledged before the offsets commit and EndTxn is sent; a record
+	// that failed aborts the epoch.
+	if err := l.sess.Client().Flush(ctx); err != nil {
+		l.sessionBroken(err)
+		return l.coord.CommitFailed(fmt.Errorf("flush: %w", err), time.Now())
+	}
+	if perr := l.produceErr.Swap(nil); perr != nil {
 		return l.coord.CommitFailed(*perr, time.Now())
 	}
+	offsets := l.alignOffsets()
 	in.cfg.at(PointBeforeCommit)
-	committed, err := l.sess.End(ctx, true)
+	stop := l.yieldToRebalance()
+	committed, err := l.sess.End(ctx, true, offsets)
+	stop()
 	l.inTxn = false
 	in.txnOpenedAt.Store(0)
 	if perr := l.produceErr.Swap(nil); perr != nil && committed {
-		// franz-go fails the producer ID on a failed produce, which
-		// fails the commit; a commit that went through anyway is what
-		// Kafka now holds, so local state follows it.
-		in.log.Error("a record failed to produce but the transaction committed", "err", *perr)
+		// Everything was flushed and checked above, so nothing can
+		// fail here; if something did, Kafka holds an epoch with a
+		// record missing, and only an operator can judge it.
+		l.fatal = fmt.Errorf("engine: a record failed after the flush but the transaction committed: %w", *perr)
+		l.coord.CommitDone(time.Now())
+		return l.coord.ApplyFailed(l.fatal, time.Now())
 	}
 	switch {
 	case err != nil:
@@ -330,8 +351,66 @@ func (l *loop) commit() barrier.Action {
 		return l.coord.CommitFailed(errAborted, time.Now())
 	}
 	in.m.transactions.WithLabelValues("commit").Inc()
+	if in.log.Enabled(context.Background(), slog.LevelDebug) {
+		for p, t := range l.tasks {
+			if t.marker != nil {
+				in.log.Debug("epoch committed", "task", p, "epoch", t.epoch+1, "next", t.next, "marker_offset", t.marker.Offset)
+			}
+		}
+	}
 	in.cfg.at(PointAfterCommit)
 	return l.coord.CommitDone(time.Now())
+}
+
+// alignOffsets makes the offsets the session is about to commit equal the
+// ones the markers carry, and returns those of the tasks that wrote a
+// marker this epoch. They agree by construction (every record polled for a
+// running task is processed, others are rewound); a disagreement would
+// commit offsets without their state, so it is logged and repaired rather
+// than committed. A partition whose task is not running must commit
+// nothing new.
+func (l *loop) alignOffsets() map[string]map[int32]kgo.EpochOffset {
+	cl := l.sess.Client()
+	committed := cl.CommittedOffsets()
+	fix := map[string]map[int32]kgo.EpochOffset{}
+	set := func(m map[string]map[int32]kgo.EpochOffset, topic string, p int32, off int64) {
+		if m[topic] == nil {
+			m[topic] = map[int32]kgo.EpochOffset{}
+		}
+		m[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: off}
+	}
+	for topic, heads := range cl.UncommittedOffsets() {
+		for p, head := range heads {
+			want, running := int64(-1), false
+			if t := l.tasks[p]; t != nil {
+				want, running = t.next[topic], true
+				if _, ok := t.next[topic]; !ok {
+					want = committed[topic][p].Offset
+				}
+			} else if c, ok := committed[topic][p]; ok {
+				want = c.Offset
+			}
+			if want < 0 || head.Offset == want {
+				continue
+			}
+			l.in.log.Error("consumer position disagrees with the task's offsets; realigning", "topic", topic, "partition", p,
+				"consumer", head.Offset, "task", want, "running", running)
+			set(fix, topic, p, want)
+		}
+	}
+	if len(fix) > 0 {
+		cl.SetOffsets(fix)
+	}
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	for p, t := range l.tasks {
+		if t.marker == nil {
+			continue
+		}
+		for topic, next := range t.next {
+			set(offsets, topic, p, next)
+		}
+	}
+	return offsets
 }
 
 // apply advances every task's backend to the committed epoch.
@@ -352,6 +431,31 @@ func (l *loop) apply(tasks []int32) barrier.Action {
 	return l.coord.Applied(time.Now())
 }
 
+// yieldToRebalance lets a rebalance that starts while the epoch commits
+// go ahead instead of waiting for the commit. The commit needs a heartbeat,
+// and after a session timeout the group can only move on (and tell the
+// session its partitions are lost) once the rebalance callbacks run: held
+// back, the commit would wait out its timeout. A revoke or loss during the
+// commit makes the session abort the epoch, which is the right outcome; a
+// cooperative rebalance that takes nothing lets it commit. The returned
+// function stops watching.
+func (l *loop) yieldToRebalance() func() {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-l.in.rebalanceWaits:
+			l.sess.AllowRebalance()
+		case <-done:
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}
+
 // sessionBroken records that the session must be rebuilt once the epoch's
 // abort is done.
 func (l *loop) sessionBroken(err error) {
@@ -368,7 +472,7 @@ func (l *loop) abort() error {
 	// revoked flag, which would otherwise abort the next epoch too.
 	if l.brokenErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
-		_, err := l.sess.End(ctx, false)
+		_, err := l.sess.End(ctx, false, nil)
 		cancel()
 		if err != nil {
 			l.brokenErr = err
@@ -400,7 +504,7 @@ func (l *loop) release(ev events) error {
 	gone := append(append([]int32{}, ev.revoked...), ev.lost...)
 	l.in.log.Info("partitions released", "revoked", ev.revoked, "lost", ev.lost)
 	act := barrier.Action{}
-	if l.coord.Phase() == barrier.Processing && (l.inTxn || len(ev.lost) > 0) {
+	if l.coord.Phase() == barrier.Processing && l.inTxn {
 		act = l.coord.EpochFailed(errAborted, time.Now())
 	}
 	if act.Kind != barrier.ActNone {
@@ -441,7 +545,9 @@ func (l *loop) taskList() []int32 {
 // startRestore opens the task's store and brings it up to date from its
 // changelog partition in a goroutine of its own; the task's input stays
 // paused until the loop installs the result.
-func (l *loop) startRestore(p int32) {
+func (l *loop) startRestore(p int32) { l.startRestoreAfter(p, 0) }
+
+func (l *loop) startRestoreAfter(p int32, delay time.Duration) {
 	in := l.in
 	if l.tasks[p] != nil || l.restoring[p] != nil {
 		return
@@ -451,7 +557,10 @@ func (l *loop) startRestore(p int32) {
 	l.restoring[p] = job
 	in.m.tasks.WithLabelValues("restoring").Inc()
 	go func() {
-		r := in.restore(ctx, p)
+		r := restoreResult{p: p, err: sleep(ctx, delay)}
+		if r.err == nil {
+			r = in.restore(ctx, p)
+		}
 		job.result <- r
 		in.wakeMu.Lock()
 		if in.wake != nil {
@@ -529,7 +638,7 @@ func (l *loop) installRestored() {
 				continue
 			}
 			l.in.log.Error("restore failed; retrying", "task", p, "err", r.err)
-			l.startRestore(p)
+			l.startRestoreAfter(p, time.Second)
 			continue
 		}
 		t := newTask(p, r.be, r.meta)
@@ -572,6 +681,9 @@ func (l *loop) close() {
 		}
 		delete(l.restoring, p)
 	}
+	// A rebalance held back by the last poll would make Close wait for
+	// it forever.
+	l.sess.AllowRebalance()
 	l.sess.Close()
 	for p, t := range l.tasks {
 		if err := t.store.Backend().Close(); err != nil {

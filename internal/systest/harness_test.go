@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -45,7 +46,11 @@ func runChild() int {
 	cfg.Checkpoint.Interval = interval
 	cfg.SessionTimeout = session
 	cfg.RebalanceTimeout = session * 2 / 3
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	level := slog.LevelInfo
+	if env("SYSTEST_LOG_DIR") != "" {
+		level = slog.LevelDebug
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if point := env("SYSTEST_CRASH_AT"); point != "" {
 		seen := 0
 		cfg.Hook = func(p string) {
@@ -199,18 +204,29 @@ func awaitAggregate(t *testing.T, brokers string, f *feeder, idle time.Duration)
 // and compares partition by partition.
 func awaitEcho(t *testing.T, brokers string, f *feeder, idle time.Duration) check.Report {
 	t.Helper()
-	want := f.n
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, idle, func(r []*kgo.Record) bool { return len(r) >= want })
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[int32][][]byte{}
-	for _, r := range recs {
-		out[r.Partition] = append(out[r.Partition], append([]byte(string(r.Key)+"="), r.Value...))
+	byPartition := func(recs []*kgo.Record) map[int32][][]byte {
+		out := map[int32][][]byte{}
+		for _, r := range recs {
+			out[r.Partition] = append(out[r.Partition], append([]byte(string(r.Key)+"="), r.Value...))
+		}
+		return out
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return check.Echo(f.raw, out)
+	// Done when every input has arrived: at-least-once, duplicates can
+	// make up the count before the last inputs do.
+	seen := 0
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, idle, func(r []*kgo.Record) bool {
+		if len(r) < f.n || len(r) == seen {
+			return false
+		}
+		seen = len(r)
+		return check.Echo(f.raw, byPartition(r)).Lost == 0
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return check.Echo(f.raw, byPartition(recs))
 }
 
 // inProcess runs an instance in this process until stopped.
@@ -255,7 +271,11 @@ type child struct {
 }
 
 func newChild(t *testing.T, brokers, app, id, state, job string, g engine.Guarantee, extra ...string) *child {
-	logPath := filepath.Join(t.TempDir(), id+".log")
+	dir := os.Getenv("SYSTEST_LOG_DIR") // keep the instances' logs there
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	logPath := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-"+id+".log")
 	env := append(os.Environ(),
 		"SYSTEST_CHILD=1",
 		"SYSTEST_BROKERS="+brokers,

@@ -1,0 +1,218 @@
+package systest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/engine"
+)
+
+// chaos runs three instance processes while input arrives, and meanwhile
+// kills them with SIGKILL (sometimes deleting their state dir), stops them
+// with SIGTERM and restarts them, pauses them with SIGSTOP for longer than
+// the session timeout, and removes and re-adds one. It returns once every
+// instance is running again and the input is complete.
+type chaos struct {
+	t        *testing.T
+	brokers  string
+	feeder   *feeder
+	children []*child
+	states   []string
+	log      []string
+}
+
+func newChaos(t *testing.T, job string, g engine.Guarantee, seed uint64) *chaos {
+	brokers := newCluster(t, 6)
+	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed)}
+	for i := range 3 {
+		state := filepath.Join(t.TempDir(), "state")
+		id := fmt.Sprintf("i%d", i+1)
+		ch.states = append(ch.states, state)
+		ch.children = append(ch.children, newChild(t, brokers, "chaos-"+job, id, state, job, g))
+	}
+	return ch
+}
+
+func (ch *chaos) run(duration time.Duration, badEvery int, seed uint64) {
+	t := ch.t
+	for _, c := range ch.children {
+		c.start()
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				ch.feeder.produce(20, badEvery)
+			}
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(seed, 99))
+	end := time.Now().Add(duration)
+	pause := func(d time.Duration) { <-time.After(d) } // chaos pacing, not synchronisation
+	removed := -1
+	for time.Now().Before(end) {
+		pause(time.Duration(800+rng.IntN(1200)) * time.Millisecond)
+		i := rng.IntN(len(ch.children))
+		c := ch.children[i]
+		if i == removed {
+			ch.note("re-add %s", c.id)
+			c.start()
+			removed = -1
+			continue
+		}
+		switch action := rng.IntN(10); {
+		case action < 4:
+			lose := rng.IntN(3) == 0
+			ch.note("kill -9 %s (lose state: %v)", c.id, lose)
+			c.signal(syscall.SIGKILL)
+			c.wait(10 * time.Second)
+			if lose {
+				os.RemoveAll(ch.states[i])
+			}
+			pause(time.Duration(200+rng.IntN(1000)) * time.Millisecond)
+			c.start()
+		case action < 6:
+			ch.note("SIGTERM and restart %s", c.id)
+			c.signal(syscall.SIGTERM)
+			if !c.wait(30 * time.Second) {
+				c.dumpLog()
+				t.Fatalf("%s did not stop on SIGTERM", c.id)
+			}
+			c.start()
+		case action < 8:
+			ch.note("SIGSTOP %s past the session timeout", c.id)
+			c.signal(syscall.SIGSTOP)
+			pause(7 * time.Second)
+			c.signal(syscall.SIGCONT)
+		default:
+			if removed < 0 {
+				ch.note("remove %s", c.id)
+				c.signal(syscall.SIGTERM)
+				c.wait(30 * time.Second)
+				removed = i
+			}
+		}
+		for _, c := range ch.children {
+			if !c.running() && c != ch.children[max(removed, 0)] {
+				c.dumpLog()
+				t.Fatalf("%s exited on its own", c.id)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if removed >= 0 {
+		ch.note("re-add %s", ch.children[removed].id)
+		ch.children[removed].start()
+	}
+	t.Logf("chaos: %v; %d inputs", ch.log, ch.feeder.n)
+}
+
+func (ch *chaos) note(format string, args ...any) {
+	ch.log = append(ch.log, fmt.Sprintf(format, args...))
+}
+
+// shutdown stops every instance with SIGTERM, then checks that no
+// transaction was left open: a sentinel written to every output partition
+// afterwards is visible to a read_committed reader at once (an open
+// transaction would hold it back until the transaction timeout).
+func (ch *chaos) shutdown() {
+	t := ch.t
+	for _, c := range ch.children {
+		c.signal(syscall.SIGTERM)
+	}
+	for _, c := range ch.children {
+		if !c.wait(30 * time.Second) {
+			c.dumpLog()
+			t.Fatalf("%s did not stop on SIGTERM", c.id)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(ch.brokers), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var sentinels []*kgo.Record
+	for p := range int32(6) {
+		sentinels = append(sentinels, &kgo.Record{Topic: output, Partition: p, Key: []byte("sentinel")})
+	}
+	if err := cl.ProduceSync(context.Background(), sentinels...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, output, 3*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, r := range recs {
+		if string(r.Key) == "sentinel" {
+			seen++
+		}
+	}
+	if seen != len(sentinels) {
+		t.Fatalf("read_committed sees %d of %d sentinels: a transaction was left open", seen, len(sentinels))
+	}
+}
+
+func (ch *chaos) dumpLogs() {
+	for _, c := range ch.children {
+		c.dumpLog()
+	}
+}
+
+func TestChaosAggregateExactlyOnce(t *testing.T) {
+	ch := newChaos(t, "aggregate", engine.ExactlyOnce, 21)
+	ch.run(20*time.Second, 50, 21)
+	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
+	if !rep.OK() {
+		ch.dumpLogs()
+		dumpMarkers(t, ch.brokers, "chaos-aggregate", false)
+		dumpMarkers(t, ch.brokers, "chaos-aggregate", true)
+		t.Fatalf("aggregate under chaos: %v", rep)
+	}
+	t.Logf("aggregate under chaos: %v", rep)
+	ch.shutdown()
+}
+
+func TestChaosEchoExactlyOnce(t *testing.T) {
+	ch := newChaos(t, "echo", engine.ExactlyOnce, 22)
+	ch.run(20*time.Second, 0, 22)
+	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
+	if !rep.OK() {
+		ch.dumpLogs()
+		t.Fatalf("echo under chaos: %v", rep)
+	}
+	t.Logf("echo under chaos: %v", rep)
+	ch.shutdown()
+}
+
+func TestChaosEchoAtLeastOnce(t *testing.T) {
+	ch := newChaos(t, "echo", engine.AtLeastOnce, 23)
+	ch.run(20*time.Second, 0, 23)
+	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
+	if rep.Lost != 0 || rep.Wrong != 0 {
+		ch.dumpLogs()
+		dumpMarkers(t, ch.brokers, "chaos-echo", true)
+		t.Fatalf("at-least-once echo under chaos lost records: %v", rep)
+	}
+	t.Logf("at-least-once echo under chaos: %v", rep)
+}
