@@ -41,8 +41,8 @@ type Instance struct {
 	rebalanceWanted atomic.Bool
 	rebalanceWaits  chan struct{} // signalled (never blocking) when a rebalance waits on us
 
-	wakeMu   sync.Mutex
-	wake     context.CancelFunc // cancels the loop's current poll
+	wakeMu sync.Mutex
+	wake   context.CancelFunc // cancels the loop's current poll
 }
 
 type events struct {
