@@ -60,6 +60,7 @@ type Config struct {
 	TimeDomain            string        `env:"SLUICE_TIME" envDefault:"processing" desc:"rising-temperature: timers in processing time (wall clock) or event time (the record's CSV seconds, driven by the watermark)."`
 	MaxOutOfOrderness     time.Duration `env:"SLUICE_MAX_OUT_OF_ORDERNESS" envDefault:"0s" desc:"Event time: watermark = highest record time seen minus this. Must be >= 0."`
 	SideOutputTopic       string        `env:"SLUICE_SIDE_OUTPUT_TOPIC" docDefault:"required by temperature-split" expect:"a Kafka topic name" desc:"temperature-split: topic for readings below 30 (the rest go to SLUICE_OUTPUT_TOPIC)."`
+	LeaveOnShutdown       bool          `env:"SLUICE_LEAVE_ON_SHUTDOWN" envDefault:"true" desc:"On SIGTERM, after the final checkpoint, leave the consumer group so the partitions move at once. false keeps them reserved for this SLUICE_INSTANCE_ID until the session times out (a quick restart then gets them back without a rebalance)."`
 	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, side output, DLQ and changelog topics at startup. Existing topics are never altered."`
 	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the topics the processor creates. 0 = that of the first input topic. Must be >= 0."`
 }

@@ -77,6 +77,7 @@ func TestConfigDefaults(t *testing.T) {
 		AlertThreshold:     10.0,
 		RisingWindow:       10 * time.Second,
 		TimeDomain:         "processing",
+		LeaveOnShutdown:    true,
 		CreateTopics:       true,
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -245,6 +246,8 @@ var configErrorTests = []configErrorTest{
 	{"bad side output topic", envWith(baseEnv(), "SLUICE_SIDE_OUTPUT_TOPIC", "a:b"), "SLUICE_SIDE_OUTPUT_TOPIC", ""},
 	{"create topics not a bool", envWith(baseEnv(), "SLUICE_CREATE_TOPICS", "maybe"), "SLUICE_CREATE_TOPICS",
 		`SLUICE_CREATE_TOPICS="maybe": expected true or false`},
+	{"leave on shutdown not a bool", envWith(baseEnv(), "SLUICE_LEAVE_ON_SHUTDOWN", "sometimes"), "SLUICE_LEAVE_ON_SHUTDOWN",
+		`SLUICE_LEAVE_ON_SHUTDOWN="sometimes": expected true or false`},
 	{"partitions not an int", envWith(baseEnv(), "SLUICE_PARTITIONS", "six"), "SLUICE_PARTITIONS", ""},
 	{"negative partitions", envWith(baseEnv(), "SLUICE_PARTITIONS", "-6"), "SLUICE_PARTITIONS", ""},
 	{"unknown variable", envWith(baseEnv(), "SLUICE_CHECKPOINT_INTERVALL", "200ms"), "SLUICE_CHECKPOINT_INTERVALL",

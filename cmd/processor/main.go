@@ -185,6 +185,7 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		RebalanceTimeout:   cfg.RebalanceTimeout(),
 		GroupProtocol:      cfg.GroupProtocol,
 		CreateTopics:       cfg.CreateTopics,
+		LeaveOnShutdown:    cfg.LeaveOnShutdown,
 		Partitions:         int32(cfg.Partitions),
 		Logger:             log,
 		Registry:           reg,

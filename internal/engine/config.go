@@ -49,6 +49,13 @@ type Config struct {
 	CreateTopics bool
 	Partitions   int32 // for created output and DLQ topics; 0 = the input's
 
+	// LeaveOnShutdown makes a graceful stop leave the group after its
+	// final checkpoint, so its partitions move at once. A static member
+	// otherwise keeps them until its session times out (the point of
+	// static membership: a quick restart gets them back without a
+	// rebalance).
+	LeaveOnShutdown bool
+
 	MaxPollRecords int
 	Logger         *slog.Logger
 	Registry       prometheus.Registerer

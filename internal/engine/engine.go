@@ -108,6 +108,7 @@ func (in *Instance) Run(ctx context.Context) error {
 	for {
 		err := in.runSession(ctx)
 		if ctx.Err() != nil {
+			in.leave()
 			return nil
 		}
 		if !errors.Is(err, errSessionBroken) {
@@ -119,6 +120,22 @@ func (in *Instance) Run(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// leave removes this static member from the group after a graceful stop,
+// if configured to.
+func (in *Instance) leave() {
+	if !in.cfg.LeaveOnShutdown {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := in.adm.LeaveGroup(ctx, kadm.LeaveGroup(in.cfg.AppID).InstanceIDs(in.cfg.InstanceID).Reason("sluice instance shut down"))
+	if err != nil {
+		in.log.Warn("leaving the group failed; partitions move when the session times out", "err", err)
+		return
+	}
+	in.log.Info("left the group")
 }
 
 // connect waits for the brokers with backoff, then checks the topics and the
