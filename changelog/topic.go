@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -23,7 +24,7 @@ var ErrTopicMismatch = errors.New("changelog topic does not match")
 // Ensure makes sure topic exists as a compacted topic with exactly
 // partitions partitions, creating it if create is set and it is missing.
 func Ensure(ctx context.Context, adm *kadm.Client, topic string, partitions int32, create bool) error {
-	details, err := adm.ListTopics(ctx, topic)
+	details, err := adm.ListTopics(ctx) // all topics: naming a missing one makes the client retry it for seconds
 	if err != nil {
 		return fmt.Errorf("changelog: list %s: %w", topic, err)
 	}
@@ -40,15 +41,11 @@ func Ensure(ctx context.Context, adm *kadm.Client, topic string, partitions int3
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			return fmt.Errorf("changelog: create %s: %w", topic, err)
 		}
-		if err == nil {
-			return nil
+		// Validate what was made (by us or by another instance first),
+		// once the metadata shows it: restores list its partitions.
+		if d, err = awaitTopic(ctx, adm, topic); err != nil {
+			return err
 		}
-		// Another instance created it first; validate what it made.
-		details, err = adm.ListTopics(ctx, topic)
-		if err != nil {
-			return fmt.Errorf("changelog: list %s: %w", topic, err)
-		}
-		d = details[topic]
 	}
 	if d.Err != nil {
 		return fmt.Errorf("changelog: describe %s: %w", topic, d.Err)
@@ -76,4 +73,27 @@ func Ensure(ctx context.Context, adm *kadm.Client, topic string, partitions int3
 		}
 	}
 	return nil
+}
+
+// awaitTopic waits until a just-created topic shows in the metadata with
+// its partitions.
+func awaitTopic(ctx context.Context, adm *kadm.Client, topic string) (kadm.TopicDetail, error) {
+	backoff := 10 * time.Millisecond
+	for {
+		details, err := adm.ListTopics(ctx) // all topics: naming a missing one makes the client retry it for seconds
+		if err != nil {
+			return kadm.TopicDetail{}, fmt.Errorf("changelog: list %s: %w", topic, err)
+		}
+		if d, ok := details[topic]; ok && d.Err == nil && len(d.Partitions) > 0 {
+			return d, nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return kadm.TopicDetail{}, ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }

@@ -141,7 +141,9 @@ func (in *Instance) leave() {
 // connect waits for the brokers with backoff, then checks the topics and the
 // transaction timeout.
 func (in *Instance) connect(ctx context.Context) error {
-	cl, err := kgo.NewClient(in.baseOpts()...)
+	// Metadata answers are cached for MetadataMinAge (5s by default):
+	// a topic just created would look empty that long.
+	cl, err := kgo.NewClient(append(in.baseOpts(), kgo.MetadataMinAge(100*time.Millisecond))...)
 	if err != nil {
 		return fmt.Errorf("engine: client: %w", err)
 	}
@@ -184,7 +186,7 @@ func (in *Instance) prepare(ctx context.Context) error {
 			return err
 		}
 	}
-	topics, err := in.adm.ListTopics(rctx, in.cfg.InputTopics...)
+	topics, err := in.adm.ListTopics(rctx) // all: naming a missing topic makes the client retry it
 	if err != nil {
 		return err
 	}
@@ -218,7 +220,7 @@ func (in *Instance) prepare(ctx context.Context) error {
 }
 
 func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...string) error {
-	have, err := in.adm.ListTopics(ctx, topics...)
+	have, err := in.adm.ListTopics(ctx)
 	if err != nil {
 		return err
 	}
@@ -287,6 +289,10 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		// this keeps kfake's classic coordinator from stalling a group.
 		kgo.RequestTimeoutOverhead(5*time.Second),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// A fetch waiting on idle partitions is not interrupted when a
+		// restored task's partition resumes; franz-go's 5s default would
+		// hold the new task back that long (Kafka's own default is 500ms).
+		kgo.FetchMaxWait(250*time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.DisableAutoCommit(),

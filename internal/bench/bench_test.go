@@ -1,0 +1,222 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+const (
+	partitions = 4
+	input      = "in"
+	output     = "out"
+)
+
+// cluster starts a broker preloaded with n small keyed records.
+func cluster(b *testing.B, n int) (string, func()) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output))
+	if err != nil {
+		b.Fatal(err)
+	}
+	brokers := c.ListenAddrs()[0]
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range n {
+		cl.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa(i%10000)), Value: []byte(strconv.Itoa(i))}, nil)
+	}
+	if err := cl.Flush(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return brokers, c.Close
+}
+
+// awaitCommitted waits until the group committed n input offsets in all,
+// and returns when its first commit was seen and with how many offsets,
+// so that start-up (joining, restoring) can be left out of the rate.
+func awaitCommitted(b *testing.B, brokers, group string, n int) (firstAt time.Time, firstSum int64) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		offs, err := adm.FetchOffsets(context.Background(), group)
+		if err == nil {
+			var sum int64
+			offs.Each(func(o kadm.OffsetResponse) { sum += max(o.At, 0) })
+			if sum > 0 && firstAt.IsZero() {
+				firstAt, firstSum = time.Now(), sum
+			}
+			if sum >= int64(n) {
+				return firstAt, firstSum
+			}
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+	b.Fatalf("group %s did not commit %d offsets", group, n)
+	return
+}
+
+// rawLoop is the baseline: franz-go consume→produce to the same partition,
+// committing every interval, exactly-once (GroupTransactSession) or
+// at-least-once (flush, then commit).
+func rawLoop(ctx context.Context, brokers, group string, eos bool, interval time.Duration) error {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(brokers), kgo.ConsumerGroup(group), kgo.ConsumeTopics(input),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.DisableAutoCommit(), kgo.ProducerLinger(0),
+	}
+	if eos {
+		opts = append(opts, kgo.TransactionalID(group+"-raw"))
+		s, err := kgo.NewGroupTransactSession(opts...)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		for ctx.Err() == nil {
+			if err := s.Begin(); err != nil {
+				return err
+			}
+			end := time.Now().Add(interval)
+			for time.Now().Before(end) && ctx.Err() == nil {
+				pctx, cancel := context.WithDeadline(ctx, end)
+				fs := s.PollRecords(pctx, 10000)
+				cancel()
+				fs.EachRecord(func(r *kgo.Record) {
+					s.Produce(ctx, &kgo.Record{Topic: output, Partition: r.Partition, Key: r.Key, Value: r.Value}, nil)
+				})
+			}
+			if _, err := s.End(context.Background(), kgo.TryCommit); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for ctx.Err() == nil {
+		end := time.Now().Add(interval)
+		for time.Now().Before(end) && ctx.Err() == nil {
+			pctx, cancel := context.WithDeadline(ctx, end)
+			fs := cl.PollRecords(pctx, 10000)
+			cancel()
+			fs.EachRecord(func(r *kgo.Record) {
+				cl.Produce(ctx, &kgo.Record{Topic: output, Partition: r.Partition, Key: r.Key, Value: r.Value}, nil)
+			})
+		}
+		if err := cl.Flush(context.Background()); err != nil {
+			return err
+		}
+		if err := cl.CommitUncommittedOffsets(context.Background()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sluiceLoop(ctx context.Context, brokers, group, job string, g sluice.Guarantee, interval time.Duration, dir string) error {
+	j := jobs.Echo()
+	if job == "aggregate" {
+		j = jobs.Aggregate()
+	}
+	inst, err := sluice.New(sluice.Options{
+		Brokers: []string{brokers}, AppID: group, InstanceID: "bench", Job: j,
+		InputTopics: []string{input}, OutputTopic: output, StateDir: dir, Backend: "bbolt", Guarantee: g,
+		Checkpoint:         barrier.Config{Interval: interval, Timeout: 30 * time.Second, TolerableFailures: 3},
+		TransactionTimeout: time.Minute, SessionTimeout: 45 * time.Second, RebalanceTimeout: 30 * time.Second,
+		CreateTopics: true, Registry: prometheus.NewRegistry(), Logger: benchLogger(),
+	})
+	if err != nil {
+		return err
+	}
+	return inst.Run(ctx)
+}
+
+// BenchmarkThroughput processes 1,000,000 preloaded records per iteration
+// and reports records/s for each loop from its first commit to its last
+// (start-up excluded), plus the whole run including start-up; compare the
+// sluice rows with the raw rows of the same run.
+func BenchmarkThroughput(b *testing.B) {
+	const n = 1000000
+	type loop struct {
+		name string
+		run  func(ctx context.Context, brokers, group, dir string) error
+	}
+	loops := []loop{
+		{"raw-alos-100ms", func(ctx context.Context, br, g, _ string) error {
+			return rawLoop(ctx, br, g, false, 100*time.Millisecond)
+		}},
+		{"raw-eos-100ms", func(ctx context.Context, br, g, _ string) error {
+			return rawLoop(ctx, br, g, true, 100*time.Millisecond)
+		}},
+	}
+	for _, iv := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond} {
+		loops = append(loops, loop{fmt.Sprintf("sluice-echo-eos-%v", iv), func(ctx context.Context, br, g, dir string) error {
+			return sluiceLoop(ctx, br, g, "echo", sluice.ExactlyOnce, iv, dir)
+		}})
+	}
+	loops = append(loops,
+		loop{"sluice-echo-alos-100ms", func(ctx context.Context, br, g, dir string) error {
+			return sluiceLoop(ctx, br, g, "echo", sluice.AtLeastOnce, 100*time.Millisecond, dir)
+		}},
+		loop{"sluice-aggregate-eos-100ms", func(ctx context.Context, br, g, dir string) error {
+			return sluiceLoop(ctx, br, g, "aggregate", sluice.ExactlyOnce, 100*time.Millisecond, dir)
+		}},
+	)
+	for _, l := range loops {
+		b.Run(l.name, func(b *testing.B) {
+			var total, steady time.Duration
+			var steadyRecords int64
+			for range b.N {
+				b.StopTimer()
+				brokers, stop := cluster(b, n)
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				b.StartTimer()
+				start := time.Now()
+				go func() { done <- l.run(ctx, brokers, "bench", b.TempDir()) }()
+				firstAt, firstSum := awaitCommitted(b, brokers, "bench", n)
+				total += time.Since(start)
+				steady += time.Since(firstAt)
+				steadyRecords += int64(n) - firstSum
+				b.StopTimer()
+				cancel()
+				if err := <-done; err != nil && ctx.Err() == nil {
+					b.Fatal(err)
+				}
+				stop()
+			}
+			b.ReportMetric(float64(steadyRecords)/steady.Seconds(), "records/s")
+			b.ReportMetric(float64(n*b.N)/total.Seconds(), "records/s-with-startup")
+		})
+	}
+}
+
+func benchLogger() *slog.Logger {
+	if os.Getenv("BENCH_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
