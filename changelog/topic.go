@@ -21,6 +21,10 @@ func TopicName(app string) string { return app + "-changelog" }
 // mix tasks or lose state, so the instance must not start.
 var ErrTopicMismatch = errors.New("changelog topic does not match")
 
+// ErrTopicMissing is returned (wrapped) when the changelog topic does not
+// exist and Ensure may not create it.
+var ErrTopicMissing = errors.New("changelog topic missing")
+
 // Ensure makes sure topic exists as a compacted topic with exactly
 // partitions partitions, creating it if create is set and it is missing.
 func Ensure(ctx context.Context, adm *kadm.Client, topic string, partitions int32, create bool) error {
@@ -31,7 +35,7 @@ func Ensure(ctx context.Context, adm *kadm.Client, topic string, partitions int3
 	d, ok := details[topic]
 	if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
 		if !create {
-			return fmt.Errorf("changelog: topic %s does not exist and topic creation is off", topic)
+			return fmt.Errorf("%w: %s does not exist and topic creation is off", ErrTopicMissing, topic)
 		}
 		cfg := map[string]*string{"cleanup.policy": kadm.StringPtr("compact")}
 		resp, err := adm.CreateTopic(ctx, partitions, -1, cfg, topic)

@@ -37,8 +37,8 @@ import (
 type Config struct {
 	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run and generate" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, rising-temperature, temperature-split or wordcount."`
-	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Comma-separated input topics; several topics must be co-partitioned (same partition count)."`
+	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate or echo (the seed jobs temperature-alert, rising-temperature, temperature-split and wordcount are not built yet)."`
+	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topic. One topic for now: several co-partitioned topics need a co-partitioning assignor, which is not built yet, so more than one stops the instance at start."`
 	OutputTopic           string        `env:"SLUICE_OUTPUT_TOPIC" docDefault:"required by jobs that emit" expect:"a Kafka topic name" desc:"Topic the job writes its results to."`
 	StateDir              string        `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task. Kept across restarts; the container image sets /var/lib/sluice (a volume)."`
 	StateBackend          string        `env:"SLUICE_STATE_BACKEND" envDefault:"bbolt" desc:"State backend: bbolt (on disk, survives restarts) or memory (rebuilt from the changelog at every start)."`
@@ -46,7 +46,7 @@ type Config struct {
 	CheckpointInterval    time.Duration `env:"SLUICE_CHECKPOINT_INTERVAL" envDefault:"100ms" desc:"Epoch length: how often state, outputs and offsets are committed. Shorter lowers end-to-end latency of read_committed readers; longer raises throughput. Must be > 0."`
 	RawCheckpointTimeout  time.Duration `env:"SLUICE_CHECKPOINT_TIMEOUT" docDefault:"SLUICE_TRANSACTION_TIMEOUT minus the epoch" desc:"How long one checkpoint (flush and commit) may take before it counts as failed. The derived value ends the checkpoint before the broker would abort its transaction. Must be greater than SLUICE_CHECKPOINT_INTERVAL when set."`
 	MinPause              time.Duration `env:"SLUICE_MIN_PAUSE" envDefault:"0s" desc:"Least time between the end of one checkpoint and the start of the next, so slow commits cannot starve processing. 0 = none."`
-	TolerableFailures     int           `env:"SLUICE_TOLERABLE_FAILURES" envDefault:"3" desc:"Consecutive failed checkpoints tolerated before the instance exits (each failure aborts the epoch and rewinds). Must be >= 0."`
+	TolerableFailures     int           `env:"SLUICE_TOLERABLE_FAILURES" envDefault:"3" desc:"Consecutive failed checkpoints tolerated (each aborts the epoch and rewinds). One more restarts the instance's Kafka session from its local state, as Flink restarts a job from its last checkpoint. Must be >= 0."`
 	RawTransactionTimeout time.Duration `env:"SLUICE_TRANSACTION_TIMEOUT" docDefault:"max(10s, 10 × epoch), where epoch = the longer of SLUICE_CHECKPOINT_INTERVAL and SLUICE_MIN_PAUSE" desc:"Kafka transaction timeout. When set it must be at least 2 × the epoch; at startup it is also checked against the broker's transaction.max.timeout.ms."`
 	InstanceID            string        `env:"SLUICE_INSTANCE_ID" docDefault:"the hostname" expect:"1 to 249 of the characters a-z A-Z 0-9 . _ -" desc:"Stable identity of this instance: static group membership (group.instance.id) and the transactional id. Give every replica its own, and keep it across restarts."`
 	SessionTimeout        time.Duration `env:"SLUICE_SESSION_TIMEOUT" envDefault:"45s" desc:"Consumer group session timeout: how long a silent member keeps its partitions. Must be >= 1s and within the broker's group.min/max.session.timeout.ms."`
@@ -61,8 +61,8 @@ type Config struct {
 	MaxOutOfOrderness     time.Duration `env:"SLUICE_MAX_OUT_OF_ORDERNESS" envDefault:"0s" desc:"Event time: watermark = highest record time seen minus this. Must be >= 0."`
 	SideOutputTopic       string        `env:"SLUICE_SIDE_OUTPUT_TOPIC" docDefault:"required by temperature-split" expect:"a Kafka topic name" desc:"temperature-split: topic for readings below 30 (the rest go to SLUICE_OUTPUT_TOPIC)."`
 	LeaveOnShutdown       bool          `env:"SLUICE_LEAVE_ON_SHUTDOWN" envDefault:"true" desc:"On SIGTERM, after the final checkpoint, leave the consumer group so the partitions move at once. false keeps them reserved for this SLUICE_INSTANCE_ID until the session times out (a quick restart then gets them back without a rebalance)."`
-	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, side output, DLQ and changelog topics at startup. Existing topics are never altered."`
-	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the topics the processor creates. 0 = that of the first input topic. Must be >= 0."`
+	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, DLQ and changelog topics at startup. Existing topics are never altered; a changelog with the wrong partition count or cleanup policy stops the instance."`
+	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the output and DLQ topics the processor creates. 0 = that of the input topic. The changelog always has the input's count. Must be >= 0."`
 }
 
 // GenerateConfig is the environment of `processor generate`, which produces
@@ -109,7 +109,7 @@ var (
 
 const (
 	// maxAppIDLen leaves room under Kafka's 249-character topic name limit
-	// for the suffixes of internal topics (-dlq, -<store>-changelog).
+	// for the suffixes of internal topics (-dlq, -changelog).
 	maxAppIDLen = 200
 	// maxNameLen is Kafka's limit for topic names and group.instance.id.
 	maxNameLen = 249
@@ -256,6 +256,8 @@ func (c Config) Summary() []any {
 			val = c.TransactionTimeout().String()
 		case "SLUICE_REBALANCE_TIMEOUT":
 			val = c.RebalanceTimeout().String()
+		case "SLUICE_CHECKPOINT_TIMEOUT":
+			val = c.CheckpointTimeout().String()
 		case "SLUICE_DLQ_TOPIC":
 			val = c.DLQTopic()
 		default:

@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,7 +35,7 @@ commands:
   run        run the job named by SLUICE_JOB (default when no command is given)
   demo       start an embedded broker, run two instances of the aggregate job,
              kill one mid-run, restart it, and check the output exactly once
-             (flags: -keep keeps it running; -inputs N; -partitions N)
+             (flags: -keep keeps it running; -inputs N; -partitions N; -rate N)
   generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
   broker     run an embedded single-node Kafka-protocol broker (kfake);
              flags: -addr host:port (default 127.0.0.1:9092)
@@ -192,4 +191,3 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 	}
 }
 
-var errUsage = errors.New("usage")

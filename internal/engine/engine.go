@@ -100,9 +100,14 @@ func (in *Instance) baseOpts() []kgo.Opt {
 // checkpoint and returns nil; it returns an error only for a condition a
 // restart cannot fix by itself (bad topics, a failed local apply).
 func (in *Instance) Run(ctx context.Context) error {
+	start := time.Now()
 	if err := in.connect(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it got going
+		}
 		return err
 	}
+	in.log.Info("connected", "took", time.Since(start).Round(time.Millisecond).String(), "changelog", in.changelogTopic)
 	defer in.admCl.Close()
 	backoff := 250 * time.Millisecond
 	for {
@@ -207,7 +212,7 @@ func (in *Instance) prepare(ctx context.Context) error {
 		outParts = in.cfg.Partitions
 	}
 	if err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, in.cfg.CreateTopics); err != nil {
-		if errors.Is(err, changelog.ErrTopicMismatch) {
+		if errors.Is(err, changelog.ErrTopicMismatch) || errors.Is(err, changelog.ErrTopicMissing) {
 			return &startupError{err.Error()}
 		}
 		return err

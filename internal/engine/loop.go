@@ -204,18 +204,23 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	}
 	t.next[r.Topic] = r.Offset + 1
 	t.advanced = true
-	in.m.recordsIn.WithLabelValues(t.label).Inc()
+	t.recordsIn.Inc()
 
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.out = l.ctx, in, r.Key, time.Now(), rc.out[:0]
 	err := in.cfg.Job.Process(rc, apiRecord(r))
+	if err == nil {
+		// A write the store refused (a key too long for bbolt) fails
+		// the record even if the job ignored the error.
+		err = t.store.RecordErr()
+	}
 	switch {
 	case err == nil:
 		t.store.CommitRecord()
 		for _, o := range rc.out {
 			l.produce(o)
 		}
-		in.m.recordsOut.WithLabelValues(t.label).Add(float64(len(rc.out)))
+		t.recordsOut.Add(float64(len(rc.out)))
 	case api.IsFatal(err):
 		t.store.RollbackRecord()
 		return fmt.Errorf("job %s: task %d offset %d: %w", in.cfg.Job.Name, t.p, r.Offset, err)
@@ -227,8 +232,8 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 			stage = "decode"
 		}
 		l.produce(in.deadLetter(r, err, stage))
-		in.m.processingErrors.WithLabelValues(t.label).Inc()
-		in.m.dlq.WithLabelValues(t.label).Inc()
+		t.processingErrors.Inc()
+		t.dlq.Inc()
 	}
 	clear(rc.out)
 	return nil
@@ -529,6 +534,7 @@ func (l *loop) release(ev events) error {
 			delete(l.tasks, p)
 			l.in.m.tasks.WithLabelValues("running").Dec()
 		}
+		l.in.m.forgetTask(p, l.in.cfg.InputTopics)
 	}
 	return l.run(l.coord.SetTasks(l.taskList()))
 }
@@ -606,17 +612,17 @@ func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 		},
 		Logf: func(msg string, args ...any) { in.log.Info(msg, args...) },
 	})
+	in.m.restoreRemaining.DeleteLabelValues(label)
 	if err != nil {
 		be.Close()
 		return restoreResult{p: p, err: fmt.Errorf("restore task %d: %w", p, err)}
 	}
-	in.m.restoreRemaining.WithLabelValues(label).Set(0)
 	if meta, err = be.Meta(); err != nil {
 		be.Close()
 		return restoreResult{p: p, err: fmt.Errorf("read meta of task %d: %w", p, err)}
 	}
 	in.log.Info("task restored", "task", p, "records", res.Records, "epoch", meta.Epoch,
-		"offsets", meta.Offsets, "took", time.Since(start).Round(time.Millisecond))
+		"offsets", meta.Offsets, "took", time.Since(start).Round(time.Millisecond).String())
 	return restoreResult{p: p, be: be, meta: meta}
 }
 
@@ -641,8 +647,9 @@ func (l *loop) installRestored() {
 			l.startRestoreAfter(p, time.Second)
 			continue
 		}
-		t := newTask(p, r.be, r.meta)
+		t := newTask(p, r.be, r.meta, l.in.m)
 		l.tasks[p] = t
+		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()
 		set := map[string]map[int32]kgo.EpochOffset{}
 		t.rewindOffsets(set)

@@ -18,6 +18,7 @@ type metrics struct {
 	stateKeys, stateBytes                        *prometheus.GaugeVec
 	restoreDone, restoreRemaining                *prometheus.GaugeVec
 	lag                                          *prometheus.GaugeVec
+	epoch                                        *prometheus.GaugeVec
 	tasks                                        *prometheus.GaugeVec
 }
 
@@ -40,11 +41,12 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 		restoreRemaining:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_restore_records_remaining", Help: "Changelog offsets left to read by the task's restore."}, task),
 		lag:                prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_consumer_lag", Help: "High-water mark minus the next offset to process."}, []string{"topic", "partition"}),
 		tasks:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_tasks", Help: "Tasks by lifecycle state."}, []string{"state"}),
+		epoch:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_epoch", Help: "Last epoch the task committed and applied (the number its changelog marker carries)."}, task),
 	}
 	reg.MustRegister(m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
-		m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_epoch", Help: "Epochs this instance has committed since it started."},
+		m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_epochs_committed_total", Help: "Epochs this instance committed since it started."},
 			func() float64 { return float64(in.committedEpochs.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_open_transaction_age_seconds", Help: "Age of the open epoch's transaction, 0 when none is open."},
 			in.openTxnAge),
@@ -60,3 +62,15 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 }
 
 func taskLabel(p int32) string { return strconv.Itoa(int(p)) }
+
+// forgetTask drops the gauges of a task this instance gave up, so no stale
+// series (a restore that looks stalled, a frozen lag) outlive it here.
+func (m *metrics) forgetTask(p int32, topics []string) {
+	label := taskLabel(p)
+	for _, g := range []*prometheus.GaugeVec{m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.epoch} {
+		g.DeleteLabelValues(label)
+	}
+	for _, topic := range topics {
+		m.lag.DeleteLabelValues(topic, label)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
@@ -31,15 +32,24 @@ type task struct {
 
 	marker *kgo.Record // this epoch's marker, once pre-committed
 	rc     recordContext
+
+	// The task's series, looked up once: a label lookup per record costs
+	// more than the rest of the bookkeeping.
+	recordsIn, recordsOut, processingErrors, dlq prometheus.Counter
 }
 
-func newTask(p int32, be kstate.Backend, meta kstate.Meta) *task {
+func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics) *task {
+	label := strconv.Itoa(int(p))
 	t := &task{
-		p:         p,
-		label:     strconv.Itoa(int(p)),
-		store:     kstate.NewStore(be),
-		epoch:     meta.Epoch,
-		committed: maps.Clone(meta.Offsets),
+		p:                p,
+		label:            label,
+		store:            kstate.NewStore(be),
+		epoch:            meta.Epoch,
+		committed:        maps.Clone(meta.Offsets),
+		recordsIn:        m.recordsIn.WithLabelValues(label),
+		recordsOut:       m.recordsOut.WithLabelValues(label),
+		processingErrors: m.processingErrors.WithLabelValues(label),
+		dlq:              m.dlq.WithLabelValues(label),
 	}
 	if t.committed == nil {
 		t.committed = map[string]int64{}
@@ -111,6 +121,7 @@ func (t *task) apply(in *Instance) error {
 	t.next = maps.Clone(meta.Offsets)
 	t.advanced = false
 	t.marker = nil
+	in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 	st := t.store.Backend().Stats()
 	in.m.stateKeys.WithLabelValues(t.label).Set(float64(st.Keys))
 	in.m.stateBytes.WithLabelValues(t.label).Set(float64(st.Bytes))

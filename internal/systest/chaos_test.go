@@ -190,6 +190,18 @@ func TestChaosAggregateExactlyOnce(t *testing.T) {
 		t.Fatalf("aggregate under chaos: %v", rep)
 	}
 	t.Logf("aggregate under chaos: %v", rep)
+	// The invalid inputs went to the dead-letter topic, each exactly once.
+	dlq, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, "chaos-aggregate-dlq", 5*time.Second,
+		func(r []*kgo.Record) bool { return len(r) > ch.feeder.bad })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen := map[string]int{}; len(dlq) != ch.feeder.bad {
+		for _, r := range dlq {
+			seen[string(r.Value)]++
+		}
+		t.Fatalf("dead letters: %d records (%d distinct), want %d", len(dlq), len(seen), ch.feeder.bad)
+	}
 	ch.shutdown()
 }
 

@@ -106,6 +106,7 @@ func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Opt
 		SessionTimeout:     6 * time.Second,
 		RebalanceTimeout:   4 * time.Second,
 		CreateTopics:       true,
+		LeaveOnShutdown:    true, // as the processor binary does by default
 		Registry:           prometheus.NewRegistry(),
 		Logger:             slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
@@ -247,6 +248,19 @@ func startInProcess(t *testing.T, cfg sluice.Options) *inProcess {
 	go func() { p.done <- inst.Run(ctx) }()
 	t.Cleanup(func() { p.stop(t) })
 	return p
+}
+
+// awaitReady waits (with a deadline) until the instance is in the group
+// with every assigned task running.
+func (p *inProcess) awaitReady(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !p.inst.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("instance not ready after 30s")
+		}
+		<-time.After(10 * time.Millisecond)
+	}
 }
 
 func (p *inProcess) stop(t *testing.T) {

@@ -122,13 +122,16 @@ func TestRebalanceKeepsExactlyOnce(t *testing.T) {
 	brokers := newCluster(t, 6)
 	f := newFeeder(t, brokers, 60, 4)
 	a := startInProcess(t, options(brokers, "agg", "a", t.TempDir(), "aggregate", engine.ExactlyOnce))
+	a.awaitReady(t)
 	f.produce(600, 0)
 	b := startInProcess(t, options(brokers, "agg", "b", t.TempDir(), "aggregate", engine.ExactlyOnce))
 	for range 5 {
 		f.produce(200, 0)
 	}
+	b.awaitReady(t)
 	c := startInProcess(t, options(brokers, "agg", "c", t.TempDir(), "aggregate", engine.ExactlyOnce))
 	f.produce(600, 0)
+	c.awaitReady(t)
 	a.stop(t)
 	f.produce(600, 0)
 	b.stop(t)

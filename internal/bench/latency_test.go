@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice"
+)
+
+// BenchmarkLatency offers 20,000 records/s for 5 s and reports the
+// end-to-end latency a read_committed reader of the output sees (p50, p99),
+// for raw franz-go loops and for Sluice at several checkpoint intervals.
+func BenchmarkLatency(b *testing.B) {
+	const (
+		rate     = 20000
+		duration = 5 * time.Second
+	)
+	type loop struct {
+		name string
+		run  func(ctx context.Context, brokers, group, dir string) error
+	}
+	loops := []loop{
+		{"raw-alos-100ms", func(ctx context.Context, br, g, _ string) error { return rawLoop(ctx, br, g, false, 100*time.Millisecond) }},
+		{"raw-eos-100ms", func(ctx context.Context, br, g, _ string) error { return rawLoop(ctx, br, g, true, 100*time.Millisecond) }},
+		{"sluice-echo-alos-100ms", func(ctx context.Context, br, g, dir string) error {
+			return sluiceLoop(ctx, br, g, "echo", sluice.AtLeastOnce, 100*time.Millisecond, dir)
+		}},
+	}
+	for _, iv := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond} {
+		loops = append(loops, loop{fmt.Sprintf("sluice-echo-eos-%v", iv), func(ctx context.Context, br, g, dir string) error {
+			return sluiceLoop(ctx, br, g, "echo", sluice.ExactlyOnce, iv, dir)
+		}})
+	}
+	for _, l := range loops {
+		b.Run(l.name, func(b *testing.B) {
+			var lat []time.Duration
+			for range b.N {
+				c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output))
+				if err != nil {
+					b.Fatal(err)
+				}
+				brokers := c.ListenAddrs()[0]
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() { done <- l.run(ctx, brokers, "lat", b.TempDir()) }()
+				lat = append(lat, measureLatency(b, brokers, rate, duration)...)
+				cancel()
+				<-done
+				c.Close()
+			}
+			slices.Sort(lat)
+			if len(lat) == 0 {
+				b.Fatal("no output")
+			}
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+		})
+	}
+}
+
+// measureLatency produces timestamped records at rate for d (after a
+// warm-up record has made it through) and reads the output read_committed.
+func measureLatency(b *testing.B, brokers string, rate int, d time.Duration) []time.Duration {
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer prod.Close()
+	reader, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumeTopics(output),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(10*time.Millisecond))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer reader.Close()
+	stamp := func() []byte { return []byte(strconv.FormatInt(time.Now().UnixNano(), 10)) }
+
+	// Warm up: wait until the loop is running end to end.
+	warm := time.Now()
+	for seen := false; !seen; {
+		prod.ProduceSync(context.Background(), &kgo.Record{Topic: input, Key: []byte("warm"), Value: []byte("warm")})
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		fs := reader.PollFetches(ctx)
+		cancel()
+		fs.EachRecord(func(*kgo.Record) { seen = true })
+		if time.Since(warm) > time.Minute {
+			b.Fatal("loop did not start")
+		}
+	}
+
+	go func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		per := rate / 1000
+		end := time.Now().Add(d)
+		for i := 0; time.Now().Before(end); i++ {
+			<-tick.C
+			for j := range per {
+				prod.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa((i*per+j)%1000)), Value: stamp()}, nil)
+			}
+		}
+	}()
+	want := rate * int(d/time.Second)
+	var lat []time.Duration
+	deadline := time.Now().Add(d + 30*time.Second)
+	for len(lat) < want*95/100 && time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		fs := reader.PollFetches(ctx)
+		cancel()
+		now := time.Now()
+		fs.EachRecord(func(r *kgo.Record) {
+			if ns, err := strconv.ParseInt(string(r.Value), 10, 64); err == nil {
+				lat = append(lat, now.Sub(time.Unix(0, ns)))
+			}
+		})
+	}
+	return lat
+}
