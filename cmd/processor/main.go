@@ -190,4 +190,3 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		Registry:           reg,
 	}
 }
-

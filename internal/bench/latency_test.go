@@ -27,8 +27,12 @@ func BenchmarkLatency(b *testing.B) {
 		run  func(ctx context.Context, brokers, group, dir string) error
 	}
 	loops := []loop{
-		{"raw-alos-100ms", func(ctx context.Context, br, g, _ string) error { return rawLoop(ctx, br, g, false, 100*time.Millisecond) }},
-		{"raw-eos-100ms", func(ctx context.Context, br, g, _ string) error { return rawLoop(ctx, br, g, true, 100*time.Millisecond) }},
+		{"raw-alos-100ms", func(ctx context.Context, br, g, _ string) error {
+			return rawLoop(ctx, br, g, false, 100*time.Millisecond)
+		}},
+		{"raw-eos-100ms", func(ctx context.Context, br, g, _ string) error {
+			return rawLoop(ctx, br, g, true, 100*time.Millisecond)
+		}},
 		{"sluice-echo-alos-100ms", func(ctx context.Context, br, g, dir string) error {
 			return sluiceLoop(ctx, br, g, "echo", sluice.AtLeastOnce, 100*time.Millisecond, dir)
 		}},
