@@ -98,22 +98,29 @@ func measureLatency(b *testing.B, brokers string, rate int, d time.Duration) []t
 		}
 	}
 
+	produced := make(chan int, 1)
 	go func() {
 		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
-		per := rate / 1000
-		end := time.Now().Add(d)
-		for i := 0; time.Now().Before(end); i++ {
+		start := time.Now()
+		n := 0
+		for time.Since(start) < d {
 			<-tick.C
-			for j := range per {
-				prod.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa((i*per+j)%1000)), Value: stamp()}, nil)
+			// Catch up to the offered rate whatever the ticker's jitter.
+			for due := int(time.Since(start).Seconds() * float64(rate)); n < due; n++ {
+				prod.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa(n%1000)), Value: stamp()}, nil)
 			}
 		}
+		produced <- n
 	}()
-	want := rate * int(d/time.Second)
 	var lat []time.Duration
+	want := -1
 	deadline := time.Now().Add(d + 30*time.Second)
-	for len(lat) < want*95/100 && time.Now().Before(deadline) {
+	for (want < 0 || len(lat) < want) && time.Now().Before(deadline) {
+		select {
+		case want = <-produced:
+		default:
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		fs := reader.PollFetches(ctx)
 		cancel()
