@@ -168,7 +168,7 @@ func (in *Instance) connect(ctx context.Context) error {
 			cl.Close()
 			return err
 		}
-		in.log.Warn("waiting for the brokers", "err", err, "retry_in", backoff)
+		in.log.Warn("cannot start yet (brokers unreachable or topics missing); retrying", "err", err, "retry_in", backoff)
 		if sleep(ctx, backoff) != nil {
 			cl.Close()
 			return ctx.Err()

@@ -113,12 +113,11 @@ func (l *loop) iterate() error {
 	}
 	act := l.coord.Tick(time.Now())
 	if in.rebalanceWanted.Swap(false) && act.Kind == barrier.ActNone {
-		select {
-		case <-in.rebalanceWaits:
-		default:
-		}
 		// A rebalance waits for us: commit what we have so the
 		// partitions leave with their work done instead of aborted.
+		// The commit lets the rebalance proceed alongside (see
+		// yieldToRebalance): the group's heartbeat, which the commit
+		// needs, only resumes once it does.
 		act = l.coord.RequestRevoke(time.Now())
 	}
 	if err := l.run(act); err != nil {
