@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -94,7 +95,26 @@ type proc struct {
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed when cmd has exited
 	err     error         // cmd's exit, once exited is closed
-	log     *bytes.Buffer
+	log     *lockedBuffer
+}
+
+// lockedBuffer is a process's stderr, written by exec's copying goroutine
+// while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func freeAddr(t *testing.T) string {
@@ -120,7 +140,7 @@ func newProc(t *testing.T, brokers, id string) *proc {
 func (p *proc) start() {
 	p.cmd = exec.Command(binary)
 	p.cmd.Env = p.env
-	p.log = &bytes.Buffer{}
+	p.log = &lockedBuffer{}
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
@@ -246,5 +266,39 @@ func TestProcessorEndToEnd(t *testing.T) {
 	})
 	if err != nil || len(recs) != want+1 {
 		t.Fatalf("sentinel after shutdown: read %d records (want %d), err %v", len(recs), want+1, err)
+	}
+}
+
+// With the brokers unreachable the process stays up, retries with backoff,
+// says so in its log, reports alive but not ready, and stops cleanly.
+func TestBrokerDownIsRetriedAndNotReady(t *testing.T) {
+	dead := freeAddr(t) // nothing listens there once freeAddr returns
+	p := newProc(t, dead, "down")
+	p.start()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, _ := p.get("/healthz")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz never answered; log:\n%s", p.log.String())
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	if code, _ := p.get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with the brokers down: %d, want 503", code)
+	}
+	for !strings.Contains(p.log.String(), "retrying") {
+		if time.Now().After(deadline) {
+			t.Fatalf("log does not mention the retry:\n%s", p.log.String())
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	if code, _ := p.get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz while retrying: %d, want 503", code)
+	}
+	if err := p.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM with the brokers down: %v", err)
 	}
 }

@@ -184,7 +184,9 @@ type startupError struct{ msg string }
 func (e *startupError) Error() string { return e.msg }
 
 func (in *Instance) prepare(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// Short enough that an unreachable cluster is reported within
+	// seconds; every step below is one or two quick requests.
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if in.cfg.Guarantee == ExactlyOnce {
 		if err := in.checkTransactionTimeout(rctx); err != nil {
