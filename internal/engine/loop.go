@@ -270,7 +270,7 @@ func (l *loop) run(act barrier.Action) error {
 			next := barrier.Action{}
 			for _, p := range act.Tasks {
 				if t := l.tasks[p]; t != nil {
-					records += t.preCommit(l.ctx, in, l.produce)
+					records += t.preCommit(in, l.produce)
 				}
 				next = l.coord.TaskReady(p, time.Now())
 			}
@@ -385,20 +385,21 @@ func (l *loop) alignOffsets() map[string]map[int32]kgo.EpochOffset {
 	}
 	for topic, heads := range cl.UncommittedOffsets() {
 		for p, head := range heads {
-			want, running := int64(-1), false
+			var want int64
+			ok := false
 			if t := l.tasks[p]; t != nil {
-				want, running = t.next[topic], true
-				if _, ok := t.next[topic]; !ok {
-					want = committed[topic][p].Offset
-				}
-			} else if c, ok := committed[topic][p]; ok {
+				want, ok = t.next[topic]
+			}
+			if !ok {
+				var c kgo.EpochOffset
+				c, ok = committed[topic][p]
 				want = c.Offset
 			}
-			if want < 0 || head.Offset == want {
+			if !ok || head.Offset == want {
 				continue
 			}
 			l.in.log.Error("consumer position disagrees with the task's offsets; realigning", "topic", topic, "partition", p,
-				"consumer", head.Offset, "task", want, "running", running)
+				"consumer", head.Offset, "want", want, "running", l.tasks[p] != nil)
 			set(fix, topic, p, want)
 		}
 	}
@@ -462,11 +463,7 @@ func (l *loop) yieldToRebalance() func() {
 
 // sessionBroken records that the session must be rebuilt once the epoch's
 // abort is done.
-func (l *loop) sessionBroken(err error) {
-	if l.fatal == nil {
-		l.brokenErr = err
-	}
-}
+func (l *loop) sessionBroken(err error) { l.brokenErr = err }
 
 // abort drops the open epoch everywhere: the transaction (if the session
 // still works), every task's write-set, and the consumer positions, which go

@@ -83,7 +83,7 @@ func (t *task) discard() {
 // offsets. Ordering rule: the marker is produced after every entry of the
 // epoch, to the same partition, so a reader that has seen the marker has
 // seen the whole epoch.
-func (t *task) preCommit(ctx context.Context, in *Instance, produce func(*kgo.Record)) (records int) {
+func (t *task) preCommit(in *Instance, produce func(*kgo.Record)) (records int) {
 	t.marker = nil
 	if !t.advanced && t.store.DirtyLen() == 0 {
 		return 0
