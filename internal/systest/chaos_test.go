@@ -38,7 +38,8 @@ func newChaos(t *testing.T, job string, g engine.Guarantee, seed uint64) *chaos 
 		state := filepath.Join(t.TempDir(), "state")
 		id := fmt.Sprintf("i%d", i+1)
 		ch.states = append(ch.states, state)
-		ch.children = append(ch.children, newChild(t, brokers, "chaos-"+job, id, state, job, g))
+		// 200ms checkpoints, as the acceptance runs use.
+		ch.children = append(ch.children, newChild(t, brokers, "chaos-"+job, id, state, job, g, "SYSTEST_INTERVAL=200ms"))
 	}
 	return ch
 }

@@ -2,6 +2,7 @@ package systest
 
 import (
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,4 +63,44 @@ func TestCrashPoints(t *testing.T) {
 			t.Logf("%s: %v", tt.name, rep)
 		})
 	}
+}
+
+// TestPausePastTransactionTimeout stops an instance with SIGSTOP for longer
+// than both the session timeout (6s) and the transaction timeout (10s). The
+// broker aborts its open transaction and its partitions move; when it
+// resumes, its session is fenced, and it must rebuild it and carry on
+// without duplicating or losing anything.
+func TestPausePastTransactionTimeout(t *testing.T) {
+	brokers := newCluster(t, 4)
+	f := newFeeder(t, brokers, 50, 31)
+	a := newChild(t, brokers, "pause", "a", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	b := newChild(t, brokers, "pause", "b", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	a.start()
+	b.start()
+	f.produce(500, 0)
+	if rep := awaitAggregate(t, brokers, f, 30*time.Second); !rep.OK() {
+		t.Fatalf("before the pause: %v", rep)
+	}
+	a.signal(syscall.SIGSTOP)
+	// Input keeps arriving while a is frozen mid-epoch.
+	stopAt := time.Now().Add(12 * time.Second)
+	for time.Now().Before(stopAt) {
+		f.produce(50, 0)
+		a.wait(200 * time.Millisecond) // paces the feed; a cannot exit while stopped
+	}
+	a.signal(syscall.SIGCONT)
+	for range 10 {
+		f.produce(50, 0)
+	}
+	rep := awaitAggregate(t, brokers, f, 30*time.Second)
+	if !rep.OK() {
+		a.dumpLog()
+		b.dumpLog()
+		t.Fatalf("after a pause past the transaction timeout: %v", rep)
+	}
+	if !a.running() || !b.running() {
+		a.dumpLog()
+		t.Fatal("an instance exited")
+	}
+	t.Logf("pause past the transaction timeout: %v", rep)
 }

@@ -301,6 +301,7 @@ func newChild(t *testing.T, brokers, app, id, state, job string, g engine.Guaran
 		"SYSTEST_INTERVAL=100ms",
 		"SYSTEST_SESSION=6s",
 	)
+	// Later entries win: exec takes the last value of a repeated variable.
 	return &child{t: t, id: id, env: append(env, extra...), log: logPath}
 }
 
