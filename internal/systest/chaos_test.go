@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -181,8 +182,9 @@ func (ch *chaos) dumpLogs() {
 }
 
 func TestChaosAggregateExactlyOnce(t *testing.T) {
-	ch := newChaos(t, "aggregate", engine.ExactlyOnce, 21)
-	ch.run(20*time.Second, 50, 21)
+	seed := chaosSeed(t, 21)
+	ch := newChaos(t, "aggregate", engine.ExactlyOnce, seed)
+	ch.run(20*time.Second, 50, seed)
 	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
 		ch.dumpLogs()
@@ -207,8 +209,9 @@ func TestChaosAggregateExactlyOnce(t *testing.T) {
 }
 
 func TestChaosEchoExactlyOnce(t *testing.T) {
-	ch := newChaos(t, "echo", engine.ExactlyOnce, 22)
-	ch.run(20*time.Second, 0, 22)
+	seed := chaosSeed(t, 22)
+	ch := newChaos(t, "echo", engine.ExactlyOnce, seed)
+	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
 		ch.dumpLogs()
@@ -219,8 +222,9 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 }
 
 func TestChaosEchoAtLeastOnce(t *testing.T) {
-	ch := newChaos(t, "echo", engine.AtLeastOnce, 23)
-	ch.run(20*time.Second, 0, 23)
+	seed := chaosSeed(t, 23)
+	ch := newChaos(t, "echo", engine.AtLeastOnce, seed)
+	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if rep.Lost != 0 || rep.Wrong != 0 {
 		ch.dumpLogs()
@@ -228,4 +232,24 @@ func TestChaosEchoAtLeastOnce(t *testing.T) {
 		t.Fatalf("at-least-once echo under chaos lost records: %v", rep)
 	}
 	t.Logf("at-least-once echo under chaos: %v", rep)
+}
+
+// chaosSeed is the schedule's seed: fixed, so CI runs one known schedule,
+// unless SYSTEST_CHAOS_SEED asks for another ("random" picks one and logs
+// it for a rerun).
+func chaosSeed(t *testing.T, fixed uint64) uint64 {
+	switch v := os.Getenv("SYSTEST_CHAOS_SEED"); v {
+	case "":
+		return fixed
+	case "random":
+		seed := uint64(time.Now().UnixNano())
+		t.Logf("chaos seed %d (rerun with SYSTEST_CHAOS_SEED=%d)", seed, seed)
+		return seed
+	default:
+		seed, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("SYSTEST_CHAOS_SEED=%q: want a number or random", v)
+		}
+		return seed
+	}
 }
