@@ -154,37 +154,44 @@ func sluiceLoop(ctx context.Context, brokers, group, job string, g sluice.Guaran
 	return inst.Run(ctx)
 }
 
-// BenchmarkThroughput processes 1,000,000 preloaded records per iteration
-// and reports records/s for each loop from its first commit to its last
-// (start-up excluded), plus the whole run including start-up; compare the
-// sluice rows with the raw rows of the same run.
-func BenchmarkThroughput(b *testing.B) {
-	const n = 1000000
-	type loop struct {
-		name string
-		run  func(ctx context.Context, brokers, group, dir string) error
-	}
-	loops := []loop{
+// loop is one consume→produce loop under test.
+type loop struct {
+	name string
+	run  func(ctx context.Context, brokers, group, dir string) error
+}
+
+// loops are the loops both benchmarks compare: the raw franz-go baselines,
+// Sluice echo at-least-once, and Sluice echo exactly-once at each interval.
+func loops(intervals ...time.Duration) []loop {
+	ls := []loop{
 		{"raw-alos-100ms", func(ctx context.Context, br, g, _ string) error {
 			return rawLoop(ctx, br, g, false, 100*time.Millisecond)
 		}},
 		{"raw-eos-100ms", func(ctx context.Context, br, g, _ string) error {
 			return rawLoop(ctx, br, g, true, 100*time.Millisecond)
 		}},
+		{"sluice-echo-alos-100ms", func(ctx context.Context, br, g, dir string) error {
+			return sluiceLoop(ctx, br, g, "echo", sluice.AtLeastOnce, 100*time.Millisecond, dir)
+		}},
 	}
-	for _, iv := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond} {
-		loops = append(loops, loop{fmt.Sprintf("sluice-echo-eos-%v", iv), func(ctx context.Context, br, g, dir string) error {
+	for _, iv := range intervals {
+		ls = append(ls, loop{fmt.Sprintf("sluice-echo-eos-%v", iv), func(ctx context.Context, br, g, dir string) error {
 			return sluiceLoop(ctx, br, g, "echo", sluice.ExactlyOnce, iv, dir)
 		}})
 	}
-	loops = append(loops,
-		loop{"sluice-echo-alos-100ms", func(ctx context.Context, br, g, dir string) error {
-			return sluiceLoop(ctx, br, g, "echo", sluice.AtLeastOnce, 100*time.Millisecond, dir)
-		}},
-		loop{"sluice-aggregate-eos-100ms", func(ctx context.Context, br, g, dir string) error {
-			return sluiceLoop(ctx, br, g, "aggregate", sluice.ExactlyOnce, 100*time.Millisecond, dir)
-		}},
-	)
+	return ls
+}
+
+// BenchmarkThroughput processes 1,000,000 preloaded records per iteration
+// and reports records/s for each loop from its first commit to its last
+// (start-up excluded), plus the whole run including start-up; compare the
+// sluice rows with the raw rows of the same run.
+func BenchmarkThroughput(b *testing.B) {
+	const n = 1000000
+	loops := loops(50*time.Millisecond, 100*time.Millisecond, 200*time.Millisecond, 500*time.Millisecond)
+	loops = append(loops, loop{"sluice-aggregate-eos-100ms", func(ctx context.Context, br, g, dir string) error {
+		return sluiceLoop(ctx, br, g, "aggregate", sluice.ExactlyOnce, 100*time.Millisecond, dir)
+	}})
 	for _, l := range loops {
 		b.Run(l.name, func(b *testing.B) {
 			var total, steady time.Duration

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -10,8 +9,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/sluicehq/sluice"
 )
 
 // BenchmarkLatency offers 20,000 records/s for 5 s and reports the
@@ -22,26 +19,7 @@ func BenchmarkLatency(b *testing.B) {
 		rate     = 20000
 		duration = 5 * time.Second
 	)
-	type loop struct {
-		name string
-		run  func(ctx context.Context, brokers, group, dir string) error
-	}
-	loops := []loop{
-		{"raw-alos-100ms", func(ctx context.Context, br, g, _ string) error {
-			return rawLoop(ctx, br, g, false, 100*time.Millisecond)
-		}},
-		{"raw-eos-100ms", func(ctx context.Context, br, g, _ string) error {
-			return rawLoop(ctx, br, g, true, 100*time.Millisecond)
-		}},
-		{"sluice-echo-alos-100ms", func(ctx context.Context, br, g, dir string) error {
-			return sluiceLoop(ctx, br, g, "echo", sluice.AtLeastOnce, 100*time.Millisecond, dir)
-		}},
-	}
-	for _, iv := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond} {
-		loops = append(loops, loop{fmt.Sprintf("sluice-echo-eos-%v", iv), func(ctx context.Context, br, g, dir string) error {
-			return sluiceLoop(ctx, br, g, "echo", sluice.ExactlyOnce, iv, dir)
-		}})
-	}
+	loops := loops(50*time.Millisecond, 100*time.Millisecond, 200*time.Millisecond)
 	for _, l := range loops {
 		b.Run(l.name, func(b *testing.B) {
 			var lat []time.Duration
