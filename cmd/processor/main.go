@@ -38,7 +38,8 @@ commands:
              (flags: -keep keeps it running; -inputs N; -partitions N; -rate N)
   generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
   broker     run an embedded single-node Kafka-protocol broker (kfake);
-             flags: -addr host:port (default 127.0.0.1:9092)
+             flags: -addr host:port (default 127.0.0.1:9092),
+             -topics name:partitions[,...] to create topics at start
   help       show this text
 
 Configuration is by environment variables only; every SLUICE_* variable is
