@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"time"
 
@@ -44,7 +45,7 @@ func Example() {
 		Backend: "memory", Guarantee: sluice.ExactlyOnce,
 		Checkpoint:         barrier.Config{Interval: 50 * time.Millisecond, Timeout: 5 * time.Second},
 		TransactionTimeout: 10 * time.Second, SessionTimeout: 6 * time.Second, RebalanceTimeout: 4 * time.Second,
-		CreateTopics: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		CreateTopics: true, Logger: exampleLogger(),
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -63,8 +64,10 @@ func Example() {
 	reader, _ := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics("counts"),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	defer reader.Close()
-	for read := 0; read < 3; {
-		fetches := reader.PollFetches(context.Background())
+	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for read := 0; read < 3 && rctx.Err() == nil; {
+		fetches := reader.PollFetches(rctx)
 		fetches.EachRecord(func(r *kgo.Record) {
 			fmt.Printf("%s=%s\n", r.Key, r.Value)
 			read++
@@ -76,4 +79,11 @@ func Example() {
 	// ann=1
 	// bob=1
 	// ann=2
+}
+
+func exampleLogger() *slog.Logger {
+	if os.Getenv("EXAMPLE_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }

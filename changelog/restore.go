@@ -68,7 +68,7 @@ var ErrStateAhead = errors.New("changelog: local state is ahead of the changelog
 
 const (
 	stableAttempts = 20
-	idleLimit      = 30 * time.Second // far beyond any fetch round trip: only a compacted-away tail stays silent that long
+	idleLimit      = 5 * time.Second // far beyond a fetch round trip: a silent tail is one compaction removed
 )
 
 // Restore brings a backend up to date from its changelog partition. It reads

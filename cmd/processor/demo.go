@@ -142,6 +142,8 @@ func (p *demoProc) start(brokers []string) error {
 		"SLUICE_SESSION_TIMEOUT=6s",
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// The instances end with the demo, however it ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return err

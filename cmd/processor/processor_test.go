@@ -142,6 +142,7 @@ func (p *proc) start() {
 	p.cmd.Env = p.env
 	p.log = &lockedBuffer{}
 	p.cmd.Stderr = p.log
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the test
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}

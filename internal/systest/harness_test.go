@@ -314,6 +314,9 @@ func (c *child) start(extra ...string) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append([]string{}, c.env...), extra...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	// A child never outlives the test binary: a stray instance would join
+	// a later test's broker if that broker got its port.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package systest
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"strconv"
 	"testing"
@@ -191,6 +192,9 @@ func TestRestoreFromCompactedChangelog(t *testing.T) {
 	cfg := func(dir string) sluice.Options {
 		o := options(brokers, "ctr", "i1", dir, "aggregate", engine.ExactlyOnce)
 		o.Job = counterJob()
+		if os.Getenv("SYSTEST_LOG_DIR") != "" {
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
 		return o
 	}
 	dir := t.TempDir()
