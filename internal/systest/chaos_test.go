@@ -188,8 +188,7 @@ func TestChaosAggregateExactlyOnce(t *testing.T) {
 	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
 		ch.dumpLogs()
-		dumpMarkers(t, ch.brokers, "chaos-aggregate", false)
-		dumpMarkers(t, ch.brokers, "chaos-aggregate", true)
+		dumpMarkers(t, ch.brokers, "chaos-aggregate")
 		t.Fatalf("aggregate under chaos: %v", rep)
 	}
 	t.Logf("aggregate under chaos: %v", rep)
@@ -228,7 +227,7 @@ func TestChaosEchoAtLeastOnce(t *testing.T) {
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if rep.Lost != 0 || rep.Wrong != 0 {
 		ch.dumpLogs()
-		dumpMarkers(t, ch.brokers, "chaos-echo", true)
+		dumpMarkers(t, ch.brokers, "chaos-echo")
 		t.Fatalf("at-least-once echo under chaos lost records: %v", rep)
 	}
 	t.Logf("at-least-once echo under chaos: %v", rep)
