@@ -49,7 +49,7 @@ func BenchmarkStoreGet(b *testing.B) {
 				st.Put(key, make([]byte, 8))
 				st.CommitRecord()
 				if where == "backend" {
-					if err := st.Apply(kstate.Meta{}); err != nil {
+					if err := st.Apply(st.Dirty(), kstate.Meta{}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -90,7 +90,7 @@ func BenchmarkValueIncrement(b *testing.B) {
 				}
 				st.CommitRecord()
 				if n++; n%1000 == 0 {
-					if err := st.Apply(kstate.Meta{Epoch: uint64(n)}); err != nil {
+					if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: uint64(n)}); err != nil {
 						b.Fatal(err)
 					}
 				}

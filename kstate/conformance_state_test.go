@@ -44,7 +44,7 @@ func endEpoch(t *testing.T, sc *kstatetest.Scope) {
 		t.Fatal(err)
 	}
 	m.Epoch++
-	if err := st.Apply(m); err != nil {
+	if err := st.Apply(st.Dirty(), m); err != nil {
 		t.Fatal(err)
 	}
 }

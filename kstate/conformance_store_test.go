@@ -124,7 +124,7 @@ func testStoreApply(t *testing.T, kind string) {
 	// Backend untouched until Apply: the epoch has not committed.
 	wantGet(t, st.Backend(), "a", []byte("0"))
 	meta := kstate.Meta{Epoch: 1, ChangelogOffset: 10, Offsets: map[string]int64{"in": 5}}
-	if err := st.Apply(meta); err != nil {
+	if err := st.Apply(st.Dirty(), meta); err != nil {
 		t.Fatal(err)
 	}
 	if st.DirtyLen() != 0 {
@@ -143,7 +143,7 @@ func testStoreApply(t *testing.T, kind string) {
 	st.Put([]byte("d"), []byte("1"))
 	st.CommitRecord()
 	_ = st.Backend().Close()
-	if err := st.Apply(kstate.Meta{Epoch: 2}); !errors.Is(err, kstate.ErrClosed) {
+	if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: 2}); !errors.Is(err, kstate.ErrClosed) {
 		t.Fatalf("Apply on closed backend = %v", err)
 	}
 	if st.DirtyLen() != 1 {
@@ -278,7 +278,7 @@ func testStoreModel(t *testing.T, kind string) {
 			maps.Copy(epoch, record)
 			clear(record)
 			epochNo++
-			if err := st.Apply(kstate.Meta{Epoch: epochNo}); err != nil {
+			if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: epochNo}); err != nil {
 				t.Fatal(err)
 			}
 			for k, v := range epoch {

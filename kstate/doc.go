@@ -29,7 +29,7 @@
 //	at the barrier:
 //	    muts := st.Dirty()           // produce to the changelog, then the marker
 //	    commit the Kafka transaction
-//	    if committed { st.Apply(meta) } else { st.Discard(); rewind inputs }
+//	    if committed { st.Apply(muts, meta) } else { st.Discard(); rewind inputs }
 //
 // The order is the exactly-once argument: the backend changes only after
 // the transaction that made the change visible has committed, in one

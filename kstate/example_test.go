@@ -30,7 +30,7 @@ func ExampleValue() {
 	fmt.Println("dirty keys:", st.DirtyLen())
 
 	// After the epoch's Kafka transaction commits:
-	if err := st.Apply(kstate.Meta{Epoch: 1}); err != nil {
+	if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: 1}); err != nil {
 		panic(err)
 	}
 	for _, user := range []string{"ann", "bob", "cid"} {

@@ -133,14 +133,15 @@ func (s *Store) Dirty() []Mutation {
 // DirtyLen returns the number of keys changed in the epoch.
 func (s *Store) DirtyLen() int { return s.epoch.len() }
 
-// Apply writes the epoch write-set and meta to the backend in one atomic
-// transaction and then clears the write-set. Call it only after the epoch's
-// Kafka transaction committed, and commit no record between the Dirty that
-// went to the changelog and Apply: Apply writes the write-set as it is now,
-// and the backend must hold exactly what the changelog holds. On error the
-// write-set is kept, so the caller may retry.
-func (s *Store) Apply(meta Meta) error {
-	if err := s.backend.Apply(s.Dirty(), meta); err != nil {
+// Apply writes dirty, the epoch's Dirty exactly as it went to the
+// changelog, and meta to the backend in one atomic transaction, then clears
+// the write-set. Taking the changelog's slice rather than reading the
+// write-set again keeps the backend equal to the changelog by construction
+// (and copies the keys once per epoch, not twice). Call it only after the
+// epoch's Kafka transaction committed. On error the write-set is kept, so
+// the caller may retry.
+func (s *Store) Apply(dirty []Mutation, meta Meta) error {
+	if err := s.backend.Apply(dirty, meta); err != nil {
 		return err
 	}
 	s.epoch.reset()

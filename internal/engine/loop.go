@@ -82,7 +82,9 @@ func (in *Instance) runSession(ctx context.Context) error {
 
 func (l *loop) iterate() error {
 	in := l.in
-	l.installRestored()
+	if err := l.installRestored(); err != nil {
+		return err
+	}
 	in.ready.Store(len(l.restoring) == 0 && l.joined())
 
 	pctx, cancel := context.WithTimeout(l.ctx, l.pollWait())
@@ -143,7 +145,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 		return nil
 	}
 	in := l.in
-	var rewind map[string]map[int32]kgo.EpochOffset
+	rewind := offsets{}
 	worked := false
 	var err error
 	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
@@ -154,13 +156,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 		if t == nil {
 			// Fetched before the pause took hold; the task is not
 			// running, so fetch these again once it is.
-			if rewind == nil {
-				rewind = map[string]map[int32]kgo.EpochOffset{}
-			}
-			if rewind[ftp.Topic] == nil {
-				rewind[ftp.Topic] = map[int32]kgo.EpochOffset{}
-			}
-			rewind[ftp.Topic][ftp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: ftp.Records[0].Offset}
+			rewind.set(ftp.Topic, ftp.Partition, ftp.Records[0].Offset)
 			return
 		}
 		last := ftp.Records[len(ftp.Records)-1]
@@ -180,7 +176,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 			worked = true
 		}
 	})
-	if rewind != nil {
+	if len(rewind) > 0 {
 		l.sess.Client().SetOffsets(rewind)
 	}
 	if err != nil {
@@ -373,16 +369,10 @@ func (l *loop) commit() barrier.Action {
 // commit offsets without their state, so it is logged and repaired rather
 // than committed. A partition whose task is not running must commit
 // nothing new.
-func (l *loop) alignOffsets() map[string]map[int32]kgo.EpochOffset {
+func (l *loop) alignOffsets() offsets {
 	cl := l.sess.Client()
 	committed := cl.CommittedOffsets()
-	fix := map[string]map[int32]kgo.EpochOffset{}
-	set := func(m map[string]map[int32]kgo.EpochOffset, topic string, p int32, off int64) {
-		if m[topic] == nil {
-			m[topic] = map[int32]kgo.EpochOffset{}
-		}
-		m[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: off}
-	}
+	fix := offsets{}
 	for topic, heads := range cl.UncommittedOffsets() {
 		for p, head := range heads {
 			var want int64
@@ -400,22 +390,19 @@ func (l *loop) alignOffsets() map[string]map[int32]kgo.EpochOffset {
 			}
 			l.in.log.Error("consumer position disagrees with the task's offsets; realigning", "topic", topic, "partition", p,
 				"consumer", head.Offset, "want", want, "running", l.tasks[p] != nil)
-			set(fix, topic, p, want)
+			fix.set(topic, p, want)
 		}
 	}
 	if len(fix) > 0 {
 		cl.SetOffsets(fix)
 	}
-	offsets := map[string]map[int32]kgo.EpochOffset{}
+	marked := offsets{}
 	for p, t := range l.tasks {
-		if t.marker == nil {
-			continue
-		}
-		for topic, next := range t.next {
-			set(offsets, topic, p, next)
+		if t.marker != nil {
+			marked.setAll(p, t.next)
 		}
 	}
-	return offsets
+	return marked
 }
 
 // apply advances every task's backend to the committed epoch.
@@ -482,10 +469,10 @@ func (l *loop) abort() error {
 	l.inTxn = false
 	l.in.txnOpenedAt.Store(0)
 	l.produceErr.Store(nil)
-	rewind := map[string]map[int32]kgo.EpochOffset{}
-	for _, t := range l.tasks {
+	rewind := offsets{}
+	for p, t := range l.tasks {
 		t.discard()
-		t.rewindOffsets(rewind)
+		rewind.setAll(p, t.committed)
 	}
 	if l.brokenErr != nil {
 		err := l.brokenErr
@@ -625,7 +612,8 @@ func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 // installRestored turns finished restores into running tasks: the consumer
 // is placed at the offsets the store reflects (the marker is the truth;
 // the group's committed offsets agree with it) and fetching resumes.
-func (l *loop) installRestored() {
+func (l *loop) installRestored() error {
+	installed := false
 	for p, job := range l.restoring {
 		var r restoreResult
 		select {
@@ -647,19 +635,22 @@ func (l *loop) installRestored() {
 		l.tasks[p] = t
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()
-		set := map[string]map[int32]kgo.EpochOffset{}
-		t.rewindOffsets(set)
+		// The marker is the truth for where the task resumes.
+		at := offsets{}
+		at.setAll(p, t.committed)
 		cl := l.sess.Client()
-		cl.SetOffsets(set)
+		cl.SetOffsets(at)
 		resume := map[string][]int32{}
 		for _, topic := range l.in.cfg.InputTopics {
 			resume[topic] = []int32{p}
 		}
 		cl.ResumeFetchPartitions(resume)
+		installed = true
 	}
-	if err := l.run(l.coord.SetTasks(l.taskList())); err != nil {
-		l.fatal = err
+	if !installed {
+		return nil
 	}
+	return l.run(l.coord.SetTasks(l.taskList()))
 }
 
 // shutdown takes the final checkpoint and closes the session (deferred).

@@ -30,7 +30,8 @@ type task struct {
 	next      map[string]int64
 	advanced  bool // records were consumed in the open epoch
 
-	marker *kgo.Record // this epoch's marker, once pre-committed
+	marker *kgo.Record       // this epoch's marker, once pre-committed
+	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog
 	rc     recordContext
 
 	// The task's series, looked up once: a label lookup per record costs
@@ -59,14 +60,23 @@ func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics) *task {
 	return t
 }
 
-// rewindOffsets are where the consumer must restart the task after an
-// aborted epoch.
-func (t *task) rewindOffsets(into map[string]map[int32]kgo.EpochOffset) {
-	for topic, off := range t.committed {
-		if into[topic] == nil {
-			into[topic] = map[int32]kgo.EpochOffset{}
-		}
-		into[topic][t.p] = kgo.EpochOffset{Epoch: -1, Offset: off}
+// offsets are consumer positions per topic and partition, in the shape
+// franz-go takes them.
+type offsets map[string]map[int32]kgo.EpochOffset
+
+// set places partition p of topic at off (no leader epoch: the offset comes
+// from a marker, not from a fetched record).
+func (o offsets) set(topic string, p int32, off int64) {
+	if o[topic] == nil {
+		o[topic] = map[int32]kgo.EpochOffset{}
+	}
+	o[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: off}
+}
+
+// setAll places the task's partition of every topic in at.
+func (o offsets) setAll(p int32, at map[string]int64) {
+	for topic, off := range at {
+		o.set(topic, p, off)
 	}
 }
 
@@ -75,7 +85,7 @@ func (t *task) discard() {
 	t.store.Discard()
 	t.next = maps.Clone(t.committed)
 	t.advanced = false
-	t.marker = nil
+	t.marker, t.dirty = nil, nil
 }
 
 // preCommit produces the epoch's changelog for the task: one record per
@@ -84,14 +94,15 @@ func (t *task) discard() {
 // epoch, to the same partition, so a reader that has seen the marker has
 // seen the whole epoch.
 func (t *task) preCommit(in *Instance, produce func(*kgo.Record)) (records int) {
-	t.marker = nil
+	t.marker, t.dirty = nil, nil
 	if !t.advanced && t.store.DirtyLen() == 0 {
 		return 0
 	}
+	t.dirty = t.store.Dirty()
 	epoch := t.epoch + 1
 	hdr := []kgo.RecordHeader{{Key: changelog.EpochHeader, Value: changelog.EncodeEpoch(epoch)}}
 	var bytes int
-	for _, m := range t.store.Dirty() {
+	for _, m := range t.dirty {
 		produce(&kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: m.Key, Value: m.Value, Headers: hdr})
 		bytes += len(m.Key) + len(m.Value)
 		records++
@@ -113,14 +124,14 @@ func (t *task) apply(in *Instance) error {
 		return nil
 	}
 	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next)}
-	if err := t.store.Apply(meta); err != nil {
+	if err := t.store.Apply(t.dirty, meta); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
 	t.epoch = meta.Epoch
 	t.committed = meta.Offsets
 	t.next = maps.Clone(meta.Offsets)
 	t.advanced = false
-	t.marker = nil
+	t.marker, t.dirty = nil, nil
 	in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 	st := t.store.Backend().Stats()
 	in.m.stateKeys.WithLabelValues(t.label).Set(float64(st.Keys))
