@@ -37,7 +37,7 @@ type Instance struct {
 	// Rebalance callbacks run on franz-go's goroutines; they only record
 	// what happened here, and the loop acts on it after its poll returns.
 	evMu            sync.Mutex
-	ev              events
+	ev              []event
 	rebalanceWanted atomic.Bool
 	rebalanceWaits  chan struct{} // signalled (never blocking) when a rebalance waits on us
 
@@ -45,8 +45,12 @@ type Instance struct {
 	wake   context.CancelFunc // cancels the loop's current poll
 }
 
-type events struct {
-	assigned, revoked, lost []int32
+// event is one rebalance callback: what happened to which tasks. Events
+// are kept in the order they happened: an assignment followed by a revoke
+// of the same partition means something else than the reverse.
+type event struct {
+	kind  string // "assigned", "revoked" or "lost"
+	tasks []int32
 }
 
 // errSessionBroken says the session must be closed and rebuilt: a fenced
@@ -173,7 +177,7 @@ func (in *Instance) connect(ctx context.Context) error {
 			cl.Close()
 			return ctx.Err()
 		}
-		backoff = min(2*backoff, 10*time.Second)
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
@@ -184,9 +188,10 @@ type startupError struct{ msg string }
 func (e *startupError) Error() string { return e.msg }
 
 func (in *Instance) prepare(ctx context.Context) error {
-	// Short enough that an unreachable cluster is reported within
-	// seconds; every step below is one or two quick requests.
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	// An unreachable cluster fails at once (connection refused); the
+	// bound is for a reachable but slow one, and must leave a loaded
+	// machine room to answer a handful of requests.
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if in.cfg.Guarantee == ExactlyOnce {
 		if err := in.checkTransactionTimeout(rctx); err != nil {
@@ -337,27 +342,27 @@ func (in *Instance) newSession() (txsink.Session, error) {
 func (in *Instance) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	cl.PauseFetchPartitions(assigned)
 	in.evMu.Lock()
-	in.ev.assigned = append(in.ev.assigned, taskSet(assigned)...)
+	in.ev = append(in.ev, event{"assigned", taskSet(assigned)})
 	in.evMu.Unlock()
 }
 
 func (in *Instance) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
 	in.evMu.Lock()
-	in.ev.revoked = append(in.ev.revoked, taskSet(revoked)...)
+	in.ev = append(in.ev, event{"revoked", taskSet(revoked)})
 	in.evMu.Unlock()
 }
 
 func (in *Instance) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	in.evMu.Lock()
-	in.ev.lost = append(in.ev.lost, taskSet(lost)...)
+	in.ev = append(in.ev, event{"lost", taskSet(lost)})
 	in.evMu.Unlock()
 }
 
-func (in *Instance) takeEvents() events {
+func (in *Instance) takeEvents() []event {
 	in.evMu.Lock()
 	defer in.evMu.Unlock()
 	ev := in.ev
-	in.ev = events{}
+	in.ev = nil
 	return ev
 }
 

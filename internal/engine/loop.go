@@ -99,15 +99,26 @@ func (l *loop) iterate() error {
 
 	// Rebalance callbacks ran inside the poll; act on them before
 	// touching the records the poll returned.
-	ev := in.takeEvents()
-	if len(ev.revoked) > 0 || len(ev.lost) > 0 {
-		if err := l.release(ev); err != nil {
-			return err
+	for _, ev := range in.takeEvents() {
+		gone := ev.tasks
+		if ev.kind == "assigned" {
+			// A task we still hold missed its revoke; its partition is
+			// paused again, so drop it and restore it anew.
+			gone = slices.DeleteFunc(slices.Clone(ev.tasks), func(p int32) bool {
+				return l.tasks[p] == nil && l.restoring[p] == nil
+			})
 		}
-		fs = nil // the consumer was rewound; these records come again
-	}
-	for _, p := range ev.assigned {
-		l.startRestore(p)
+		if len(gone) > 0 {
+			if err := l.release(ev.kind, gone); err != nil {
+				return err
+			}
+			fs = nil // the consumer was rewound; these records come again
+		}
+		if ev.kind == "assigned" {
+			for _, p := range ev.tasks {
+				l.startRestore(p)
+			}
+		}
 	}
 
 	if err := l.process(fs); err != nil {
@@ -488,9 +499,8 @@ func (l *loop) abort() error {
 // partitions. The session marked the transaction for abort either way, so
 // it is ended now, which also rewinds the consumer to the committed
 // offsets.
-func (l *loop) release(ev events) error {
-	gone := append(append([]int32{}, ev.revoked...), ev.lost...)
-	l.in.log.Info("partitions released", "revoked", ev.revoked, "lost", ev.lost)
+func (l *loop) release(why string, gone []int32) error {
+	l.in.log.Info("partitions released", "tasks", gone, "why", why)
 	act := barrier.Action{}
 	if l.coord.Phase() == barrier.Processing && l.inTxn {
 		act = l.coord.EpochFailed(errAborted, time.Now())
@@ -509,6 +519,7 @@ func (l *loop) release(ev events) error {
 				r.be.Close()
 			}
 			delete(l.restoring, p)
+			l.in.m.tasks.WithLabelValues("restoring").Dec()
 		}
 		if t := l.tasks[p]; t != nil {
 			if err := t.store.Backend().Close(); err != nil {

@@ -108,7 +108,7 @@ func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Opt
 		CreateTopics:       true,
 		LeaveOnShutdown:    true, // as the processor binary does by default
 		Registry:           prometheus.NewRegistry(),
-		Logger:             slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:             testLogger(),
 	}
 }
 
@@ -369,4 +369,13 @@ func (c *child) dumpLog() {
 		b = b[len(b)-8000:]
 	}
 	c.t.Logf("log of %s (tail):\n%s", c.id, b)
+}
+
+// testLogger discards in-process instances' logs unless SYSTEST_LOG_DIR
+// asks for them (then they go to stderr, shown with -v or on failure).
+func testLogger() *slog.Logger {
+	if os.Getenv("SYSTEST_LOG_DIR") == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
