@@ -46,6 +46,9 @@ func runChild() int {
 	cfg.Checkpoint.Interval = interval
 	cfg.SessionTimeout = session
 	cfg.RebalanceTimeout = session * 2 / 3
+	if r, err := time.ParseDuration(env("SYSTEST_REBALANCE")); err == nil {
+		cfg.RebalanceTimeout = r
+	}
 	level := slog.LevelInfo
 	if env("SYSTEST_LOG_DIR") != "" {
 		level = slog.LevelDebug
@@ -88,15 +91,16 @@ func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Opt
 		j = jobs.Echo()
 	}
 	return sluice.Options{
-		Brokers:     []string{brokers},
-		AppID:       app,
-		InstanceID:  id,
-		Job:         j,
-		InputTopics: []string{input},
-		OutputTopic: output,
-		StateDir:    state,
-		Backend:     "bbolt",
-		Guarantee:   g,
+		Brokers:       []string{brokers},
+		GroupProtocol: groupProtocol(),
+		AppID:         app,
+		InstanceID:    id,
+		Job:           j,
+		InputTopics:   []string{input},
+		OutputTopic:   output,
+		StateDir:      state,
+		Backend:       "bbolt",
+		Guarantee:     g,
 		Checkpoint: barrier.Config{
 			Interval:          50 * time.Millisecond,
 			Timeout:           9 * time.Second,
@@ -111,6 +115,12 @@ func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Opt
 		Logger:             testLogger(),
 	}
 }
+
+// groupProtocol is SYSTEST_GROUP_PROTOCOL: the group protocol (classic or
+// consumer) of the instances of every test that does not name one; empty
+// leaves the engine's default. Child processes inherit it with the
+// environment.
+func groupProtocol() string { return os.Getenv("SYSTEST_GROUP_PROTOCOL") }
 
 func newCluster(t *testing.T, partitions int32) string {
 	t.Helper()
