@@ -131,22 +131,6 @@ func (in *Instance) Run(ctx context.Context) error {
 	}
 }
 
-// leave removes this static member from the group after a graceful stop,
-// if configured to.
-func (in *Instance) leave() {
-	if !in.cfg.LeaveOnShutdown {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err := in.adm.LeaveGroup(ctx, kadm.LeaveGroup(in.cfg.AppID).InstanceIDs(in.cfg.InstanceID).Reason("sluice instance shut down"))
-	if err != nil {
-		in.log.Warn("leaving the group failed; partitions move when the session times out", "err", err)
-		return
-	}
-	in.log.Info("left the group")
-}
-
 // connect waits for the brokers with backoff, then checks the topics and the
 // transaction timeout.
 func (in *Instance) connect(ctx context.Context) error {
@@ -290,16 +274,7 @@ func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 
 func (in *Instance) newSession() (txsink.Session, error) {
 	opts := append(in.baseOpts(),
-		kgo.ConsumerGroup(in.cfg.AppID),
 		kgo.ConsumeTopics(in.cfg.InputTopics...),
-		kgo.InstanceID(in.cfg.InstanceID),
-		kgo.SessionTimeout(in.cfg.SessionTimeout),
-		// franz-go refuses a heartbeat interval above the session timeout.
-		kgo.HeartbeatInterval(min(3*time.Second, in.cfg.SessionTimeout/3)),
-		kgo.RebalanceTimeout(in.cfg.RebalanceTimeout),
-		// DESIGN §10: with a rebalance timeout below the session timeout,
-		// this keeps kfake's classic coordinator from stalling a group.
-		kgo.RequestTimeoutOverhead(5*time.Second),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// A fetch waiting on idle partitions is not interrupted when a
 		// restored task's partition resumes; franz-go's 5s default would
@@ -322,11 +297,7 @@ func (in *Instance) newSession() (txsink.Session, error) {
 			}
 		}),
 	)
-	if in.cfg.GroupProtocol == "consumer" {
-		opts = append(opts, kgo.ServerSideBalancer(), kgo.Balancers(kgo.CooperativeStickyBalancer()))
-	} else {
-		opts = append(opts, kgo.Balancers(kgo.CooperativeStickyBalancer()))
-	}
+	opts = append(opts, in.groupOpts()...)
 	if in.cfg.Guarantee == ExactlyOnce {
 		opts = append(opts,
 			kgo.TransactionalID(in.cfg.transactionalID()),

@@ -122,6 +122,15 @@ func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Opt
 // environment.
 func groupProtocol() string { return os.Getenv("SYSTEST_GROUP_PROTOCOL") }
 
+// protocols are the group protocols a test that covers both runs under:
+// both, unless SYSTEST_GROUP_PROTOCOL names one.
+func protocols() []string {
+	if p := groupProtocol(); p != "" {
+		return []string{p}
+	}
+	return []string{"classic", "consumer"}
+}
+
 func newCluster(t *testing.T, partitions int32) string {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output))

@@ -118,29 +118,40 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 }
 
 // Partitions move between instances as they join and leave; the epoch in
-// flight commits before its partitions go (or aborts and replays).
+// flight commits before its partitions go (or aborts and replays). Under
+// both group protocols: a KIP-848 member that stops must leave with epoch
+// -1, or its partitions stay reserved for it.
 func TestRebalanceKeepsExactlyOnce(t *testing.T) {
-	brokers := newCluster(t, 6)
-	f := newFeeder(t, brokers, 60, 4)
-	a := startInProcess(t, options(brokers, "agg", "a", t.TempDir(), "aggregate", engine.ExactlyOnce))
-	a.awaitReady(t)
-	f.produce(600, 0)
-	b := startInProcess(t, options(brokers, "agg", "b", t.TempDir(), "aggregate", engine.ExactlyOnce))
-	for range 5 {
-		f.produce(200, 0)
+	for i, proto := range protocols() {
+		t.Run(proto, func(t *testing.T) {
+			brokers := newCluster(t, 6)
+			f := newFeeder(t, brokers, 60, uint64(4+10*i))
+			start := func(id string) *inProcess {
+				cfg := options(brokers, "agg", id, t.TempDir(), "aggregate", engine.ExactlyOnce)
+				cfg.GroupProtocol = proto
+				return startInProcess(t, cfg)
+			}
+			a := start("a")
+			a.awaitReady(t)
+			f.produce(600, 0)
+			b := start("b")
+			for range 5 {
+				f.produce(200, 0)
+			}
+			b.awaitReady(t)
+			c := start("c")
+			f.produce(600, 0)
+			c.awaitReady(t)
+			a.stop(t)
+			f.produce(600, 0)
+			b.stop(t)
+			f.produce(600, 0)
+			if rep := awaitAggregate(t, brokers, f, 30*time.Second); !rep.OK() {
+				t.Fatalf("aggregate: %v", rep)
+			}
+			c.stop(t)
+		})
 	}
-	b.awaitReady(t)
-	c := startInProcess(t, options(brokers, "agg", "c", t.TempDir(), "aggregate", engine.ExactlyOnce))
-	f.produce(600, 0)
-	c.awaitReady(t)
-	a.stop(t)
-	f.produce(600, 0)
-	b.stop(t)
-	f.produce(600, 0)
-	if rep := awaitAggregate(t, brokers, f, 30*time.Second); !rep.OK() {
-		t.Fatalf("aggregate: %v", rep)
-	}
-	c.stop(t)
 }
 
 // counter keeps a count per key; the value "reset" deletes the key's state,
