@@ -212,7 +212,10 @@ func (in *Instance) prepare(ctx context.Context) error {
 	if in.cfg.OutputTopic != "" {
 		plain = append(plain, in.cfg.OutputTopic)
 	}
-	return in.ensureTopics(rctx, outParts, plain...)
+	if err := in.ensureTopics(rctx, outParts, plain...); err != nil {
+		return err
+	}
+	return in.prepareGroup(rctx)
 }
 
 func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...string) error {

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -12,20 +14,36 @@ import (
 )
 
 // Group membership under both protocols: the options of a session's client,
-// and how an instance leaves for good.
+// what the consumer protocol (KIP-848) needs from the broker before the
+// first join, and how an instance leaves for good.
 //
-// Leaving differs: franz-go's Close of a static KIP-848 member sends epoch
-// -2, which keeps the partitions reserved for a restart (kfake keeps them
-// until the instance returns, Kafka until the session expires); leaving
-// for good (LeaveOnShutdown) takes epoch -1, sent after that close. A
-// classic LeaveGroup names the instance, and a KIP-848 group answers it
-// with UNKNOWN_MEMBER_ID for the member, not as the request's error.
+// The two protocols differ where exactly-once cares least and operations
+// care most:
+//
+//   - Session timeout. Classic members send theirs in JoinGroup. A KIP-848
+//     member sends none: the group's consumer.session.timeout.ms (broker
+//     default group.consumer.session.timeout.ms, 45s) decides. prepareGroup
+//     sets that group config to SessionTimeout, so SLUICE_SESSION_TIMEOUT
+//     means the same thing under both.
+//   - A static member that crashed. A classic JoinGroup with a known
+//     instance id replaces the old member at once. KIP-848 refuses the new
+//     member (UNRELEASED_INSTANCE_ID) until the old one's session expires.
+//     prepareGroup therefore ends the dead predecessor's membership with a
+//     static leave (epoch -2) on its behalf, which is what a classic join
+//     does implicitly; the new member then inherits its assignment.
+//   - Leaving. franz-go's Close of a static KIP-848 member sends epoch -2,
+//     which keeps the partitions reserved for a restart; leaving for good
+//     (LeaveOnShutdown) takes epoch -1, sent after that close.
 
 // Heartbeat epochs of KIP-848 with a meaning of their own.
 const (
 	epochLeave       int32 = -1 // leave the group; the partitions move at once
-	epochStaticLeave int32 = -2 // static member away; its partitions wait for it (franz-go's Close)
+	epochStaticLeave int32 = -2 // static member away; its partitions wait for it
 )
+
+// kafkaHeartbeatInterval is Kafka's default and least
+// group.consumer.heartbeat.interval.ms.
+const kafkaHeartbeatInterval = 5 * time.Second
 
 // groupOpts are the consumer-group options of a session's client.
 func (in *Instance) groupOpts() []kgo.Opt {
@@ -48,6 +66,66 @@ func (in *Instance) groupOpts() []kgo.Opt {
 		opts = append(opts, kgo.ServerSideBalancer())
 	}
 	return opts
+}
+
+// prepareGroup readies the group for a KIP-848 member before it joins: the
+// group's session timeout, and the end of a crashed predecessor's
+// membership. Neither is needed for correctness, only for the group to
+// move on at the pace SessionTimeout promises, so failures are logged and
+// the instance starts anyway; a context error is returned.
+func (in *Instance) prepareGroup(ctx context.Context) error {
+	if in.cfg.GroupProtocol != "consumer" {
+		return nil
+	}
+	if err := in.setGroupSessionTimeout(ctx); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		in.log.Warn("cannot set the group's consumer.session.timeout.ms; the broker's applies (group.consumer.session.timeout.ms, 45s by default)",
+			"want", in.cfg.SessionTimeout.String(), "err", err)
+	}
+	if err := in.replaceCrashedPredecessor(ctx); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		in.log.Warn("cannot end the previous membership of this instance id; joining waits until its session expires", "err", err)
+	}
+	return nil
+}
+
+// setGroupSessionTimeout makes the group's consumer.session.timeout.ms
+// SessionTimeout. A heartbeat interval is set with it only when Kafka's
+// default (5s, also its least) would not fit three times into the session,
+// so a broker with default limits is not asked for a value it refuses.
+func (in *Instance) setGroupSessionTimeout(ctx context.Context) error {
+	ms := func(d time.Duration) *string { return kmsg.StringPtr(strconv.FormatInt(d.Milliseconds(), 10)) }
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = in.cfg.AppID
+	set := func(name string, v *string) {
+		c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+		c.Name, c.Op, c.Value = name, kmsg.IncrementalAlterConfigOpSet, v
+		res.Configs = append(res.Configs, c)
+	}
+	set("consumer.session.timeout.ms", ms(in.cfg.SessionTimeout))
+	if hb := in.cfg.SessionTimeout / 3; hb < kafkaHeartbeatInterval {
+		set("consumer.heartbeat.interval.ms", ms(hb))
+	}
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, in.admCl)
+	if err != nil {
+		return err
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			if r.ErrorMessage != nil {
+				return fmt.Errorf("%w: %s", err, *r.ErrorMessage)
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // errNotConsumerGroup says the group does not run the consumer protocol:
@@ -75,6 +153,28 @@ func (in *Instance) staticMember(ctx context.Context) (*kadm.ConsumerGroupMember
 		}
 	}
 	return nil, nil
+}
+
+// replaceCrashedPredecessor ends the membership of an earlier run of this
+// instance that is still in the group: one killed before it could leave
+// (a graceful stop leaves, or sends the static leave itself). Instance ids
+// are unique per replica, so that member is this instance's past; if it
+// still runs somewhere, the restart has already fenced its producer (same
+// transactional id), and its group epoch goes stale, as with a classic
+// static member replaced by a new join.
+func (in *Instance) replaceCrashedPredecessor(ctx context.Context) error {
+	m, err := in.staticMember(ctx)
+	if errors.Is(err, errNotConsumerGroup) {
+		return nil // a new group; or classic, where a join replaces the member itself
+	}
+	if err != nil || m == nil || m.MemberEpoch == epochStaticLeave {
+		return err
+	}
+	if err := in.heartbeatAs(ctx, m.MemberID, epochStaticLeave); err != nil {
+		return err
+	}
+	in.log.Info("took over this instance id's membership from a previous run that did not leave", "member", m.MemberID, "member_epoch", m.MemberEpoch)
+	return nil
 }
 
 // leave removes this instance from the group for good after a graceful
