@@ -68,6 +68,17 @@ func (in *Instance) groupOpts() []kgo.Opt {
 	return opts
 }
 
+// inGroup reports whether cl is a member of the group. A classic member
+// has a generation once it joined; a KIP-848 member starts at epoch 0,
+// which means "joining", and is in the group from epoch 1.
+func (in *Instance) inGroup(cl *kgo.Client) bool {
+	_, gen := cl.GroupMetadata()
+	if in.cfg.GroupProtocol == "consumer" {
+		return gen > 0
+	}
+	return gen >= 0
+}
+
 // prepareGroup readies the group for a KIP-848 member before it joins: the
 // group's session timeout, and the end of a crashed predecessor's
 // membership. Neither is needed for correctness, only for the group to

@@ -145,10 +145,7 @@ func (l *loop) pollWait() time.Duration {
 	return max(d, 5*time.Millisecond)
 }
 
-func (l *loop) joined() bool {
-	_, gen := l.sess.Client().GroupMetadata()
-	return gen >= 0
-}
+func (l *loop) joined() bool { return l.in.inGroup(l.sess.Client()) }
 
 // process runs the job over the polled records, in partition order.
 func (l *loop) process(fs kgo.Fetches) error {
