@@ -29,6 +29,10 @@ type Instance struct {
 	adm   *kadm.Client
 	admCl *kgo.Client
 
+	// kip848 says the group runs the consumer protocol: asked for, and
+	// offered by the brokers. Set by prepareGroup before any session.
+	kip848 bool
+
 	// Read by /readyz and metrics from other goroutines.
 	ready           atomic.Bool
 	committedEpochs atomic.Uint64

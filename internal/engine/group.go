@@ -88,6 +88,16 @@ func (in *Instance) prepareGroup(ctx context.Context) error {
 	if in.cfg.GroupProtocol != "consumer" {
 		return nil
 	}
+	switch ok, err := in.brokersSpeakKIP848(ctx); {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		in.log.Warn("cannot read the brokers' API versions; assuming they offer KIP-848", "err", err)
+	case !ok:
+		in.log.Warn("the consumer group protocol is asked for, but the brokers do not offer KIP-848 (ConsumerGroupHeartbeat v1): the group runs the classic protocol")
+		return nil
+	}
+	in.kip848 = true
 	if err := in.setGroupSessionTimeout(ctx); err != nil {
 		if ctx.Err() != nil {
 			return err
@@ -102,6 +112,22 @@ func (in *Instance) prepareGroup(ctx context.Context) error {
 		in.log.Warn("cannot end the previous membership of this instance id; joining waits until its session expires", "err", err)
 	}
 	return nil
+}
+
+// brokersSpeakKIP848 reports whether franz-go will run the consumer
+// protocol: only when the brokers offer ConsumerGroupHeartbeat v1 (Kafka
+// 4.0); otherwise it falls back to classic by itself.
+func (in *Instance) brokersSpeakKIP848(ctx context.Context) (bool, error) {
+	vs, err := in.adm.ApiVersions(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, v := range vs {
+		if max, ok := v.KeyMaxVersion(int16(kmsg.ConsumerGroupHeartbeat)); v.Err == nil && ok && max >= 1 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // setGroupSessionTimeout makes the group's consumer.session.timeout.ms
@@ -199,7 +225,7 @@ func (in *Instance) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := errNotConsumerGroup
-	if in.cfg.GroupProtocol == "consumer" {
+	if in.kip848 {
 		err = in.leaveConsumerGroup(ctx)
 	}
 	if errors.Is(err, errNotConsumerGroup) {
