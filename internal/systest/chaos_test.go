@@ -32,7 +32,8 @@ type chaos struct {
 	log      []string
 }
 
-func newChaos(t *testing.T, job string, g engine.Guarantee, seed uint64) *chaos {
+// newChaos prepares the instances; proto is their group protocol.
+func newChaos(t *testing.T, job string, g engine.Guarantee, proto string, seed uint64) *chaos {
 	brokers := newCluster(t, 6)
 	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed)}
 	for i := range 3 {
@@ -40,9 +41,20 @@ func newChaos(t *testing.T, job string, g engine.Guarantee, seed uint64) *chaos 
 		id := fmt.Sprintf("i%d", i+1)
 		ch.states = append(ch.states, state)
 		// 200ms checkpoints, as the acceptance runs use.
-		ch.children = append(ch.children, newChild(t, brokers, "chaos-"+job, id, state, job, g, "SYSTEST_INTERVAL=200ms"))
+		ch.children = append(ch.children, newChild(t, brokers, "chaos-"+job, id, state, job, g,
+			"SYSTEST_INTERVAL=200ms", "SYSTEST_GROUP_PROTOCOL="+proto))
 	}
 	return ch
+}
+
+// chaosProtocol is the group protocol of a chaos test that runs under one:
+// fixed, so that each protocol gets a job of its own besides the aggregate,
+// unless SYSTEST_GROUP_PROTOCOL names one.
+func chaosProtocol(fixed string) string {
+	if p := groupProtocol(); p != "" {
+		return p
+	}
+	return fixed
 }
 
 func (ch *chaos) run(duration time.Duration, badEvery int, seed uint64) {
@@ -181,9 +193,20 @@ func (ch *chaos) dumpLogs() {
 	}
 }
 
+// The chaos tests cost about 35s each, most of the suite's time. The
+// exactly-once aggregate (state, changelog, dead letters: every part of the
+// engine) runs under both group protocols; of the echo tests, which add
+// the stateless transaction path and at-least-once, each runs under one,
+// so each protocol gets two of the three for one more run instead of three.
 func TestChaosAggregateExactlyOnce(t *testing.T) {
+	for _, proto := range protocols() {
+		t.Run(proto, func(t *testing.T) { chaosAggregate(t, proto) })
+	}
+}
+
+func chaosAggregate(t *testing.T, proto string) {
 	seed := chaosSeed(t, 21)
-	ch := newChaos(t, "aggregate", engine.ExactlyOnce, seed)
+	ch := newChaos(t, "aggregate", engine.ExactlyOnce, proto, seed)
 	ch.run(20*time.Second, 50, seed)
 	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
@@ -209,7 +232,7 @@ func TestChaosAggregateExactlyOnce(t *testing.T) {
 
 func TestChaosEchoExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 22)
-	ch := newChaos(t, "echo", engine.ExactlyOnce, seed)
+	ch := newChaos(t, "echo", engine.ExactlyOnce, chaosProtocol("consumer"), seed)
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
@@ -222,7 +245,7 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 
 func TestChaosEchoAtLeastOnce(t *testing.T) {
 	seed := chaosSeed(t, 23)
-	ch := newChaos(t, "echo", engine.AtLeastOnce, seed)
+	ch := newChaos(t, "echo", engine.AtLeastOnce, chaosProtocol("classic"), seed)
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if rep.Lost != 0 || rep.Wrong != 0 {
