@@ -131,9 +131,17 @@ func protocols() []string {
 	return []string{"classic", "consumer"}
 }
 
+// kip848Heartbeat makes the test brokers heartbeat KIP-848 members every
+// 2s, what Kafka would answer them: the engine sets the group's
+// consumer.heartbeat.interval.ms to a third of a session timeout this short
+// (6s here), and kfake ignores that group config and answers with its
+// broker-level default, 5s, which leaves a member 1s of slack before its
+// session expires.
+var kip848Heartbeat = kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "2000"})
+
 func newCluster(t *testing.T, partitions int32) string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output), kip848Heartbeat)
 	if err != nil {
 		t.Fatal(err)
 	}

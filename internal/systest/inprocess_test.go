@@ -179,7 +179,7 @@ func counterJob() sluice.Job {
 // of every key and the newest marker survive compaction, and the restored
 // state continues where it was.
 func TestRestoreFromCompactedChangelog(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, input, output))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, input, output), kip848Heartbeat)
 	if err != nil {
 		t.Fatal(err)
 	}
