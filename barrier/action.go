@@ -115,6 +115,10 @@ const (
 	ReasonApplyFailed   // ApplyFailed
 	ReasonIllegalEvent  // an event the phase does not allow
 	ReasonEpochOverflow // epoch math.MaxUint64 would end
+
+	// ReasonBudget: RequestCheckpoint, the epoch's write-set reached its
+	// size budget (an epoch end, listed last to keep the numbers above).
+	ReasonBudget
 )
 
 var reasonNames = [...]string{
@@ -129,6 +133,7 @@ var reasonNames = [...]string{
 	ReasonApplyFailed:   "apply-failed",
 	ReasonIllegalEvent:  "illegal-event",
 	ReasonEpochOverflow: "epoch-overflow",
+	ReasonBudget:        "budget",
 }
 
 func (r Reason) String() string {

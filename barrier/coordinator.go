@@ -244,6 +244,22 @@ func (c *Coordinator) RequestRevoke(now time.Time) Action {
 	return Action{}
 }
 
+// RequestCheckpoint ends the epoch now with ReasonBudget if it has work,
+// whatever the interval or MinPause: the engine asks for it when the epoch's
+// write-set reached its size budget, so that one epoch's state changes (held
+// in memory until the commit, and replayed whole by a restore) stay bounded.
+// Outside Processing it does nothing: records processed during a checkpoint
+// belong to the next epoch, whose own budget asks again.
+func (c *Coordinator) RequestCheckpoint(now time.Time) Action {
+	switch {
+	case c.phase == Failed:
+		return c.failed()
+	case c.phase != Processing || !c.hasWork:
+		return Action{}
+	}
+	return c.endEpoch(ReasonBudget, now)
+}
+
 // TaskReady reports that task drained the records queued before the barrier
 // and handed over its write-set and next offsets. When every task named in
 // ActEndEpoch is ready it returns ActCommit: the changelog and markers are

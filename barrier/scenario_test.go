@@ -210,6 +210,8 @@ func (s *scenario) command(cmd string, args []string, rest string) {
 		act = c.RequestShutdown(s.now)
 	case "revoke":
 		act = c.RequestRevoke(s.now)
+	case "checkpoint":
+		act = c.RequestCheckpoint(s.now)
 	default:
 		s.fatalf("unknown command %q", cmd)
 	}

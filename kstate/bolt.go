@@ -47,10 +47,19 @@ func OpenBolt(path string) (Backend, error) {
 	return openBolt(path, DefaultLockTimeout)
 }
 
-func openBolt(path string, lockTimeout time.Duration) (*boltBackend, error) {
+func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("kstate: create state dir: %w", err)
 	}
+	if err := checkFileSize(path); err != nil {
+		return nil, err
+	}
+	// bbolt panics on some damaged pages rather than returning an error.
+	defer func() {
+		if r := recover(); r != nil {
+			b, err = nil, fmt.Errorf("%w: open %s: %v", ErrCorrupt, path, r)
+		}
+	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:        lockTimeout,
 		NoFreelistSync: true,
@@ -59,10 +68,13 @@ func openBolt(path string, lockTimeout time.Duration) (*boltBackend, error) {
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s (still locked after %v; is an old instance still running?)", ErrLocked, path, lockTimeout)
 	}
+	if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
+		return nil, fmt.Errorf("%w: open %s: %w", ErrCorrupt, path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
 	}
-	b := &boltBackend{db: db, path: path}
+	b = &boltBackend{db: db, path: path}
 	err = db.Update(func(tx *bolt.Tx) error {
 		st, err := tx.CreateBucketIfNotExists(stateBucket)
 		if err != nil {
@@ -95,6 +107,29 @@ func openBolt(path string, lockTimeout time.Duration) (*boltBackend, error) {
 		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
 	}
 	return b, nil
+}
+
+// checkFileSize refuses a file that is not a whole number of pages: bbolt
+// grows files by whole pages, so anything else was cut short (a copy, a
+// full disk), and reading a page past the end of the mapping would kill the
+// process (SIGBUS) instead of returning an error. A file bbolt's meta says
+// is larger than it is fails bbolt's own checks at open.
+func checkFileSize(path string) error {
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("kstate: stat %s: %w", path, err)
+	}
+	page := int64(os.Getpagesize())
+	if fi.Size() == 0 {
+		return nil // created but never initialised: bbolt does that
+	}
+	if fi.Size() < 2*page || fi.Size()%page != 0 {
+		return fmt.Errorf("%w: %s is %d bytes, not whole %d-byte pages: truncated", ErrCorrupt, path, fi.Size(), page)
+	}
+	return nil
 }
 
 func (b *boltBackend) Get(key []byte) (value []byte, ok bool, err error) {

@@ -56,6 +56,20 @@ type Config struct {
 	// rebalance).
 	LeaveOnShutdown bool
 
+	// EpochMaxKeys and EpochMaxBytes bound one task's write-set: an epoch
+	// that changes more keys, or more key and value bytes, ends early
+	// (barrier.ReasonBudget), so memory and the size of one transaction
+	// stay bounded whatever the input rate. Defaults 100,000 and 64 MiB.
+	EpochMaxKeys  int
+	EpochMaxBytes int
+
+	// StateCleanupDelay is how long the state file of a task this instance
+	// no longer owns is kept before it is deleted (Kafka Streams'
+	// state.cleanup.delay.ms): long enough for a partition that comes back
+	// after a rebalance to restore from its local file, short enough that a
+	// stale file does not linger. Default 10 minutes.
+	StateCleanupDelay time.Duration
+
 	MaxPollRecords int
 	Logger         *slog.Logger
 	Registry       prometheus.Registerer
@@ -89,6 +103,15 @@ func (c *Config) fill() error {
 	}
 	if c.MaxPollRecords <= 0 {
 		c.MaxPollRecords = 10000
+	}
+	if c.EpochMaxKeys <= 0 {
+		c.EpochMaxKeys = 100000
+	}
+	if c.EpochMaxBytes <= 0 {
+		c.EpochMaxBytes = 64 << 20
+	}
+	if c.StateCleanupDelay <= 0 {
+		c.StateCleanupDelay = 10 * time.Minute
 	}
 	if c.Guarantee == "" {
 		c.Guarantee = ExactlyOnce

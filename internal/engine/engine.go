@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ type Instance struct {
 	log            *slog.Logger
 	m              *metrics
 	changelogTopic string
+	changelogInfo  changelog.TopicInfo // read at start, before any session
 
 	adm   *kadm.Client
 	admCl *kgo.Client
@@ -38,6 +40,7 @@ type Instance struct {
 	// what happened here, and the loop acts on it after its poll returns.
 	evMu            sync.Mutex
 	ev              []event
+	session         atomic.Uint64 // serial of the current session; older sessions' callbacks are void
 	rebalanceWanted atomic.Bool
 	rebalanceWaits  chan struct{} // signalled (never blocking) when a rebalance waits on us
 
@@ -49,8 +52,9 @@ type Instance struct {
 // are kept in the order they happened: an assignment followed by a revoke
 // of the same partition means something else than the reverse.
 type event struct {
-	kind  string // "assigned", "revoked" or "lost"
-	tasks []int32
+	kind   string // "assigned", "revoked" or "lost"
+	tasks  []int32
+	serial uint64 // the session whose client called back
 }
 
 // errSessionBroken says the session must be closed and rebuilt: a fenced
@@ -82,6 +86,9 @@ func New(cfg Config) (*Instance, error) {
 // Ready reports whether the instance is in its group and every assigned
 // task has restored and is running.
 func (in *Instance) Ready() bool { return in.ready.Load() }
+
+// now is the wall clock of the instance.
+func (in *Instance) now() time.Time { return time.Now() }
 
 func (in *Instance) openTxnAge() float64 {
 	at := in.txnOpenedAt.Load()
@@ -218,12 +225,14 @@ func (in *Instance) prepare(ctx context.Context) error {
 	if in.cfg.Partitions > 0 {
 		outParts = in.cfg.Partitions
 	}
-	if err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, in.cfg.CreateTopics); err != nil {
+	info, err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, in.cfg.CreateTopics)
+	if err != nil {
 		if errors.Is(err, changelog.ErrTopicMismatch) || errors.Is(err, changelog.ErrTopicMissing) {
 			return &startupError{err.Error()}
 		}
 		return err
 	}
+	in.changelogInfo = info
 	plain := []string{in.cfg.DLQTopic}
 	if in.cfg.OutputTopic != "" {
 		plain = append(plain, in.cfg.OutputTopic)
@@ -289,6 +298,23 @@ func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 }
 
 func (in *Instance) newSession() (txsink.Session, error) {
+	// Callbacks are bound to this session's serial: the client starts
+	// joining as soon as it is built, so its first assignment can arrive
+	// before the loop runs, while a closed session's revoke (Close leaves
+	// the group) can arrive after the next one began.
+	serial := in.session.Add(1)
+	record := func(kind string) func(context.Context, *kgo.Client, map[string][]int32) {
+		return func(_ context.Context, cl *kgo.Client, ps map[string][]int32) {
+			if kind == "assigned" {
+				// Partitions given to us are paused at once: fetching
+				// them starts only after their task has restored.
+				cl.PauseFetchPartitions(ps)
+			}
+			in.evMu.Lock()
+			in.ev = append(in.ev, event{kind, taskSet(ps), serial})
+			in.evMu.Unlock()
+		}
+	}
 	opts := append(in.baseOpts(),
 		kgo.ConsumerGroup(in.cfg.AppID),
 		kgo.ConsumeTopics(in.cfg.InputTopics...),
@@ -311,9 +337,9 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		kgo.RecordPartitioner(newPartitioner()),
 		kgo.ProducerLinger(0),
 		kgo.MaxBufferedRecords(100000),
-		kgo.OnPartitionsAssigned(in.onAssigned),
-		kgo.OnPartitionsRevoked(in.onRevoked),
-		kgo.OnPartitionsLost(in.onLost),
+		kgo.OnPartitionsAssigned(record("assigned")),
+		kgo.OnPartitionsRevoked(record("revoked")),
+		kgo.OnPartitionsLost(record("lost")),
 		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) {
 			in.rebalanceWanted.Store(true)
 			select {
@@ -337,31 +363,13 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	return txsink.NewAtLeastOnce(opts...)
 }
 
-// Partitions given to us are paused at once: fetching them starts only
-// after their task has restored.
-func (in *Instance) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	cl.PauseFetchPartitions(assigned)
-	in.evMu.Lock()
-	in.ev = append(in.ev, event{"assigned", taskSet(assigned)})
-	in.evMu.Unlock()
-}
-
-func (in *Instance) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	in.evMu.Lock()
-	in.ev = append(in.ev, event{"revoked", taskSet(revoked)})
-	in.evMu.Unlock()
-}
-
-func (in *Instance) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	in.evMu.Lock()
-	in.ev = append(in.ev, event{"lost", taskSet(lost)})
-	in.evMu.Unlock()
-}
-
+// takeEvents returns the current session's callbacks in the order they
+// happened; those of earlier sessions are dropped.
 func (in *Instance) takeEvents() []event {
 	in.evMu.Lock()
 	defer in.evMu.Unlock()
-	ev := in.ev
+	cur := in.session.Load()
+	ev := slices.DeleteFunc(in.ev, func(e event) bool { return e.serial != cur })
 	in.ev = nil
 	return ev
 }

@@ -46,6 +46,9 @@ func runChild() int {
 	cfg.Checkpoint.Interval = interval
 	cfg.SessionTimeout = session
 	cfg.RebalanceTimeout = session * 2 / 3
+	if d, err := time.ParseDuration(env("SYSTEST_TXN_TIMEOUT")); err == nil {
+		cfg.TransactionTimeout = d
+	}
 	level := slog.LevelInfo
 	if env("SYSTEST_LOG_DIR") != "" {
 		level = slog.LevelDebug
