@@ -28,7 +28,9 @@ func (b *recordingBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error
 	return b.Backend.Apply(muts, meta)
 }
 
-func entryKey(i int) []byte { return kstate.EncodeKey(kstate.KindKeyed, "count", []byte(fmt.Sprintf("k%05d", i)), nil) }
+func entryKey(i int) []byte {
+	return kstate.EncodeKey(kstate.KindKeyed, "count", []byte(fmt.Sprintf("k%05d", i)), nil)
+}
 
 // changelogWith writes epochs of keyed entries, each followed by its
 // marker, then orphans (entries with no marker after them), as separate

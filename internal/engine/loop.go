@@ -34,7 +34,7 @@ type loop struct {
 	// (Config.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
 	sweptAt    time.Time // last sweep of released tasks' state files
-	ckptAt    time.Time // when the checkpoint in flight placed its barrier
+	ckptAt     time.Time // when the checkpoint in flight placed its barrier
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
 	// promise goroutine); brokenErr says the session must be rebuilt once
