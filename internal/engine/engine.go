@@ -121,6 +121,7 @@ func (in *Instance) Run(ctx context.Context) error {
 	in.log.Info("connected", "took", time.Since(start).Round(time.Millisecond).String(), "changelog", in.changelogTopic)
 	defer in.admCl.Close()
 	backoff := 250 * time.Millisecond
+	var fenced []time.Time // ends of recently fenced sessions
 	for {
 		err := in.runSession(ctx)
 		if ctx.Err() != nil {
@@ -129,6 +130,15 @@ func (in *Instance) Run(ctx context.Context) error {
 		}
 		if !errors.Is(err, errSessionBroken) {
 			return err
+		}
+		if isFenced(err) {
+			now := in.now()
+			window := fencedWindow * in.cfg.TransactionTimeout
+			fenced = append(slices.DeleteFunc(fenced, func(at time.Time) bool { return now.Sub(at) > window }), now)
+			if len(fenced) >= fencedSessionsLimit {
+				return fmt.Errorf("%w: transactional id %q was fenced %d times within %s: give every instance its own SLUICE_INSTANCE_ID (last: %v)",
+					ErrDuplicateInstance, in.cfg.transactionalID(), len(fenced), window, err)
+			}
 		}
 		in.log.Warn("session ended; rebuilding it", "err", err, "backoff", backoff)
 		if sleep(ctx, backoff) != nil {

@@ -115,6 +115,9 @@ func (l *loop) iterate() error {
 	if errors.Is(fs.Err0(), kgo.ErrClientClosed) {
 		return fmt.Errorf("%w: client closed", errSessionBroken)
 	}
+	if err := in.duplicateInGroup(fs); err != nil {
+		return err
+	}
 
 	// Rebalance callbacks ran inside the poll; act on them before
 	// touching the records the poll returned.

@@ -2,6 +2,7 @@ package systest
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
@@ -125,9 +126,12 @@ func TestAtLeastOnceFailedOutputIsNotLost(t *testing.T) {
 	failNextProduceTo(c, outID, output, kerr.UnknownServerError)
 	s.send("a", "+")
 	s.send("a", "+")
-	// At-least-once: duplicates are allowed, a missing count is not.
+	// At-least-once: duplicates are allowed, a missing count is not. The
+	// failed attempt's later outputs can land before the replayed ones,
+	// so read until all are there or nothing arrives for 30s.
 	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 30*time.Second, func(r []*kgo.Record) bool {
-		return slicesContain(outputsOf(r)["a"], "3")
+		got := outputsOf(r)["a"]
+		return slicesContain(got, "1") && slicesContain(got, "2") && slicesContain(got, "3")
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -365,4 +369,44 @@ func TestRestartDoesNotWaitOutItsDanglingTransaction(t *testing.T) {
 		t.Fatalf("after restart: %v", rep)
 	}
 	t.Logf("restart over a dangling transaction (timeout 60s): all outputs after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// Two live processes with the same instance id fenced each other forever.
+// Now one of them stops with an error that says why.
+func TestDuplicateInstanceIDStops(t *testing.T) {
+	brokers := newCluster(t, 2)
+	f := newFeeder(t, brokers, 20, 43)
+	run := func() chan error {
+		inst, err := sluice.New(options(brokers, "dup", "same", t.TempDir(), "aggregate", engine.ExactlyOnce))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		done := make(chan error, 1)
+		go func() { done <- inst.Run(ctx) }()
+		return done
+	}
+	a, b := run(), run()
+	deadline := time.After(60 * time.Second)
+	for {
+		f.produce(20, 0)
+		select {
+		case err := <-a:
+			if !errors.Is(err, engine.ErrDuplicateInstance) {
+				t.Fatalf("first instance ended with %v, want ErrDuplicateInstance", err)
+			}
+			t.Logf("stopped: %v", err)
+			return
+		case err := <-b:
+			if !errors.Is(err, engine.ErrDuplicateInstance) {
+				t.Fatalf("second instance ended with %v, want ErrDuplicateInstance", err)
+			}
+			t.Logf("stopped: %v", err)
+			return
+		case <-deadline:
+			t.Fatal("two instances with one id still running after 60s")
+		case <-time.After(100 * time.Millisecond): // paces the feed
+		}
+	}
 }
