@@ -303,3 +303,25 @@ func TestBrokerDownIsRetriedAndNotReady(t *testing.T) {
 		t.Fatalf("SIGTERM with the brokers down: %v", err)
 	}
 }
+
+// A state directory that cannot be created stops the processor at once with
+// status 1 and a line naming the path, before it joins the group.
+func TestUnusableStateDirExitsOne(t *testing.T) {
+	dir := "/proc/sluice-cannot-create-this"
+	cmd := exec.Command(binary)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"),
+		"SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_JOB=aggregate",
+		"SLUICE_INPUT_TOPICS=in", "SLUICE_OUTPUT_TOPIC=out", "SLUICE_INSTANCE_ID=i1",
+		"SLUICE_STATE_DIR=" + dir, "SLUICE_METRICS_ADDR=127.0.0.1:0",
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	exit, ok := err.(*exec.ExitError)
+	if !ok || exit.ExitCode() != 1 {
+		t.Fatalf("exit: %v, want status 1; stderr: %s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), dir) {
+		t.Fatalf("stderr does not name %s: %s", dir, stderr.String())
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/internal/api"
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // Guarantee is the delivery guarantee of an instance.
@@ -37,6 +38,10 @@ type Config struct {
 
 	StateDir string
 	Backend  string // "bbolt" or "memory"
+	// OpenBackend, if set, opens a task's backend instead of kstate.Open
+	// (same arguments): a seam for wrapping the store, for example to
+	// inject disk faults in tests.
+	OpenBackend func(kind, dir, task string) (kstate.Backend, error)
 
 	Guarantee  Guarantee
 	Checkpoint barrier.Config
@@ -109,6 +114,9 @@ func (c *Config) fill() error {
 	}
 	if c.EpochMaxBytes <= 0 {
 		c.EpochMaxBytes = 64 << 20
+	}
+	if c.OpenBackend == nil {
+		c.OpenBackend = kstate.Open
 	}
 	if c.StateCleanupDelay <= 0 {
 		c.StateCleanupDelay = 10 * time.Minute

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -111,6 +112,9 @@ func (in *Instance) baseOpts() []kgo.Opt {
 // checkpoint and returns nil; it returns an error only for a condition a
 // restart cannot fix by itself (bad topics, a failed local apply).
 func (in *Instance) Run(ctx context.Context) error {
+	if err := in.checkStateDir(); err != nil {
+		return err
+	}
 	start := time.Now()
 	if err := in.connect(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -146,6 +150,25 @@ func (in *Instance) Run(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// checkStateDir makes sure the state directory can be created and written
+// before anything else: finding out at the first apply would stop the
+// instance after it joined the group and took partitions.
+func (in *Instance) checkStateDir() error {
+	if in.cfg.Backend != "bbolt" {
+		return nil
+	}
+	dir, _ := in.taskStore(0)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("engine: state dir %s cannot be created: %w", dir, err)
+	}
+	f, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return fmt.Errorf("engine: state dir %s is not writable: %w", dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // leave removes this static member from the group after a graceful stop,

@@ -58,7 +58,7 @@ func (in *Instance) openStore(p int32, fresh bool) (kstate.Backend, kstate.Meta,
 			return nil, kstate.Meta{}, err
 		}
 	}
-	be, err := kstate.Open(in.cfg.Backend, dir, name)
+	be, err := in.cfg.OpenBackend(in.cfg.Backend, dir, name)
 	var meta kstate.Meta
 	if err == nil {
 		if meta, err = be.Meta(); err != nil {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // Regression tests for the hardening issue's defects. Each failed on the
@@ -408,5 +412,91 @@ func TestDuplicateInstanceIDStops(t *testing.T) {
 			t.Fatal("two instances with one id still running after 60s")
 		case <-time.After(100 * time.Millisecond): // paces the feed
 		}
+	}
+}
+
+// A damaged state file is moved aside and its task restored from the
+// changelog; nothing is lost or repeated.
+func TestCorruptStateFileIsRestoredFromChangelog(t *testing.T) {
+	brokers := newCluster(t, 2)
+	f := newFeeder(t, brokers, 30, 44)
+	dir := t.TempDir()
+	p := startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", engine.ExactlyOnce))
+	f.produce(500, 0)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		t.Fatal(rep)
+	}
+	p.stop(t)
+	path := filepath.Join(dir, "corrupt", "task-0000.db")
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()-100); err != nil {
+		t.Fatal(err)
+	}
+	startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", engine.ExactlyOnce))
+	f.produce(500, 0)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		t.Fatal(rep)
+	}
+	if aside, _ := filepath.Glob(path + ".corrupt-*"); len(aside) != 1 {
+		t.Fatalf("damaged file not moved aside: %v", aside)
+	}
+}
+
+// faultyBackend fails every Apply with ENOSPC while full is set.
+type faultyBackend struct {
+	kstate.Backend
+	full *atomic.Bool
+}
+
+func (b faultyBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
+	if b.full.Load() {
+		return &os.PathError{Op: "write", Path: "task.db", Err: syscall.ENOSPC}
+	}
+	return b.Backend.Apply(muts, meta)
+}
+
+// A full disk during apply stops the instance with an error naming it
+// (the binary exits 1); nothing was applied half, and a restart once there
+// is room again carries on exactly once.
+func TestDiskFullStopsCleanlyAndRecovers(t *testing.T) {
+	brokers := newCluster(t, 2)
+	f := newFeeder(t, brokers, 30, 45)
+	dir := t.TempDir()
+	var full atomic.Bool
+	o := options(brokers, "full", "i1", dir, "aggregate", engine.ExactlyOnce)
+	o.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
+		be, err := kstate.Open(kind, dir, task)
+		if err != nil {
+			return nil, err
+		}
+		return faultyBackend{be, &full}, nil
+	}
+	inst, err := sluice.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- inst.Run(context.Background()) }()
+	f.produce(300, 0)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		t.Fatal(rep)
+	}
+	full.Store(true)
+	f.produce(300, 0)
+	select {
+	case err := <-done:
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("instance stopped with %v, want ENOSPC", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("instance still running 30s after its disk filled")
+	}
+	startInProcess(t, options(brokers, "full", "i1", dir, "aggregate", engine.ExactlyOnce))
+	f.produce(300, 0)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		t.Fatal(rep)
 	}
 }
