@@ -119,6 +119,9 @@ const (
 	// ReasonBudget: RequestCheckpoint, the epoch's write-set reached its
 	// size budget (an epoch end, listed last to keep the numbers above).
 	ReasonBudget
+	// ReasonReplay: CommitRefused, the epoch must be replayed with an input
+	// handled differently (a failure, not counted as one).
+	ReasonReplay
 )
 
 var reasonNames = [...]string{
@@ -134,6 +137,7 @@ var reasonNames = [...]string{
 	ReasonIllegalEvent:  "illegal-event",
 	ReasonEpochOverflow: "epoch-overflow",
 	ReasonBudget:        "budget",
+	ReasonReplay:        "replay",
 }
 
 func (r Reason) String() string {

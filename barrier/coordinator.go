@@ -320,6 +320,29 @@ func (c *Coordinator) CommitFailed(err error, now time.Time) Action {
 	return c.illegal("CommitFailed", "no commit was asked for")
 }
 
+// CommitRefused reports that the commit failed because of one of the
+// epoch's inputs, which its replay handles differently (an output the broker
+// will never accept: the replay isolates or dead-letters its input). It is
+// answered with ActAbort (ReasonReplay) like CommitFailed, but it does not
+// count against TolerableFailures: restarting the session would only lose
+// what was learned. The engine must make every such replay progress (end it
+// where the refused attempt ended), or it could abort forever. err must not
+// be nil.
+func (c *Coordinator) CommitRefused(err error, now time.Time) Action {
+	switch c.phase {
+	case Committing:
+		if err == nil {
+			return c.illegal("CommitRefused", "nil error")
+		}
+		c.phase = Aborting
+		ckptErr := &CheckpointError{Epoch: c.epoch, Trigger: c.ckptReason, Reason: ReasonReplay, Cause: err}
+		return Action{Kind: ActAbort, Epoch: c.epoch, Tasks: slices.Clone(c.tasks), Reason: ReasonReplay, Err: ckptErr}
+	case Failed:
+		return c.failed()
+	}
+	return c.illegal("CommitRefused", "no commit was asked for")
+}
+
 // EpochFailed reports that the current epoch cannot be committed for a
 // reason found outside the commit: a task failed to process or hand over,
 // partitions were lost, the producer was fenced or an output produce

@@ -194,6 +194,8 @@ func (s *scenario) command(cmd string, args []string, rest string) {
 		act = c.TaskReady(int32(s.atoi(rest)), s.now)
 	case "commit-ok":
 		act = c.CommitDone(s.now)
+	case "commit-refused":
+		act = c.CommitRefused(errors.New(rest), s.now)
 	case "commit-fail":
 		act = c.CommitFailed(errors.New(rest), s.now)
 	case "epoch-fail":

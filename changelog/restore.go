@@ -1,6 +1,7 @@
 package changelog
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,9 +17,9 @@ import (
 type RestoreParams struct {
 	// Admin lists offsets and the group's committed offsets.
 	Admin *kadm.Client
-	// ClientOpts connect a direct (group-less) consumer: seed brokers, TLS,
-	// logging. Restore adds the partition, read_committed and control
-	// records itself.
+	// ClientOpts connect the client the restore fetches with: seed
+	// brokers, TLS, SASL, logging. It consumes nothing (see
+	// partitionReader).
 	ClientOpts []kgo.Opt
 	Topic      string
 	Partition  int32
@@ -105,7 +106,16 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 	if p.BatchKeys <= 0 {
 		p.BatchKeys = 50000
 	}
-	r := restorer{p: p, res: Result{Next: p.From, Last: p.Applied}, pos: p.From, lastMarker: -1, batch: map[string][]byte{}, tail: map[string][]byte{}}
+	cl, err := kgo.NewClient(p.ClientOpts...)
+	if err != nil {
+		return Result{}, fmt.Errorf("changelog: restore client: %w", err)
+	}
+	defer cl.Close()
+	r := restorer{
+		p: p, res: Result{Next: p.From, Last: p.Applied}, pos: p.From, lastMarker: -1,
+		batch: map[string][]byte{}, tail: map[string][]byte{},
+		reader: newPartitionReader(p.Admin, cl, p.Topic, p.Partition),
+	}
 	backoff := 50 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		end, start, err := r.stableEnd(ctx)
@@ -149,9 +159,10 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 }
 
 type restorer struct {
-	p   RestoreParams
-	res Result
-	pos int64 // next changelog offset to read
+	p      RestoreParams
+	res    Result
+	reader *partitionReader
+	pos    int64 // next changelog offset to read
 
 	// lastMarker is the offset of the last marker below the end read so
 	// far (-1: none found yet). Records up to it go to batch, in log
@@ -230,14 +241,7 @@ func (r *restorer) readTo(ctx context.Context, end int64) error {
 		clear(r.tail)
 		r.lastMarker = m
 	}
-	// A fresh consumer each round: one left over would have fetched (and
-	// scan dropped) records past the previous end.
-	cl, err := r.consumer(r.pos)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	return r.scan(ctx, cl, &r.pos, end, r.add)
+	return r.scan(ctx, &r.pos, end, r.add)
 }
 
 // findLastMarker returns the offset of the last marker in [from, end), or
@@ -249,19 +253,14 @@ func (r *restorer) findLastMarker(ctx context.Context, from, end int64) (int64, 
 	hi := end
 	for hi > from {
 		lo := max(from, hi-window)
-		cl, err := r.consumer(lo)
-		if err != nil {
-			return 0, err
-		}
 		found := int64(-1)
 		pos := lo
-		err = r.scan(ctx, cl, &pos, hi, func(rec *kgo.Record) error {
+		err := r.scan(ctx, &pos, hi, func(rec *kgo.Record) error {
 			if !rec.Attrs.IsControl() && IsMarker(rec.Key) {
 				found = rec.Offset
 			}
 			return nil
 		})
-		cl.Close()
 		if err != nil || found >= 0 {
 			return found, err
 		}
@@ -271,65 +270,38 @@ func (r *restorer) findLastMarker(ctx context.Context, from, end int64) (int64, 
 	return -1, nil
 }
 
-func (r *restorer) consumer(at int64) (*kgo.Client, error) {
-	opts := append([]kgo.Opt{}, r.p.ClientOpts...)
-	opts = append(opts,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.p.Topic: {r.p.Partition: kgo.NewOffset().At(at)}}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxBytes(64<<20),
-		kgo.FetchMaxWait(250*time.Millisecond),
-	)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("changelog: restore client: %w", err)
-	}
-	return cl, nil
-}
-
-// scan hands fn every record of [*pos, end) that cl reads, advancing *pos.
-// Control records (commit and abort markers) are kept so the position is
-// seen to pass them. When a poll returns nothing, a direct fetch at *pos
-// decides whether anything is left: compaction can remove every record
-// between the position and the end, and then nothing ever arrives.
-func (r *restorer) scan(ctx context.Context, cl *kgo.Client, pos *int64, end int64, fn func(*kgo.Record) error) error {
+// scan hands fn every record of [*pos, end), advancing *pos. Control
+// records (commit and abort markers) are included so the position is seen
+// to pass them; values are copied, so a batch held for applying does not
+// pin whole fetch responses.
+func (r *restorer) scan(ctx context.Context, pos *int64, end int64, fn func(*kgo.Record) error) error {
 	for *pos < end {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		var fetchErr error
-		fs.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				fetchErr = fmt.Errorf("changelog: fetch %s/%d: %w", t, p, err)
-			}
-		})
-		if fetchErr != nil {
-			return fetchErr
-		}
-		n := 0
-		var err error
-		fs.EachRecord(func(rec *kgo.Record) {
-			if err != nil || rec.Offset >= end {
-				return
-			}
-			n++
-			*pos = rec.Offset + 1
-			err = fn(rec)
-		})
+		recs, next, err := r.reader.fetch(ctx, *pos)
 		if err != nil {
 			return err
 		}
-		if n == 0 && *pos < end {
-			left, err := recordsFrom(ctx, r.p.Admin, cl, r.p.Topic, r.p.Partition, *pos, end)
-			if err != nil {
+		for _, rec := range recs {
+			if rec.Offset >= end {
+				*pos = end
+				break
+			}
+			if rec.Value != nil {
+				rec.Value = bytes.Clone(rec.Value)
+			}
+			if err := fn(rec); err != nil {
 				return err
 			}
-			if !left {
-				*pos = end
-			}
+			*pos = rec.Offset + 1
+		}
+		switch {
+		case next > *pos:
+			// Past batches that held nothing for us: aborted,
+			// emptied by compaction, or records already read.
+			*pos = min(next, end)
+		case len(recs) == 0:
+			// No batch at or after the position below the last
+			// stable offset: compaction removed the rest.
+			*pos = end
 		}
 		if r.p.Progress != nil {
 			r.p.Progress(r.res.Records, max(0, end-*pos))

@@ -173,9 +173,7 @@ func TestRestoreWaitsForASlowBroker(t *testing.T) {
 	c, cl, adm := changelogWith(t, 3, 10, 0)
 	slowed := false
 	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		req := kreq.(*kmsg.FetchRequest)
-		if slowed || req.MaxWaitMillis == 0 { // the restore's direct probe is not slowed
-			c.KeepControl()
+		if slowed {
 			return nil, nil, false
 		}
 		slowed = true
@@ -187,5 +185,37 @@ func TestRestoreWaitsForASlowBroker(t *testing.T) {
 	res := restoreInto(t, cl, adm, be, 0)
 	if res.Last == nil || res.Last.Epoch != 3 || be.Stats().Keys != 30 {
 		t.Fatalf("restored %d keys up to %+v, want 30 up to epoch 3", be.Stats().Keys, res.Last)
+	}
+}
+
+// An aborted transaction larger than the first window read back from the
+// end, with no marker after it: the restore ends at the last committed
+// marker instead of waiting for records read_committed never shows.
+func TestRestorePastALargeAbortedTransaction(t *testing.T) {
+	c, cl, adm := changelogWith(t, 2, 10, 0)
+	txn, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("app-changelog"),
+		kgo.TransactionalID("zombie"), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	ctx := context.Background()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 6000 {
+		recs = append(recs, &kgo.Record{Key: entryKey(i), Value: []byte("aborted")})
+	}
+	if err := txn.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	res := restoreInto(t, cl, adm, be, 0)
+	if res.Last == nil || res.Last.Epoch != 2 || be.Stats().Keys != 20 || len(res.Orphans) != 0 {
+		t.Fatalf("restored %d keys up to %+v with orphans %d, want 20 up to epoch 2 and none", be.Stats().Keys, res.Last, len(res.Orphans))
 	}
 }

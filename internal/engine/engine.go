@@ -28,6 +28,7 @@ type Instance struct {
 	m              *metrics
 	changelogTopic string
 	changelogInfo  changelog.TopicInfo // read at start, before any session
+	batchMax       int                 // producer batch limit, from the topics' max.message.bytes
 
 	adm   *kadm.Client
 	admCl *kgo.Client
@@ -47,6 +48,10 @@ type Instance struct {
 
 	wakeMu sync.Mutex
 	wake   context.CancelFunc // cancels the loop's current poll
+
+	// poison is what sessions learned of inputs whose outputs can never be
+	// produced, per task; only the goroutine running sessions touches it.
+	poison map[int32]map[inputRef]*poison
 }
 
 // event is one rebalance callback: what happened to which tasks. Events
@@ -270,7 +275,39 @@ func (in *Instance) prepare(ctx context.Context) error {
 	if in.cfg.OutputTopic != "" {
 		plain = append(plain, in.cfg.OutputTopic)
 	}
-	return in.ensureTopics(rctx, outParts, plain...)
+	if err := in.ensureTopics(rctx, outParts, plain...); err != nil {
+		return err
+	}
+	return in.sizeBatches(rctx, plain)
+}
+
+// producerBatchMax is franz-go's default ProducerBatchMaxBytes.
+const producerBatchMax = 1000012
+
+// sizeBatches caps the producer's batches at the smallest max.message.bytes
+// of the topics the instance writes. A broker refuses a batch above the
+// topic's limit as a whole, so batches of small records that add up past it
+// would fail forever, with no single record to blame.
+func (in *Instance) sizeBatches(ctx context.Context, topics []string) error {
+	in.batchMax = min(producerBatchMax, in.changelogInfo.MaxMessageBytes)
+	rcs, err := in.adm.DescribeTopicConfigs(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			return fmt.Errorf("describe configs of %s: %w", rc.Name, rc.Err)
+		}
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if n, err := strconv.Atoi(*c.Value); err == nil && n > 0 {
+				in.batchMax = min(in.batchMax, n)
+			}
+		}
+	}
+	return nil
 }
 
 func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...string) error {
@@ -369,6 +406,7 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		kgo.DisableAutoCommit(),
 		kgo.RecordPartitioner(newPartitioner()),
 		kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytes(int32(in.batchMax)),
 		kgo.MaxBufferedRecords(100000),
 		kgo.OnPartitionsAssigned(record("assigned")),
 		kgo.OnPartitionsRevoked(record("revoked")),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,10 @@ type loop struct {
 	// (Config.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
 	sweptAt    time.Time // last sweep of released tasks' state files
+	// refused: the epoch's commit fails because of a poison input (a
+	// suspect confirmed, or a permanent produce failure), so its abort
+	// bounds the replay (task.replayUntil).
+	refused bool
 	ckptAt     time.Time // when the checkpoint in flight placed its barrier
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
@@ -197,6 +202,13 @@ func (l *loop) process(fs kgo.Fetches) error {
 		for _, r := range ftp.Records {
 			if next, ok := t.next[r.Topic]; ok && r.Offset < next {
 				continue // reflected in state already
+			}
+			if until, ok := t.replayUntil[r.Topic]; ok && r.Offset >= until {
+				// The replay of a refused commit ends where the
+				// refused attempt did; the rest comes again.
+				rewind.set(r.Topic, r.Partition, r.Offset)
+				l.budgetFull = true
+				break
 			}
 			if _, ok := t.committed[r.Topic]; !ok {
 				// First record of a task with no committed
@@ -366,6 +378,7 @@ func (l *loop) run(act barrier.Action) error {
 			act = l.coord.Aborted(time.Now())
 
 		case barrier.ActFail:
+			l.learnPoison() // the next session starts with what this one learned
 			if l.fatal != nil {
 				return l.fatal
 			}
@@ -473,6 +486,12 @@ func (l *loop) flushChecked(ctx context.Context) (barrier.Action, bool) {
 		return l.coord.CommitFailed(fmt.Errorf("flush: %w", err), time.Now()), false
 	}
 	if perr := l.produceErr.Swap(nil); perr != nil {
+		if l.refused || l.failed.any() {
+			// An input's output can never be produced: the replay
+			// deals with it (see poison.go).
+			l.refused = true
+			return l.coord.CommitRefused(*perr, time.Now()), false
+		}
 		return l.coord.CommitFailed(*perr, time.Now()), false
 	}
 	return barrier.Action{}, true
@@ -585,9 +604,15 @@ func (l *loop) abort() error {
 	l.inTxn = false
 	l.in.txnOpenedAt.Store(0)
 	l.produceErr.Store(nil)
+	refused := l.refused
+	l.refused = false
 	l.learnPoison()
 	rewind := offsets{}
 	for p, t := range l.tasks {
+		t.replayUntil = nil
+		if refused && t.advanced {
+			t.replayUntil = maps.Clone(t.next)
+		}
 		t.discard(l.in.cfg.Guarantee == AtLeastOnce)
 		rewind.setAll(p, t.committed)
 	}
@@ -698,7 +723,7 @@ func (l *loop) installRestored() error {
 			l.startRestoreAfter(p, time.Second)
 			continue
 		}
-		t := newTask(p, r.be, r.meta, l.in.m, l.in.maxEntryBytes())
+		t := newTask(p, r.be, r.meta, l.in.m, l.in.maxEntryBytes(), l.in.poisonOf(p))
 		for _, k := range r.orphans {
 			if t.orphans == nil {
 				t.orphans = map[string]struct{}{}
@@ -740,6 +765,7 @@ func (l *loop) shutdown() error {
 // closed. Uncommitted work is dropped; the broker aborts an open
 // transaction when the next session (or the transaction timeout) fences it.
 func (l *loop) close() {
+	l.learnPoison()
 	l.in.ready.Store(false)
 	for p, job := range l.restoring {
 		job.cancel()

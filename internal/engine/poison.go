@@ -64,6 +64,12 @@ func (f *failures) add(fo failedOutput) {
 	f.mu.Unlock()
 }
 
+func (f *failures) any() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.list) > 0
+}
+
 func (f *failures) take() []failedOutput {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -91,16 +97,13 @@ func (l *loop) produceFor(t *task, src *kgo.Record, r *kgo.Record, dlq bool) {
 // suspects (or, for dead letters, into a fallback) for its replay.
 func (l *loop) learnPoison() {
 	for _, f := range l.failed.take() {
-		t := l.tasks[f.task]
-		if t == nil {
-			continue
-		}
-		ps := t.poison[f.ref]
+		known := l.in.poisonOf(f.task)
+		ps := known[f.ref]
 		switch {
 		case ps == nil && f.dlq:
-			t.poison[f.ref] = &poison{err: f.err, confirmed: true, dlqFailed: 1}
+			known[f.ref] = &poison{err: f.err, confirmed: true, dlqFailed: 1}
 		case ps == nil:
-			t.poison[f.ref] = &poison{err: f.err}
+			known[f.ref] = &poison{err: f.err}
 		case f.dlq:
 			ps.dlqFailed++
 		default:
@@ -148,6 +151,7 @@ func (l *loop) produceAlone(t *task, src *kgo.Record, ps *poison, out []*kgo.Rec
 		return
 	}
 	ps.confirmed, ps.err = true, permanent
+	l.refused = true
 	l.in.log.Warn("output fails alone too; its input goes to the dead-letter topic on the replay",
 		"task", t.p, "topic", src.Topic, "offset", src.Offset, "err", permanent)
 }
@@ -169,6 +173,20 @@ func (l *loop) deadLetterEmit(t *task, r *kgo.Record, ps *poison) error {
 	t.dlq.Inc()
 	t.processingErrors.Inc()
 	return nil
+}
+
+// poisonOf returns the poison inputs known for task p. Only the loop
+// goroutine calls it; the map outlives sessions.
+func (in *Instance) poisonOf(p int32) map[inputRef]*poison {
+	if in.poison == nil {
+		in.poison = map[int32]map[inputRef]*poison{}
+	}
+	m := in.poison[p]
+	if m == nil {
+		m = map[inputRef]*poison{}
+		in.poison[p] = m
+	}
+	return m
 }
 
 // prunePoison forgets inputs the task committed past.

@@ -144,10 +144,9 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 }
 
 // maxEntryBytes bounds one state entry so that its changelog record fits
-// the topic's max.message.bytes and the producer's batch limit (franz-go's
-// default, 1,000,012 bytes), with room for the batch and record framing and
-// the epoch header.
+// the producer's batch limit (see sizeBatches), with room for the batch and
+// record framing and the epoch header.
 func (in *Instance) maxEntryBytes() int {
-	const producerBatchMax, framing = 1000012, 512
-	return min(in.changelogInfo.MaxMessageBytes, producerBatchMax) - framing
+	const framing = 512
+	return in.batchMax - framing
 }

@@ -34,8 +34,15 @@ type task struct {
 	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog
 	rc     recordContext
 
-	// poison holds inputs whose outputs failed permanently (see poison.go).
+	// poison holds inputs whose outputs failed permanently (see
+	// poison.go). The map belongs to the instance, so what a session
+	// learned survives the session.
 	poison map[inputRef]*poison
+	// replayUntil, after a commit refused because of a poison input, is
+	// where the refused attempt ended: the replay ends there too, so each
+	// replay makes progress instead of taking in new records (and maybe
+	// new poison) every time.
+	replayUntil map[string]int64
 	// orphans are changelog keys written without a marker that commits
 	// them: by a failed at-least-once attempt, or found after the last
 	// marker by the restore. The next epoch writes each again with its
@@ -47,13 +54,13 @@ type task struct {
 	recordsIn, recordsOut, processingErrors, dlq prometheus.Counter
 }
 
-func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics, maxEntry int) *task {
+func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics, maxEntry int, poison map[inputRef]*poison) *task {
 	label := strconv.Itoa(int(p))
 	t := &task{
 		p:                p,
 		label:            label,
 		store:            kstate.NewStore(be),
-		poison:           map[inputRef]*poison{},
+		poison:           poison,
 		epoch:            meta.Epoch,
 		committed:        maps.Clone(meta.Offsets),
 		recordsIn:        m.recordsIn.WithLabelValues(label),
@@ -177,7 +184,7 @@ func (t *task) apply(in *Instance) error {
 	t.committed = meta.Offsets
 	t.next = maps.Clone(meta.Offsets)
 	t.advanced = false
-	t.marker, t.dirty, t.orphans = nil, nil, nil
+	t.marker, t.dirty, t.orphans, t.replayUntil = nil, nil, nil, nil
 	t.prunePoison()
 	in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 	st := t.store.Backend().Stats()

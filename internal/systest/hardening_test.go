@@ -3,6 +3,7 @@ package systest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -181,8 +182,12 @@ func bigJob() sluice.Job {
 // Now its input goes to the dead-letter topic (stage emit) and everything
 // else goes on; records batched with it are not blamed.
 func TestPermanentOutputFailureGoesToDeadLetters(t *testing.T) {
-	for _, g := range []engine.Guarantee{engine.ExactlyOnce, engine.AtLeastOnce} {
-		t.Run(string(g), func(t *testing.T) {
+	for _, tt := range []struct {
+		g         engine.Guarantee
+		tolerable int
+	}{{engine.ExactlyOnce, 3}, {engine.AtLeastOnce, 3}, {engine.ExactlyOnce, 0}} {
+		g := tt.g
+		t.Run(fmt.Sprintf("%s/tolerable=%d", g, tt.tolerable), func(t *testing.T) {
 			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, input))
 			if err != nil {
 				t.Fatal(err)
@@ -200,6 +205,9 @@ func TestPermanentOutputFailureGoesToDeadLetters(t *testing.T) {
 			s := newSender(t, brokers)
 			o := options(brokers, "big", "i1", t.TempDir(), "echo", g)
 			o.Job = bigJob()
+			// A refused commit is not a failure: even with none
+			// tolerated the instance dead-letters and goes on.
+			o.Checkpoint.TolerableFailures = tt.tolerable
 			startInProcess(t, o)
 
 			// One produce request: the outputs are batched together.
