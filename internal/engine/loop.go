@@ -39,7 +39,7 @@ type loop struct {
 	// suspect confirmed, or a permanent produce failure), so its abort
 	// bounds the replay (task.replayUntil).
 	refused bool
-	ckptAt     time.Time // when the checkpoint in flight placed its barrier
+	ckptAt  time.Time // when the checkpoint in flight placed its barrier
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
 	// promise goroutine); brokenErr says the session must be rebuilt once
