@@ -127,6 +127,11 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 			return r.res, fmt.Errorf("%w: %s/%d stored offset %d, end %d", ErrStateAhead, p.Topic, p.Partition, p.From, end)
 		case p.From > 0 && p.From < start:
 			return r.res, fmt.Errorf("%w: %s/%d stored offset %d, log start %d", ErrStateBehind, p.Topic, p.Partition, p.From, start)
+		case r.pos < start:
+			// A restore from scratch begins where the log does: the
+			// records before it were deleted (DeleteRecords, or a
+			// broker that moves the start when it compacts).
+			r.pos = start
 		}
 		if err := r.readTo(ctx, end); err != nil {
 			return r.res, err
