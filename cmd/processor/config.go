@@ -63,6 +63,7 @@ type Config struct {
 	LeaveOnShutdown       bool          `env:"SLUICE_LEAVE_ON_SHUTDOWN" envDefault:"true" desc:"On SIGTERM, after the final checkpoint, leave the consumer group so the partitions move at once. false keeps them reserved for this SLUICE_INSTANCE_ID until the session times out (a quick restart then gets them back without a rebalance)."`
 	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, DLQ and changelog topics at startup. Existing topics are never altered; a changelog with the wrong partition count or cleanup policy stops the instance."`
 	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the output and DLQ topics the processor creates. 0 = that of the input topic. The changelog always has the input's count. Must be >= 0."`
+	Security
 }
 
 // GenerateConfig is the environment of `processor generate`, which produces
@@ -72,6 +73,7 @@ type GenerateConfig struct {
 	Topic   string   `env:"SLUICE_GENERATE_TOPIC,required,notEmpty" expect:"a Kafka topic name" desc:"generate: topic to write the generated records to."`
 	Rate    int      `env:"SLUICE_GENERATE_RATE" envDefault:"1000" desc:"generate: records per second. Must be > 0."`
 	Keys    int      `env:"SLUICE_GENERATE_KEYS" envDefault:"1000" desc:"generate: number of distinct record keys. Must be > 0."`
+	Security
 }
 
 // JobSpec is what configuration needs to know about a built-in job.
@@ -167,6 +169,7 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 	v.check("SLUICE_GENERATE_TOPIC", validTopic(g.Topic), "a Kafka topic name: 1 to 249 of the characters a-z A-Z 0-9 . _ -")
 	v.check("SLUICE_GENERATE_RATE", g.Rate > 0, "a number of records per second greater than 0")
 	v.check("SLUICE_GENERATE_KEYS", g.Keys > 0, "a number of keys greater than 0")
+	g.Security.validate(&v)
 	if v.err != nil {
 		return GenerateConfig{}, v.err
 	}
@@ -315,6 +318,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 		v.check("SLUICE_SIDE_OUTPUT_TOPIC", validTopic(c.SideOutputTopic), topic+writtenBy(job))
 	}
 	v.check("SLUICE_PARTITIONS", c.Partitions >= 0, "0 (as the first input topic) or a partition count")
+	c.Security.validate(&v)
 	return v.err
 }
 

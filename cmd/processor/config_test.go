@@ -289,7 +289,7 @@ func assertConfigError(t *testing.T, err error, wantVar, wantMsg string) {
 // a bad-value case in TestConfigErrors (or TestGenerateConfigErrors).
 func TestConfigErrorsCoverEveryVariable(t *testing.T) {
 	covered := map[string]bool{}
-	for _, tt := range slices.Concat(configErrorTests, generateErrorTests) {
+	for _, tt := range slices.Concat(configErrorTests, generateErrorTests, securityErrorTests) {
 		covered[tt.wantVar] = true
 	}
 	// Any string is a usable state directory.
@@ -358,7 +358,7 @@ func TestConfigSummary(t *testing.T) {
 		got[attr.Key] = attr.Value.Any()
 	}
 	if n := len(reflectFieldsWithEnv()); len(got) != n {
-		t.Errorf("Summary() has %d attrs, want one per variable (%d): %v", len(got), n, got)
+		t.Errorf("Summary() has %d attrs, want one per variable that is not secret (%d): %v", len(got), n, got)
 	}
 	for k, want := range map[string]any{
 		"app_id":              "sluice-aggregate",
@@ -380,7 +380,8 @@ func TestConfigSummary(t *testing.T) {
 func reflectFieldsWithEnv() []string {
 	var names []string
 	for _, r := range envReference() {
-		if !strings.HasPrefix(r.Name, "SLUICE_GENERATE_") {
+		f, _ := fieldOf(reflect.TypeFor[Config](), r.Name)
+		if !strings.HasPrefix(r.Name, "SLUICE_GENERATE_") && f.Tag.Get("secret") != "true" {
 			names = append(names, r.Name)
 		}
 	}

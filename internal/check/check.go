@@ -16,14 +16,15 @@ import (
 
 // ReadCommitted reads topic from the start with isolation.level
 // read_committed until done reports true for the records read so far, or
-// nothing new arrives for idle, or ctx ends.
-func ReadCommitted(ctx context.Context, brokers []string, topic string, idle time.Duration, done func([]*kgo.Record) bool) ([]*kgo.Record, error) {
-	cl, err := kgo.NewClient(
+// nothing new arrives for idle, or ctx ends. opts are added to the
+// reader's (TLS, SASL).
+func ReadCommitted(ctx context.Context, brokers []string, topic string, idle time.Duration, done func([]*kgo.Record) bool, opts ...kgo.Opt) ([]*kgo.Record, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-	)
+	}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -32,6 +32,7 @@ type Instance struct {
 
 	adm   *kadm.Client
 	admCl *kgo.Client
+	sasl  *saslWatch // on every client: credentials refused by closing the connection
 
 	// Read by /readyz and metrics from other goroutines.
 	ready           atomic.Bool
@@ -84,6 +85,7 @@ func New(cfg Config) (*Instance, error) {
 		log:            cfg.Logger.With("app", cfg.AppID, "instance", cfg.InstanceID),
 		changelogTopic: changelog.TopicName(cfg.AppID),
 		rebalanceWaits: make(chan struct{}, 1),
+		sasl:           newSASLWatch(),
 	}
 	in.m = newMetrics(cfg.Registry, in)
 	return in, nil
@@ -109,13 +111,15 @@ func (in *Instance) baseOpts() []kgo.Opt {
 		kgo.SeedBrokers(in.cfg.Brokers...),
 		kgo.WithLogger(kgoLogger{in.log}),
 		kgo.ClientID("sluice-" + in.cfg.AppID + "-" + in.cfg.InstanceID),
+		kgo.WithHooks(in.sasl),
 	}
 	return append(opts, in.cfg.ClientOpts...)
 }
 
 // Run runs the instance until ctx is cancelled, then ends with a final
 // checkpoint and returns nil; it returns an error only for a condition a
-// restart cannot fix by itself (bad topics, a failed local apply).
+// restart cannot fix by itself (bad topics, a failed local apply, a missing
+// ACL: *PermissionError, refused credentials: *AuthError).
 func (in *Instance) Run(ctx context.Context) error {
 	if err := in.checkStateDir(); err != nil {
 		return err
@@ -136,6 +140,9 @@ func (in *Instance) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			in.leave()
 			return nil
+		}
+		if final := in.denied(ctx, err); final != nil {
+			return final
 		}
 		if !errors.Is(err, errSessionBroken) {
 			return err
@@ -205,6 +212,10 @@ func (in *Instance) connect(ctx context.Context) error {
 	backoff := 250 * time.Millisecond
 	for {
 		err := in.prepare(ctx)
+		if final := in.startupDenied(ctx, err); final != nil {
+			cl.Close()
+			return final
+		}
 		if err == nil {
 			return nil
 		}
@@ -238,6 +249,8 @@ func (in *Instance) prepare(ctx context.Context) error {
 	// machine room to answer a handful of requests.
 	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
+	rctx, unbind := in.sasl.bind(rctx) // refused credentials end the attempt at once
+	defer unbind()
 	if in.cfg.Guarantee == ExactlyOnce {
 		if err := in.checkTransactionTimeout(rctx); err != nil {
 			return err
@@ -343,6 +356,12 @@ func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...str
 // transaction timeout at InitProducerID.
 func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 	rcs, err := in.adm.DescribeBrokerConfigs(ctx)
+	if errors.Is(err, kerr.ClusterAuthorizationFailed) {
+		// Not part of the least-privilege set (README, Security): the
+		// broker checks the timeout itself at InitProducerID.
+		in.log.Info("transaction timeout not checked against the broker: no DESCRIBE_CONFIGS on the cluster", "transaction_timeout", in.cfg.TransactionTimeout)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -117,6 +117,9 @@ func (l *loop) iterate() error {
 	in.wakeMu.Unlock()
 	fs := l.sess.PollRecords(pctx, in.cfg.MaxPollRecords)
 	cancel()
+	if err := in.pollDenied(l.ctx, fs); err != nil {
+		return err
+	}
 	if errors.Is(fs.Err0(), kgo.ErrClientClosed) {
 		return fmt.Errorf("%w: client closed", errSessionBroken)
 	}
@@ -718,6 +721,9 @@ func (l *loop) installRestored() error {
 		if r.err != nil {
 			if l.ctx.Err() != nil {
 				continue
+			}
+			if final := l.in.denied(l.ctx, r.err); final != nil {
+				return final
 			}
 			l.in.log.Error("restore failed; retrying", "task", p, "err", r.err)
 			l.startRestoreAfter(p, time.Second)
