@@ -96,7 +96,9 @@ func (c Config) ACLs() []ACL {
 		if t == dlq {
 			why = "write records the job cannot process"
 		}
-		acls = append(acls, topic(t, kmsg.ACLOperationWrite, why))
+		acls = append(acls,
+			topic(t, kmsg.ACLOperationDescribeConfigs, "size producer batches to the topic's max.message.bytes"),
+			topic(t, kmsg.ACLOperationWrite, why))
 	}
 	acls = append(acls, ACL{Resource: kmsg.ACLResourceTypeGroup, Name: c.AppID, Operation: kmsg.ACLOperationRead,
 		Why: "join the consumer group; commit offsets"})

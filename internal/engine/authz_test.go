@@ -67,8 +67,10 @@ func TestConfigACLs(t *testing.T) {
 		clWrite  = `WRITE on topic "app-changelog"`
 		clRead   = `READ on topic "app-changelog"`
 		outCr    = `CREATE on topic "out"`
+		outCfg   = `DESCRIBE_CONFIGS on topic "out"`
 		out      = `WRITE on topic "out"`
 		dlqCr    = `CREATE on topic "app-dlq"`
+		dlqCfg   = `DESCRIBE_CONFIGS on topic "app-dlq"`
 		dlq      = `WRITE on topic "app-dlq"`
 		group    = `READ on group "app"`
 		txn      = `WRITE on transactional-id "app-i1"`
@@ -78,11 +80,11 @@ func TestConfigACLs(t *testing.T) {
 		modify func(*Config)
 		want   []string
 	}{
-		{"exactly once, topics created", func(*Config) {}, []string{in, clCreate, clConfig, clWrite, clRead, outCr, out, dlqCr, dlq, group, txn}},
-		{"topics not created", func(c *Config) { c.CreateTopics = false }, []string{in, clConfig, clWrite, clRead, out, dlq, group, txn}},
-		{"at least once", func(c *Config) { c.Guarantee = AtLeastOnce; c.CreateTopics = false }, []string{in, clConfig, clWrite, clRead, out, dlq, group}},
+		{"exactly once, topics created", func(*Config) {}, []string{in, clCreate, clConfig, clWrite, clRead, outCr, outCfg, out, dlqCr, dlqCfg, dlq, group, txn}},
+		{"topics not created", func(c *Config) { c.CreateTopics = false }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group, txn}},
+		{"at least once", func(c *Config) { c.Guarantee = AtLeastOnce; c.CreateTopics = false }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group}},
 		{"no output, own dead-letter topic", func(c *Config) { c.OutputTopic = ""; c.DLQTopic = "bad"; c.CreateTopics = false },
-			[]string{in, clConfig, clWrite, clRead, `WRITE on topic "bad"`, group, txn}},
+			[]string{in, clConfig, clWrite, clRead, `DESCRIBE_CONFIGS on topic "bad"`, `WRITE on topic "bad"`, group, txn}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
