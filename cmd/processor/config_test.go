@@ -79,6 +79,9 @@ func TestConfigDefaults(t *testing.T) {
 		TimeDomain:         "processing",
 		LeaveOnShutdown:    true,
 		CreateTopics:       true,
+		StateCleanupDelay:  10 * time.Minute,
+		EpochMaxKeys:       100000,
+		EpochMaxBytes:      64 << 20,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("loadConfig(base) =\n%+v\nwant\n%+v", c, want)
@@ -250,6 +253,10 @@ var configErrorTests = []configErrorTest{
 		`SLUICE_LEAVE_ON_SHUTDOWN="sometimes": expected true or false`},
 	{"partitions not an int", envWith(baseEnv(), "SLUICE_PARTITIONS", "six"), "SLUICE_PARTITIONS", ""},
 	{"negative partitions", envWith(baseEnv(), "SLUICE_PARTITIONS", "-6"), "SLUICE_PARTITIONS", ""},
+	{"zero cleanup delay", envWith(baseEnv(), "SLUICE_STATE_CLEANUP_DELAY", "0s"), "SLUICE_STATE_CLEANUP_DELAY", ""},
+	{"cleanup delay not a duration", envWith(baseEnv(), "SLUICE_STATE_CLEANUP_DELAY", "soon"), "SLUICE_STATE_CLEANUP_DELAY", ""},
+	{"zero epoch keys", envWith(baseEnv(), "SLUICE_EPOCH_MAX_KEYS", "0"), "SLUICE_EPOCH_MAX_KEYS", ""},
+	{"epoch bytes not a number", envWith(baseEnv(), "SLUICE_EPOCH_MAX_BYTES", "64MiB"), "SLUICE_EPOCH_MAX_BYTES", ""},
 	{"unknown variable", envWith(baseEnv(), "SLUICE_CHECKPOINT_INTERVALL", "200ms"), "SLUICE_CHECKPOINT_INTERVALL",
 		`SLUICE_CHECKPOINT_INTERVALL="200ms": expected a known variable (unknown variable; did you mean SLUICE_CHECKPOINT_INTERVAL? see README env reference)`},
 	{"unknown variable far from any", envWith(baseEnv(), "SLUICE_FROBNICATE", "1"), "SLUICE_FROBNICATE",

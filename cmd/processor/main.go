@@ -200,6 +200,9 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		CreateTopics:       cfg.CreateTopics,
 		LeaveOnShutdown:    cfg.LeaveOnShutdown,
 		Partitions:         int32(cfg.Partitions),
+		StateCleanupDelay:  cfg.StateCleanupDelay,
+		EpochMaxKeys:       cfg.EpochMaxKeys,
+		EpochMaxBytes:      cfg.EpochMaxBytes,
 		Logger:             log,
 		Registry:           reg,
 	}
