@@ -1,7 +1,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: build test demo bench lint docker
+.PHONY: build test demo bench lint docker soak
 
 build:
 	$(GO) build -o bin/processor ./cmd/processor
@@ -12,6 +12,12 @@ test:
 
 demo:
 	$(GO) run ./cmd/processor demo
+
+# The chaos run with broker faults mixed in, for SOAK (a Go duration), then a
+# read_committed check of every input. Not part of make test.
+SOAK ?= 10m
+soak:
+	SYSTEST_SOAK=$(SOAK) $(GO) test -race -count=1 -timeout 0 -run '^TestSoak$$' -v ./internal/systest/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./internal/bench/

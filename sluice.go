@@ -50,6 +50,15 @@ type (
 	Instance = engine.Instance
 	// Guarantee is exactly_once or at_least_once.
 	Guarantee = engine.Guarantee
+
+	// ACL is one permission an instance needs; Options.ACLs lists them.
+	ACL = engine.ACL
+	// PermissionError is what Run returns when the brokers refuse an
+	// operation for want of an ACL; it names the ACL.
+	PermissionError = engine.PermissionError
+	// AuthError is what Run returns when the brokers refuse the
+	// instance's credentials or a TLS handshake fails on a certificate.
+	AuthError = engine.AuthError
 )
 
 const (

@@ -115,6 +115,13 @@ const (
 	ReasonApplyFailed   // ApplyFailed
 	ReasonIllegalEvent  // an event the phase does not allow
 	ReasonEpochOverflow // epoch math.MaxUint64 would end
+
+	// ReasonBudget: RequestCheckpoint, the epoch's write-set reached its
+	// size budget (an epoch end, listed last to keep the numbers above).
+	ReasonBudget
+	// ReasonReplay: CommitRefused, the epoch must be replayed with an input
+	// handled differently (a failure, not counted as one).
+	ReasonReplay
 )
 
 var reasonNames = [...]string{
@@ -129,6 +136,8 @@ var reasonNames = [...]string{
 	ReasonApplyFailed:   "apply-failed",
 	ReasonIllegalEvent:  "illegal-event",
 	ReasonEpochOverflow: "epoch-overflow",
+	ReasonBudget:        "budget",
+	ReasonReplay:        "replay",
 }
 
 func (r Reason) String() string {

@@ -244,6 +244,22 @@ func (c *Coordinator) RequestRevoke(now time.Time) Action {
 	return Action{}
 }
 
+// RequestCheckpoint ends the epoch now with ReasonBudget if it has work,
+// whatever the interval or MinPause: the engine asks for it when the epoch's
+// write-set reached its size budget, so that one epoch's state changes (held
+// in memory until the commit, and replayed whole by a restore) stay bounded.
+// Outside Processing it does nothing: records processed during a checkpoint
+// belong to the next epoch, whose own budget asks again.
+func (c *Coordinator) RequestCheckpoint(now time.Time) Action {
+	switch {
+	case c.phase == Failed:
+		return c.failed()
+	case c.phase != Processing || !c.hasWork:
+		return Action{}
+	}
+	return c.endEpoch(ReasonBudget, now)
+}
+
 // TaskReady reports that task drained the records queued before the barrier
 // and handed over its write-set and next offsets. When every task named in
 // ActEndEpoch is ready it returns ActCommit: the changelog and markers are
@@ -302,6 +318,29 @@ func (c *Coordinator) CommitFailed(err error, now time.Time) Action {
 		return c.failed()
 	}
 	return c.illegal("CommitFailed", "no commit was asked for")
+}
+
+// CommitRefused reports that the commit failed because of one of the
+// epoch's inputs, which its replay handles differently (an output the broker
+// will never accept: the replay isolates or dead-letters its input). It is
+// answered with ActAbort (ReasonReplay) like CommitFailed, but it does not
+// count against TolerableFailures: restarting the session would only lose
+// what was learned. The engine must make every such replay progress (end it
+// where the refused attempt ended), or it could abort forever. err must not
+// be nil.
+func (c *Coordinator) CommitRefused(err error, now time.Time) Action {
+	switch c.phase {
+	case Committing:
+		if err == nil {
+			return c.illegal("CommitRefused", "nil error")
+		}
+		c.phase = Aborting
+		ckptErr := &CheckpointError{Epoch: c.epoch, Trigger: c.ckptReason, Reason: ReasonReplay, Cause: err}
+		return Action{Kind: ActAbort, Epoch: c.epoch, Tasks: slices.Clone(c.tasks), Reason: ReasonReplay, Err: ckptErr}
+	case Failed:
+		return c.failed()
+	}
+	return c.illegal("CommitRefused", "no commit was asked for")
 }
 
 // EpochFailed reports that the current epoch cannot be committed for a

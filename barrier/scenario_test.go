@@ -194,6 +194,8 @@ func (s *scenario) command(cmd string, args []string, rest string) {
 		act = c.TaskReady(int32(s.atoi(rest)), s.now)
 	case "commit-ok":
 		act = c.CommitDone(s.now)
+	case "commit-refused":
+		act = c.CommitRefused(errors.New(rest), s.now)
 	case "commit-fail":
 		act = c.CommitFailed(errors.New(rest), s.now)
 	case "epoch-fail":
@@ -210,6 +212,8 @@ func (s *scenario) command(cmd string, args []string, rest string) {
 		act = c.RequestShutdown(s.now)
 	case "revoke":
 		act = c.RequestRevoke(s.now)
+	case "checkpoint":
+		act = c.RequestCheckpoint(s.now)
 	default:
 		s.fatalf("unknown command %q", cmd)
 	}

@@ -1,6 +1,7 @@
 package changelog
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,14 +17,15 @@ import (
 type RestoreParams struct {
 	// Admin lists offsets and the group's committed offsets.
 	Admin *kadm.Client
-	// ClientOpts connect a direct (group-less) consumer: seed brokers, TLS,
-	// logging. Restore adds the partition, read_committed and control
-	// records itself.
+	// ClientOpts connect the client the restore fetches with: seed
+	// brokers, TLS, SASL, logging. It consumes nothing (see
+	// partitionReader).
 	ClientOpts []kgo.Opt
 	Topic      string
 	Partition  int32
 	// From is the backend's stored changelog offset: just past the last
-	// epoch marker it applied.
+	// epoch marker it applied, or for a partial restore just past the last
+	// record it applied.
 	From int64
 	// Group and InputTopics name the consumer group and the task's input
 	// topics, for the check that the group's stable offsets agree with the
@@ -33,12 +35,13 @@ type RestoreParams struct {
 	// Applied, if set, is the last marker the backend applied (its epoch
 	// and offsets), so a restore that finds nothing new still knows them.
 	Applied *Marker
-	// BatchKeys bounds how many distinct keys are held before applying;
-	// the batch is cut only at a marker. Default 50,000.
+	// BatchKeys bounds how many distinct keys are held in memory before
+	// they are applied, whatever the markers. Default 50,000.
 	BatchKeys int
-	// Apply writes a batch of complete epochs to the backend in one atomic
-	// step, with the last marker and the changelog offset just past it.
-	Apply func(muts []kstate.Mutation, last Marker, next int64) error
+	// Apply writes a batch to the backend in one atomic step with meta:
+	// complete (Partial false: every epoch up to the marker in meta) or a
+	// prefix of the changelog (Partial true).
+	Apply func(muts []kstate.Mutation, meta kstate.Meta) error
 	// Progress, if set, is told the records read and the records that
 	// remain to the partition's end.
 	Progress func(done, remaining int64)
@@ -52,6 +55,12 @@ type Result struct {
 	Records int64   // changelog records read
 	Last    *Marker // last complete epoch's marker, nil if the partition has none
 	Next    int64   // changelog offset just past Last's marker (the next From)
+	// Orphans are the keys of entries after the last marker: written by an
+	// attempt that never wrote its marker (at-least-once), so not part of
+	// the state. The task must write each again with its restored value
+	// before its next marker, so that compaction cannot keep an orphan as
+	// the key's last record.
+	Orphans [][]byte
 }
 
 // ErrGroupAhead is returned (wrapped) when the consumer group's committed
@@ -66,16 +75,29 @@ var ErrGroupAhead = errors.New("changelog: consumer group offsets are ahead of t
 // state file (or the whole state dir) to restore from the new changelog.
 var ErrStateAhead = errors.New("changelog: local state is ahead of the changelog")
 
-const (
-	stableAttempts = 20
-	idleLimit      = 5 * time.Second // far beyond a fetch round trip: a silent tail is one compaction removed
-)
+// ErrStateBehind is returned (wrapped) when the local store would resume
+// below the partition's log start offset: the records it needs are gone, so
+// it must be restored from scratch.
+var ErrStateBehind = errors.New("changelog: local state is behind the changelog's start")
+
+const stableAttempts = 20
 
 // Restore brings a backend up to date from its changelog partition. It reads
-// read_committed from p.From and applies only complete epochs: records up to
-// an epoch marker. It returns once nothing is still landing: the partition
-// has no open transaction (last stable offset = high-water mark), it has been
-// read to that end, and the group's committed offsets, fetched with KIP-447's
+// read_committed from p.From and applies every record up to the partition's
+// last epoch marker, in log order, in batches of at most BatchKeys keys; the
+// entries after the last marker are orphans (see Result.Orphans) and are not
+// applied. Applying in log order up to the last marker is exact because
+// every orphan key is written again, with its committed value, before the
+// next marker (the engine's rule), so a later record always overrides it.
+//
+// A batch cut between markers is applied with a Partial meta: the store is
+// then no task's state until a later batch reaches the marker. A crash in
+// between leaves a partial store, which a restore from its ChangelogOffset
+// completes.
+//
+// Restore returns once nothing is still landing: the partition has no open
+// transaction (last stable offset = high-water mark), it has been read to
+// that end, and the group's committed offsets, fetched with KIP-447's
 // require-stable, are not ahead of the last marker. A fenced zombie whose
 // commit is still in flight when the partition moves shows up as an open
 // transaction or an unstable offset; reading to the end too early would
@@ -84,16 +106,32 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 	if p.BatchKeys <= 0 {
 		p.BatchKeys = 50000
 	}
-	r := restorer{p: p, res: Result{Next: p.From, Last: p.Applied}, ready: map[string][]byte{}, pending: map[string][]byte{}}
-	defer r.close()
+	cl, err := kgo.NewClient(p.ClientOpts...)
+	if err != nil {
+		return Result{}, fmt.Errorf("changelog: restore client: %w", err)
+	}
+	defer cl.Close()
+	r := restorer{
+		p: p, res: Result{Next: p.From, Last: p.Applied}, pos: p.From, lastMarker: -1,
+		batch: map[string][]byte{}, tail: map[string][]byte{},
+		reader: newPartitionReader(p.Admin, cl, p.Topic, p.Partition),
+	}
 	backoff := 50 * time.Millisecond
 	for attempt := 0; ; attempt++ {
-		end, err := r.stableEnd(ctx)
+		end, start, err := r.stableEnd(ctx)
 		if err != nil {
 			return r.res, err
 		}
-		if p.From > end {
+		switch {
+		case p.From > end:
 			return r.res, fmt.Errorf("%w: %s/%d stored offset %d, end %d", ErrStateAhead, p.Topic, p.Partition, p.From, end)
+		case p.From > 0 && p.From < start:
+			return r.res, fmt.Errorf("%w: %s/%d stored offset %d, log start %d", ErrStateBehind, p.Topic, p.Partition, p.From, start)
+		case r.pos < start:
+			// A restore from scratch begins where the log does: the
+			// records before it were deleted (DeleteRecords, or a
+			// broker that moves the start when it compacts).
+			r.pos = start
 		}
 		if err := r.readTo(ctx, end); err != nil {
 			return r.res, err
@@ -106,7 +144,10 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 			ahead = true
 		}
 		if !ahead {
-			return r.res, r.flush()
+			for k := range r.tail {
+				r.res.Orphans = append(r.res.Orphans, []byte(k))
+			}
+			return r.res, nil
 		}
 		if attempt >= stableAttempts {
 			if err != nil {
@@ -123,16 +164,20 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 }
 
 type restorer struct {
-	p   RestoreParams
-	res Result
-	cl  *kgo.Client
-	pos int64 // next changelog offset to read
+	p      RestoreParams
+	res    Result
+	reader *partitionReader
+	pos    int64 // next changelog offset to read
 
-	// ready holds complete epochs not yet applied; pending the records of
-	// the epoch whose marker has not been read yet.
-	ready, pending map[string][]byte
-	readyLast      *Marker
-	readyNext      int64
+	// lastMarker is the offset of the last marker below the end read so
+	// far (-1: none found yet). Records up to it go to batch, in log
+	// order; records after it to tail, until a later round finds a marker
+	// past them.
+	lastMarker int64
+	batch      map[string][]byte // nil value = tombstone
+	batchNext  int64             // offset just past the last record in batch
+	marker     *Marker           // the last marker read, applied or not
+	tail       map[string][]byte
 }
 
 func (r *restorer) logf(msg string, args ...any) {
@@ -141,31 +186,26 @@ func (r *restorer) logf(msg string, args ...any) {
 	}
 }
 
-func (r *restorer) close() {
-	if r.cl != nil {
-		r.cl.Close()
-	}
-}
-
 // stableEnd waits until the partition has no open transaction and returns
-// its high-water mark.
-func (r *restorer) stableEnd(ctx context.Context) (int64, error) {
+// its high-water mark and log start offset.
+func (r *restorer) stableEnd(ctx context.Context) (end, start int64, err error) {
 	backoff := 50 * time.Millisecond
 	for {
 		hwm, err := r.listed(ctx, r.p.Admin.ListEndOffsets)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		lso, err := r.listed(ctx, r.p.Admin.ListCommittedOffsets)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if lso >= hwm {
-			return hwm, nil
+			start, err := r.listed(ctx, r.p.Admin.ListStartOffsets)
+			return hwm, start, err
 		}
 		r.logf("changelog partition has an open transaction; waiting for it to end", "partition", r.p.Partition, "lso", lso, "hwm", hwm)
 		if err := sleep(ctx, backoff); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		backoff = min(2*backoff, time.Second)
 	}
@@ -186,89 +226,121 @@ func (r *restorer) listed(ctx context.Context, list func(context.Context, ...str
 	return o.Offset, nil
 }
 
-// readTo consumes until the position reaches end. Control records (commit
-// and abort markers) are kept so the position is seen to pass them.
+// readTo reads from pos to end: first it finds the last marker below end
+// (reading back from end), then it reads forward, applying everything up to
+// that marker and keeping what follows it as the tail.
 func (r *restorer) readTo(ctx context.Context, end int64) error {
-	if r.cl == nil {
-		r.pos = r.p.From
-		if r.pos >= end {
-			return nil
-		}
-		opts := append([]kgo.Opt{}, r.p.ClientOpts...)
-		opts = append(opts,
-			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.p.Topic: {r.p.Partition: kgo.NewOffset().At(r.pos)}}),
-			kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-			kgo.KeepControlRecords(),
-			kgo.FetchMaxBytes(64<<20),
-		)
-		cl, err := kgo.NewClient(opts...)
-		if err != nil {
-			return fmt.Errorf("changelog: restore client: %w", err)
-		}
-		r.cl = cl
+	if r.pos >= end {
+		return nil
 	}
-	idleSince := time.Now()
-	for r.pos < end {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		fs := r.cl.PollFetches(pctx)
-		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
+	m, err := r.findLastMarker(ctx, r.pos, end)
+	if err != nil {
+		return err
+	}
+	if m >= 0 {
+		// The tail read so far lies before this marker: it is part of
+		// the state after all, in the order it was read.
+		for k, v := range r.tail {
+			r.batch[k] = v
 		}
-		var fetchErr error
-		fs.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				fetchErr = fmt.Errorf("changelog: fetch %s/%d: %w", t, p, err)
+		clear(r.tail)
+		r.lastMarker = m
+	}
+	return r.scan(ctx, &r.pos, end, r.add)
+}
+
+// findLastMarker returns the offset of the last marker in [from, end), or
+// -1. It reads windows back from end, growing each time; after compaction
+// the last marker is near the end whatever the partition's size, so the
+// first window nearly always holds it.
+func (r *restorer) findLastMarker(ctx context.Context, from, end int64) (int64, error) {
+	window := int64(4096)
+	hi := end
+	for hi > from {
+		lo := max(from, hi-window)
+		found := int64(-1)
+		pos := lo
+		err := r.scan(ctx, &pos, hi, func(rec *kgo.Record) error {
+			if !rec.Attrs.IsControl() && IsMarker(rec.Key) {
+				found = rec.Offset
 			}
+			return nil
 		})
-		if fetchErr != nil {
-			return fetchErr
+		if err != nil || found >= 0 {
+			return found, err
 		}
-		n := 0
-		var err error
-		fs.EachRecord(func(rec *kgo.Record) {
-			n++
-			if err == nil {
-				err = r.add(rec)
-			}
-		})
+		hi = lo
+		window *= 8
+	}
+	return -1, nil
+}
+
+// scan hands fn every record of [*pos, end), advancing *pos. Control
+// records (commit and abort markers) are included so the position is seen
+// to pass them; values are copied, so a batch held for applying does not
+// pin whole fetch responses.
+func (r *restorer) scan(ctx context.Context, pos *int64, end int64, fn func(*kgo.Record) error) error {
+	for *pos < end {
+		recs, next, err := r.reader.fetch(ctx, *pos)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
-			idleSince = time.Now()
-		} else if time.Since(idleSince) > idleLimit {
-			// Only records that compaction removed can lie between
-			// here and the end: the last stable offset equals the
-			// high-water mark, so nothing is in flight.
-			r.logf("changelog restore idle below the end; treating the rest as compacted away", "partition", r.p.Partition, "position", r.pos, "end", end)
-			r.pos = end
+		for _, rec := range recs {
+			if rec.Offset >= end {
+				*pos = end
+				break
+			}
+			if rec.Value != nil {
+				rec.Value = bytes.Clone(rec.Value)
+			}
+			if err := fn(rec); err != nil {
+				return err
+			}
+			*pos = rec.Offset + 1
+		}
+		switch {
+		case next > *pos:
+			// Past batches that held nothing for us: aborted,
+			// emptied by compaction, or records already read.
+			*pos = min(next, end)
+		case len(recs) == 0:
+			// No batch at or after the position below the last
+			// stable offset: compaction removed the rest.
+			*pos = end
 		}
 		if r.p.Progress != nil {
-			r.p.Progress(r.res.Records, max(0, end-r.pos))
+			r.p.Progress(r.res.Records, max(0, end-*pos))
 		}
 	}
 	return nil
 }
 
+// add takes one record of the forward read.
 func (r *restorer) add(rec *kgo.Record) error {
-	r.pos = rec.Offset + 1
 	if rec.Attrs.IsControl() {
 		return nil
 	}
 	r.res.Records++
+	if rec.Offset > r.lastMarker {
+		if IsMarker(rec.Key) {
+			// findLastMarker read the same committed range.
+			return fmt.Errorf("changelog: %s/%d offset %d: a marker after the last one (%d)", rec.Topic, rec.Partition, rec.Offset, r.lastMarker)
+		}
+		if _, err := kstate.DecodeKey(rec.Key); err != nil {
+			return fmt.Errorf("changelog: %s/%d offset %d: %w", rec.Topic, rec.Partition, rec.Offset, err)
+		}
+		r.tail[string(rec.Key)] = rec.Value
+		return nil
+	}
+	r.batchNext = rec.Offset + 1
 	if IsMarker(rec.Key) {
 		m, err := DecodeMarker(rec.Value)
 		if err != nil {
 			return fmt.Errorf("changelog: %s/%d offset %d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 		}
-		for k, v := range r.pending {
-			r.ready[k] = v
-		}
-		clear(r.pending)
-		r.readyLast, r.readyNext = &m, rec.Offset+1
-		if len(r.ready) >= r.p.BatchKeys {
-			return r.flush()
+		r.marker = &m
+		if rec.Offset == r.lastMarker {
+			return r.flush(false)
 		}
 		return nil
 	}
@@ -276,25 +348,33 @@ func (r *restorer) add(rec *kgo.Record) error {
 		return fmt.Errorf("changelog: %s/%d offset %d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 	}
 	// A nil value is a tombstone; keep it as nil so it deletes.
-	r.pending[string(rec.Key)] = rec.Value
+	r.batch[string(rec.Key)] = rec.Value
+	if len(r.batch) >= r.p.BatchKeys {
+		return r.flush(true)
+	}
 	return nil
 }
 
-// flush applies the complete epochs read so far in one backend step.
-func (r *restorer) flush() error {
-	if r.readyLast == nil {
-		return nil
-	}
-	muts := make([]kstate.Mutation, 0, len(r.ready))
-	for k, v := range r.ready {
+// flush applies the batch: complete when it ends at the last marker,
+// partial otherwise.
+func (r *restorer) flush(partial bool) error {
+	muts := make([]kstate.Mutation, 0, len(r.batch))
+	for k, v := range r.batch {
 		muts = append(muts, kstate.Mutation{Key: []byte(k), Value: v})
 	}
-	if err := r.p.Apply(muts, *r.readyLast, r.readyNext); err != nil {
+	meta := kstate.Meta{ChangelogOffset: r.batchNext, Partial: partial, AppliedAt: time.Now()}
+	if last := r.marker; last != nil {
+		meta.Epoch, meta.Offsets = last.Epoch, last.Offsets
+	} else if r.res.Last != nil {
+		meta.Epoch, meta.Offsets = r.res.Last.Epoch, r.res.Last.Offsets
+	}
+	if err := r.p.Apply(muts, meta); err != nil {
 		return fmt.Errorf("changelog: apply restored batch: %w", err)
 	}
-	r.res.Last, r.res.Next = r.readyLast, r.readyNext
-	clear(r.ready)
-	r.readyLast = nil
+	clear(r.batch)
+	if !partial {
+		r.res.Last, r.res.Next = r.marker, r.batchNext
+	}
 	return nil
 }
 
@@ -306,9 +386,6 @@ func (r *restorer) groupAhead(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	last := r.res.Last
-	if r.readyLast != nil {
-		last = r.readyLast
-	}
 	offs, err := r.p.Admin.FetchOffsetsForTopics(kadm.RequireStable(ctx), r.p.Group, r.p.InputTopics...)
 	if err != nil {
 		return false, fmt.Errorf("changelog: fetch stable offsets of group %s: %w", r.p.Group, err)

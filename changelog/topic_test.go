@@ -28,10 +28,10 @@ func TestEnsure(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if err := Ensure(ctx, adm, "app-changelog", 3, true); err != nil {
+	if _, err := Ensure(ctx, adm, "app-changelog", 3, true); err != nil {
 		t.Fatalf("create: %v", err)
 	}
-	if err := Ensure(ctx, adm, "app-changelog", 3, false); err != nil {
+	if _, err := Ensure(ctx, adm, "app-changelog", 3, false); err != nil {
 		t.Fatalf("existing, valid: %v", err)
 	}
 	for _, tt := range []struct {
@@ -44,7 +44,7 @@ func TestEnsure(t *testing.T) {
 		{"not compacted", "deleting", 3, true, ErrTopicMismatch},
 		{"missing, creation off", "missing-changelog", 3, false, ErrTopicMissing},
 	} {
-		if err := Ensure(ctx, adm, tt.topic, tt.parts, tt.create); !errors.Is(err, tt.want) {
+		if _, err := Ensure(ctx, adm, tt.topic, tt.parts, tt.create); !errors.Is(err, tt.want) {
 			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 )
 
 // Mutation is one change to a backend entry.
@@ -28,6 +29,16 @@ type Meta struct {
 	// Offsets maps each input topic to the next input offset of this task's
 	// partition.
 	Offsets map[string]int64
+	// AppliedAt is the wall-clock time of the Apply that wrote this meta
+	// (zero when unknown: files of older releases, fresh stores). A store
+	// left alone longer than the changelog keeps tombstones may have missed
+	// deletes, and must be restored from scratch instead.
+	AppliedAt time.Time
+	// Partial marks a restore in progress: the entries are a prefix of the
+	// changelog up to ChangelogOffset, not a complete epoch, and Epoch and
+	// Offsets are those of an older marker. Such a store must never run a
+	// task; resuming the restore from ChangelogOffset completes it.
+	Partial bool
 }
 
 // Clone returns a deep copy of m, so a caller's map is never shared with a

@@ -2,6 +2,7 @@ package kstate
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -23,6 +24,11 @@ var (
 	metaBucket  = []byte("meta")
 	metaKey     = []byte("meta")
 	statsKey    = []byte("stats")
+	// cleanKey is present while the file is closed cleanly: Close writes
+	// it, open removes it. A file opened without it was not closed (a
+	// crash, a kill -9, a full disk), and gets bbolt's full consistency
+	// check before it is trusted; a clean file skips that cost.
+	cleanKey = []byte("clean")
 )
 
 // boltBackend is the on-disk backend: one bbolt file per task, entries in the
@@ -36,6 +42,8 @@ type boltBackend struct {
 	mu     sync.Mutex // guards stats against concurrent Stats calls
 	stats  Stats
 	closed bool
+
+	checkErr error // the consistency check's first finding, at open
 }
 
 // OpenBolt opens or creates the bbolt file at path, creating its directory.
@@ -47,10 +55,19 @@ func OpenBolt(path string) (Backend, error) {
 	return openBolt(path, DefaultLockTimeout)
 }
 
-func openBolt(path string, lockTimeout time.Duration) (*boltBackend, error) {
+func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("kstate: create state dir: %w", err)
 	}
+	if err := checkFile(path); err != nil {
+		return nil, err
+	}
+	// bbolt panics on some damaged pages rather than returning an error.
+	defer func() {
+		if r := recover(); r != nil {
+			b, err = nil, fmt.Errorf("%w: open %s: %v", ErrCorrupt, path, r)
+		}
+	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:        lockTimeout,
 		NoFreelistSync: true,
@@ -59,11 +76,26 @@ func openBolt(path string, lockTimeout time.Duration) (*boltBackend, error) {
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s (still locked after %v; is an old instance still running?)", ErrLocked, path, lockTimeout)
 	}
+	if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
+		return nil, fmt.Errorf("%w: open %s: %w", ErrCorrupt, path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
 	}
-	b := &boltBackend{db: db, path: path}
+	b = &boltBackend{db: db, path: path}
 	err = db.Update(func(tx *bolt.Tx) error {
+		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil {
+			for err := range tx.Check() {
+				// Drain the channel: Check's goroutine ends only
+				// after every error was received.
+				if b.checkErr == nil {
+					b.checkErr = fmt.Errorf("%w: %s failed bbolt's consistency check after an unclean close: %v", ErrCorrupt, path, err)
+				}
+			}
+			if b.checkErr != nil {
+				return b.checkErr
+			}
+		}
 		st, err := tx.CreateBucketIfNotExists(stateBucket)
 		if err != nil {
 			return err
@@ -76,6 +108,9 @@ func openBolt(path string, lockTimeout time.Duration) (*boltBackend, error) {
 			if _, err := decodeMeta(raw); err != nil {
 				return err
 			}
+		}
+		if err := mb.Delete(cleanKey); err != nil {
+			return err
 		}
 		if raw := mb.Get(statsKey); raw != nil {
 			b.stats, err = decodeStats(raw)
@@ -95,6 +130,62 @@ func openBolt(path string, lockTimeout time.Duration) (*boltBackend, error) {
 		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
 	}
 	return b, nil
+}
+
+// checkFile refuses a file cut short (a copy, a full disk, a bad restore
+// from backup): not whole pages, or fewer pages than its newest meta page
+// says it has. bbolt would read past the end of its mapping (SIGBUS) or
+// panic in a goroutine of its own while rebuilding the freelist, killing
+// the process instead of returning an error.
+func checkFile(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("kstate: open %s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("kstate: stat %s: %w", path, err)
+	}
+	if fi.Size() == 0 {
+		return nil // created but never initialised: bbolt does that
+	}
+	truncated := func(why string) error {
+		return fmt.Errorf("%w: %s is %d bytes, %s: truncated", ErrCorrupt, path, fi.Size(), why)
+	}
+	// bbolt's meta pages 0 and 1: a 16-byte page header, then magic,
+	// version, page size and flags (4 bytes each), the root bucket (root
+	// page, sequence), the freelist page, the high-water page id and the
+	// transaction id (8 bytes each), little endian.
+	const magic = 0xED0CDAED
+	var best struct{ txid, pgid, pageSize uint64 }
+	buf := make([]byte, 80)
+	for _, off := range []int64{0, int64(os.Getpagesize())} {
+		if _, err := f.ReadAt(buf, off); err != nil {
+			continue
+		}
+		if binary.LittleEndian.Uint32(buf[16:]) != magic {
+			continue
+		}
+		pageSize := uint64(binary.LittleEndian.Uint32(buf[24:]))
+		pgid := binary.LittleEndian.Uint64(buf[56:])
+		txid := binary.LittleEndian.Uint64(buf[64:])
+		if best.pageSize == 0 || txid > best.txid {
+			best.txid, best.pgid, best.pageSize = txid, pgid, pageSize
+		}
+	}
+	switch {
+	case best.pageSize == 0:
+		return fmt.Errorf("%w: %s has no valid bbolt meta page", ErrCorrupt, path)
+	case uint64(fi.Size())%best.pageSize != 0:
+		return truncated(fmt.Sprintf("not whole %d-byte pages", best.pageSize))
+	case uint64(fi.Size()) < best.pgid*best.pageSize:
+		return truncated(fmt.Sprintf("its meta counts %d pages of %d bytes", best.pgid, best.pageSize))
+	}
+	return nil
 }
 
 func (b *boltBackend) Get(key []byte) (value []byte, ok bool, err error) {
@@ -212,8 +303,14 @@ func (b *boltBackend) Close() error {
 	}
 	b.closed = true
 	b.mu.Unlock()
+	markErr := b.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(metaBucket).Put(cleanKey, []byte{1})
+	})
 	if err := b.db.Close(); err != nil {
 		return fmt.Errorf("kstate: close %s: %w", b.path, err)
+	}
+	if markErr != nil {
+		return fmt.Errorf("kstate: close %s: mark clean: %w", b.path, markErr)
 	}
 	return nil
 }

@@ -8,6 +8,10 @@ var (
 	// key, and recorded by a Store (see Store.RecordErr) when a write names
 	// an empty key or one longer than MaxKeySize.
 	ErrBadKey = errors.New("kstate: bad key")
+
+	// ErrValueTooLarge is recorded by a Store (see Store.RecordErr) when a
+	// write is larger than its SetMaxEntryBytes bound.
+	ErrValueTooLarge = errors.New("kstate: entry too large")
 )
 
 // Errors from backends.

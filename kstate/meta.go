@@ -3,23 +3,42 @@ package kstate
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"slices"
+	"time"
 )
 
-// metaFormatV1 versions the binary encoding of Meta inside a backend file,
-// so a later release can read files written by this one.
-const metaFormatV1 byte = 1
+// Meta formats inside a backend file. V2 adds the time of the apply, the
+// partial flag and a checksum; V1 files (no checksum) are still read.
+const (
+	metaFormatV1 byte = 1
+	metaFormatV2 byte = 2
+)
 
 // encodeMeta returns
 //
-//	[metaFormatV1][uvarint epoch][varint changelogOffset][uvarint n]
-//	n × ([uvarint len(topic)][topic][varint offset])
+//	[metaFormatV2][uvarint epoch][varint changelogOffset]
+//	[varint appliedAt, unix milliseconds, 0 = unknown][flags: bit 0 partial]
+//	[uvarint n] n × ([uvarint len(topic)][topic][varint offset])
+//	[crc32c of everything before, big endian]
 //
 // with topics sorted, so the same Meta always encodes to the same bytes.
+// The checksum catches a meta whose bytes changed on disk: the meta decides
+// where restores resume, so a silently wrong one would lose or repeat state.
 func encodeMeta(m Meta) []byte {
-	b := []byte{metaFormatV1}
+	b := []byte{metaFormatV2}
 	b = binary.AppendUvarint(b, m.Epoch)
 	b = binary.AppendVarint(b, m.ChangelogOffset)
+	var at int64
+	if !m.AppliedAt.IsZero() {
+		at = m.AppliedAt.UnixMilli()
+	}
+	b = binary.AppendVarint(b, at)
+	var flags byte
+	if m.Partial {
+		flags |= 1
+	}
+	b = append(b, flags)
 	b = binary.AppendUvarint(b, uint64(len(m.Offsets)))
 	topics := make([]string, 0, len(m.Offsets))
 	for t := range m.Offsets {
@@ -31,15 +50,38 @@ func encodeMeta(m Meta) []byte {
 		b = append(b, t...)
 		b = binary.AppendVarint(b, m.Offsets[t])
 	}
-	return b
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 func decodeMeta(b []byte) (Meta, error) {
-	if len(b) == 0 || b[0] != metaFormatV1 {
+	if len(b) == 0 || (b[0] != metaFormatV1 && b[0] != metaFormatV2) {
 		return Meta{}, fmt.Errorf("%w: meta: unknown format", ErrCorrupt)
+	}
+	v2 := b[0] == metaFormatV2
+	if v2 {
+		if len(b) < 5 {
+			return Meta{}, fmt.Errorf("%w: meta: %d bytes", ErrCorrupt, len(b))
+		}
+		body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
+		if crc32.Checksum(body, castagnoli) != sum {
+			return Meta{}, fmt.Errorf("%w: meta: checksum mismatch", ErrCorrupt)
+		}
+		b = body
 	}
 	r := byteReader{b: b[1:], what: "meta"}
 	m := Meta{Epoch: r.uvarint(), ChangelogOffset: r.varint()}
+	if v2 {
+		if at := r.varint(); at != 0 {
+			m.AppliedAt = time.UnixMilli(at)
+		}
+		flags := r.byte()
+		if flags&^1 != 0 && r.err == nil {
+			r.err = fmt.Errorf("%w: meta: unknown flags %#x", ErrCorrupt, flags)
+		}
+		m.Partial = flags&1 != 0
+	}
 	n := r.uvarint()
 	// Each topic takes at least two bytes, which bounds the map size by the
 	// input instead of trusting a corrupt count.
@@ -102,6 +144,19 @@ func (r *byteReader) varint() int64 {
 		return 0
 	}
 	r.b = r.b[n:]
+	return v
+}
+
+func (r *byteReader) byte() byte {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.b) == 0 {
+		r.err = fmt.Errorf("%w: %s: truncated", ErrCorrupt, r.what)
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
 	return v
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 )
 
 func TestMetaEncoding(t *testing.T) {
@@ -11,6 +12,7 @@ func TestMetaEncoding(t *testing.T) {
 		{Offsets: map[string]int64{}},
 		{Epoch: 1, ChangelogOffset: -1, Offsets: map[string]int64{}},
 		{Epoch: 1 << 40, ChangelogOffset: 123456789, Offsets: map[string]int64{"in": 5, "": 0, "other": 1 << 50}},
+		{Epoch: 7, ChangelogOffset: 70, Offsets: map[string]int64{"in": 9}, AppliedAt: time.UnixMilli(1764460800123), Partial: true},
 	}
 	for _, m := range tests {
 		b := encodeMeta(m)
@@ -39,6 +41,8 @@ func TestMetaDecodeRejects(t *testing.T) {
 		{"truncated", good[:len(good)-1]},
 		{"trailing", append(append([]byte{}, good...), 0)},
 		{"huge topic count", []byte{metaFormatV1, 0, 0, 0xff, 0xff, 0x03}},
+		{"checksum", flipLastBodyByte(good)},
+		{"v2 too short", []byte{metaFormatV2, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -46,6 +50,27 @@ func TestMetaDecodeRejects(t *testing.T) {
 				t.Fatalf("decodeMeta(%x) = %v, want ErrCorrupt", tt.in, err)
 			}
 		})
+	}
+}
+
+// flipLastBodyByte changes an offset byte of an encoded meta, as a bad disk
+// would: the checksum must catch it.
+func flipLastBodyByte(b []byte) []byte {
+	b = append([]byte{}, b...)
+	b[len(b)-5] ^= 0x01
+	return b
+}
+
+// Files written before the checksum (format 1) still open.
+func TestMetaDecodesV1(t *testing.T) {
+	v1 := []byte{metaFormatV1, 3, 18, 1, 2, 'i', 'n', 14}
+	m, err := decodeMeta(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Meta{Epoch: 3, ChangelogOffset: 9, Offsets: map[string]int64{"in": 7}}
+	if !reflect.DeepEqual(m, want) {
+		t.Fatalf("got %+v, want %+v", m, want)
 	}
 }
 

@@ -1,6 +1,7 @@
 package kstate
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 )
@@ -27,6 +28,8 @@ type Store struct {
 	epoch     *writeSet
 	record    map[string][]byte // nil value is a tombstone
 	recordErr error
+	// maxEntry bounds len(key)+len(value) of a write (0 = no bound).
+	maxEntry int
 	// keyBuf is reused to build keys for point reads and writes, which do
 	// not retain the key (writes copy it), so keyed state allocates no key
 	// on the hot path. Scans build their own prefixes because callbacks may
@@ -61,11 +64,27 @@ func (s *Store) Get(key []byte) ([]byte, bool, error) {
 // written; the error is kept for RecordErr so the record fails before it can
 // reach the changelog, instead of the epoch failing after its commit.
 func (s *Store) Put(key, value []byte) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkEntry(key, value); err != nil {
 		s.fail(err)
 		return
 	}
 	s.record[string(key)] = append([]byte{}, value...)
+}
+
+// SetMaxEntryBytes bounds the size of one entry (key plus value); 0 lifts
+// the bound. The engine sets it below the changelog topic's
+// max.message.bytes, so a value the changelog would refuse fails its record
+// (which goes to the dead-letter topic) instead of every commit.
+func (s *Store) SetMaxEntryBytes(n int) { s.maxEntry = n }
+
+func (s *Store) checkEntry(key, value []byte) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if s.maxEntry > 0 && len(key)+len(value) > s.maxEntry {
+		return fmt.Errorf("%w: an entry of %d bytes exceeds the limit of %d (the changelog's max.message.bytes)", ErrValueTooLarge, len(key)+len(value), s.maxEntry)
+	}
+	return nil
 }
 
 // Delete removes key in the record write-set. Invalid keys are handled as
@@ -81,7 +100,7 @@ func (s *Store) Delete(key []byte) {
 // putOwned is Put for a value the caller built and will not touch again,
 // saving the copy.
 func (s *Store) putOwned(key, value []byte) {
-	if err := checkKey(key); err != nil {
+	if err := s.checkEntry(key, value); err != nil {
 		s.fail(err)
 		return
 	}
@@ -132,6 +151,30 @@ func (s *Store) Dirty() []Mutation {
 
 // DirtyLen returns the number of keys changed in the epoch.
 func (s *Store) DirtyLen() int { return s.epoch.len() }
+
+// DirtyBytes returns the key and value bytes of the epoch's changes.
+func (s *Store) DirtyBytes() int { return s.epoch.bytes }
+
+// Rewrite marks key changed in the epoch with its committed value (a delete
+// if the backend has none), unless the epoch changed it already. The engine
+// uses it for keys whose last changelog record is not a committed one.
+func (s *Store) Rewrite(key []byte) error {
+	if s.epoch.get(key) != nil {
+		return nil
+	}
+	v, ok, err := s.backend.Get(key)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !ok:
+		v = nil
+	case v == nil:
+		v = []byte{}
+	}
+	s.epoch.set(string(key), v)
+	return nil
+}
 
 // Apply writes dirty, the epoch's Dirty exactly as it went to the
 // changelog, and meta to the backend in one atomic transaction, then clears

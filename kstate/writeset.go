@@ -14,6 +14,7 @@ type writeSet struct {
 	index map[string]*wsNode
 	head  wsNode // sentinel; head.next has maxLevel entries
 	level int    // levels in use, at least 1
+	bytes int    // key and value bytes of the nodes, for the epoch budget
 	rng   uint64 // xorshift state for node heights; fixed seed, so runs repeat
 }
 
@@ -49,9 +50,11 @@ func (ws *writeSet) get(key []byte) *wsNode { return ws.index[string(key)] }
 // ownership of val.
 func (ws *writeSet) set(key string, val []byte) {
 	if n := ws.index[key]; n != nil {
+		ws.bytes += len(val) - len(n.val)
 		n.val = val
 		return
 	}
+	ws.bytes += len(key) + len(val)
 	var update [maxLevel]*wsNode
 	x := &ws.head
 	for i := ws.level - 1; i >= 0; i-- {
@@ -115,4 +118,5 @@ func (ws *writeSet) reset() {
 	}
 	clear(ws.head.next)
 	ws.level = 1
+	ws.bytes = 0
 }

@@ -63,6 +63,10 @@ type Config struct {
 	LeaveOnShutdown       bool          `env:"SLUICE_LEAVE_ON_SHUTDOWN" envDefault:"true" desc:"On SIGTERM, after the final checkpoint, leave the consumer group so the partitions move at once. false keeps them reserved for this SLUICE_INSTANCE_ID until the session times out (a quick restart then gets them back without a rebalance)."`
 	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, DLQ and changelog topics at startup. Existing topics are never altered; a changelog with the wrong partition count or cleanup policy stops the instance."`
 	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the output and DLQ topics the processor creates. 0 = that of the input topic. The changelog always has the input's count. Must be >= 0."`
+	StateCleanupDelay     time.Duration `env:"SLUICE_STATE_CLEANUP_DELAY" envDefault:"10m" desc:"How long the state file of a task this instance no longer owns is kept before it is deleted (Kafka Streams' state.cleanup.delay.ms). A partition back within it restores from its file. Must be > 0."`
+	EpochMaxKeys          int           `env:"SLUICE_EPOCH_MAX_KEYS" envDefault:"100000" desc:"An epoch that changes more keys than this in one task ends early, so its write-set (held in memory until the commit) and its transaction stay bounded. Must be > 0."`
+	EpochMaxBytes         int           `env:"SLUICE_EPOCH_MAX_BYTES" envDefault:"67108864" desc:"Likewise for the key and value bytes one task changes in an epoch (default 64 MiB). Must be > 0."`
+	Security
 }
 
 // GenerateConfig is the environment of `processor generate`, which produces
@@ -72,6 +76,7 @@ type GenerateConfig struct {
 	Topic   string   `env:"SLUICE_GENERATE_TOPIC,required,notEmpty" expect:"a Kafka topic name" desc:"generate: topic to write the generated records to."`
 	Rate    int      `env:"SLUICE_GENERATE_RATE" envDefault:"1000" desc:"generate: records per second. Must be > 0."`
 	Keys    int      `env:"SLUICE_GENERATE_KEYS" envDefault:"1000" desc:"generate: number of distinct record keys. Must be > 0."`
+	Security
 }
 
 // JobSpec is what configuration needs to know about a built-in job.
@@ -167,6 +172,7 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 	v.check("SLUICE_GENERATE_TOPIC", validTopic(g.Topic), "a Kafka topic name: 1 to 249 of the characters a-z A-Z 0-9 . _ -")
 	v.check("SLUICE_GENERATE_RATE", g.Rate > 0, "a number of records per second greater than 0")
 	v.check("SLUICE_GENERATE_KEYS", g.Keys > 0, "a number of keys greater than 0")
+	g.Security.validate(&v)
 	if v.err != nil {
 		return GenerateConfig{}, v.err
 	}
@@ -315,6 +321,10 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 		v.check("SLUICE_SIDE_OUTPUT_TOPIC", validTopic(c.SideOutputTopic), topic+writtenBy(job))
 	}
 	v.check("SLUICE_PARTITIONS", c.Partitions >= 0, "0 (as the first input topic) or a partition count")
+	v.check("SLUICE_STATE_CLEANUP_DELAY", c.StateCleanupDelay > 0, "a Go duration greater than 0 such as 10m")
+	v.check("SLUICE_EPOCH_MAX_KEYS", c.EpochMaxKeys > 0, "a number of keys greater than 0")
+	v.check("SLUICE_EPOCH_MAX_BYTES", c.EpochMaxBytes > 0, "a number of bytes greater than 0")
+	c.Security.validate(&v)
 	return v.err
 }
 

@@ -79,6 +79,9 @@ func TestConfigDefaults(t *testing.T) {
 		TimeDomain:         "processing",
 		LeaveOnShutdown:    true,
 		CreateTopics:       true,
+		StateCleanupDelay:  10 * time.Minute,
+		EpochMaxKeys:       100000,
+		EpochMaxBytes:      64 << 20,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("loadConfig(base) =\n%+v\nwant\n%+v", c, want)
@@ -250,6 +253,10 @@ var configErrorTests = []configErrorTest{
 		`SLUICE_LEAVE_ON_SHUTDOWN="sometimes": expected true or false`},
 	{"partitions not an int", envWith(baseEnv(), "SLUICE_PARTITIONS", "six"), "SLUICE_PARTITIONS", ""},
 	{"negative partitions", envWith(baseEnv(), "SLUICE_PARTITIONS", "-6"), "SLUICE_PARTITIONS", ""},
+	{"zero cleanup delay", envWith(baseEnv(), "SLUICE_STATE_CLEANUP_DELAY", "0s"), "SLUICE_STATE_CLEANUP_DELAY", ""},
+	{"cleanup delay not a duration", envWith(baseEnv(), "SLUICE_STATE_CLEANUP_DELAY", "soon"), "SLUICE_STATE_CLEANUP_DELAY", ""},
+	{"zero epoch keys", envWith(baseEnv(), "SLUICE_EPOCH_MAX_KEYS", "0"), "SLUICE_EPOCH_MAX_KEYS", ""},
+	{"epoch bytes not a number", envWith(baseEnv(), "SLUICE_EPOCH_MAX_BYTES", "64MiB"), "SLUICE_EPOCH_MAX_BYTES", ""},
 	{"unknown variable", envWith(baseEnv(), "SLUICE_CHECKPOINT_INTERVALL", "200ms"), "SLUICE_CHECKPOINT_INTERVALL",
 		`SLUICE_CHECKPOINT_INTERVALL="200ms": expected a known variable (unknown variable; did you mean SLUICE_CHECKPOINT_INTERVAL? see README env reference)`},
 	{"unknown variable far from any", envWith(baseEnv(), "SLUICE_FROBNICATE", "1"), "SLUICE_FROBNICATE",
@@ -289,7 +296,7 @@ func assertConfigError(t *testing.T, err error, wantVar, wantMsg string) {
 // a bad-value case in TestConfigErrors (or TestGenerateConfigErrors).
 func TestConfigErrorsCoverEveryVariable(t *testing.T) {
 	covered := map[string]bool{}
-	for _, tt := range slices.Concat(configErrorTests, generateErrorTests) {
+	for _, tt := range slices.Concat(configErrorTests, generateErrorTests, securityErrorTests) {
 		covered[tt.wantVar] = true
 	}
 	// Any string is a usable state directory.
@@ -358,7 +365,7 @@ func TestConfigSummary(t *testing.T) {
 		got[attr.Key] = attr.Value.Any()
 	}
 	if n := len(reflectFieldsWithEnv()); len(got) != n {
-		t.Errorf("Summary() has %d attrs, want one per variable (%d): %v", len(got), n, got)
+		t.Errorf("Summary() has %d attrs, want one per variable that is not secret (%d): %v", len(got), n, got)
 	}
 	for k, want := range map[string]any{
 		"app_id":              "sluice-aggregate",
@@ -380,7 +387,8 @@ func TestConfigSummary(t *testing.T) {
 func reflectFieldsWithEnv() []string {
 	var names []string
 	for _, r := range envReference() {
-		if !strings.HasPrefix(r.Name, "SLUICE_GENERATE_") {
+		f, _ := fieldOf(reflect.TypeFor[Config](), r.Name)
+		if !strings.HasPrefix(r.Name, "SLUICE_GENERATE_") && f.Tag.Get("secret") != "true" {
 			names = append(names, r.Name)
 		}
 	}

@@ -246,9 +246,7 @@ func (d *demo) run(ctx context.Context, n, rate int) (check.Report, int, int, er
 		case <-out.changed():
 		}
 	}
-	dlq, err := check.ReadCommitted(ctx, d.brokers, demoApp+"-dlq", 3*time.Second, func(recs []*kgo.Record) bool {
-		return len(recs) > invalid
-	})
+	dlq, err := check.ReadCommitted(ctx, d.brokers, demoApp+"-dlq", 30*time.Second, check.Settled(invalid))
 	if err != nil {
 		return check.Report{}, 1, 0, err
 	}

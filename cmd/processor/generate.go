@@ -22,7 +22,15 @@ func runGenerate(envm map[string]string) int {
 	log := newLogger(0)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Brokers...), kgo.AllowAutoTopicCreation())
+	opts, err := cfg.kafkaOpts()
+	if err != nil {
+		log.Error("generate", "err", err)
+		return 1
+	}
+	for _, w := range cfg.warnings() {
+		log.Warn(w)
+	}
+	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(cfg.Brokers...), kgo.AllowAutoTopicCreation())...)
 	if err != nil {
 		log.Error("generate", "err", err)
 		return 1

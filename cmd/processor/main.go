@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -129,7 +130,16 @@ func runProcessor(envm map[string]string) int {
 func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	inst, err := sluice.New(engineOptions(cfg, log, reg))
+	clientOpts, err := cfg.kafkaOpts()
+	if err != nil {
+		return err
+	}
+	opts := engineOptions(cfg, log, reg)
+	opts.ClientOpts = clientOpts
+	for _, w := range cfg.warnings() {
+		log.Warn(w)
+	}
+	inst, err := sluice.New(opts)
 	if err != nil {
 		return err
 	}
@@ -143,6 +153,9 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	log.Info("processor starting", append(cfg.Summary(), "metrics", ln.Addr().String())...)
 	err = inst.Run(ctx)
 	log.Info("processor stopped")
+	if ae := (*sluice.AuthError)(nil); errors.As(err, &ae) {
+		return fmt.Errorf("%w; the processor connects with %s", err, cfg.identity())
+	}
 	return err
 }
 
@@ -187,6 +200,9 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		CreateTopics:       cfg.CreateTopics,
 		LeaveOnShutdown:    cfg.LeaveOnShutdown,
 		Partitions:         int32(cfg.Partitions),
+		StateCleanupDelay:  cfg.StateCleanupDelay,
+		EpochMaxKeys:       cfg.EpochMaxKeys,
+		EpochMaxBytes:      cfg.EpochMaxBytes,
 		Logger:             log,
 		Registry:           reg,
 	}

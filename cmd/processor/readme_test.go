@@ -58,20 +58,26 @@ func TestREADMEConfigReference(t *testing.T) {
 // envTableSpan finds the text between the table markers, which must sit in
 // the configuration reference section.
 func envTableSpan(readme string) (start, end int, err error) {
-	sec := strings.Index(readme, "\n"+readmeSection+"\n")
+	return markedSpan(readme, readmeSection, envTableStart, envTableEnd)
+}
+
+// markedSpan finds the text between the markers startMark and endMark, which
+// must sit in the section headed section (a "## " or "### " line).
+func markedSpan(readme, section, startMark, endMark string) (start, end int, err error) {
+	sec := strings.Index(readme, "\n"+section+"\n")
 	if sec < 0 {
-		return 0, 0, fmt.Errorf("%s: no %q section", readmePath, readmeSection)
+		return 0, 0, fmt.Errorf("%s: no %q section", readmePath, section)
 	}
 	sectionEnd := len(readme)
-	if next := strings.Index(readme[sec+1+len(readmeSection):], "\n## "); next >= 0 {
-		sectionEnd = sec + 1 + len(readmeSection) + next
+	if next := strings.Index(readme[sec+1+len(section):], "\n## "); next >= 0 {
+		sectionEnd = sec + 1 + len(section) + next
 	}
-	s := strings.Index(readme, envTableStart)
-	e := strings.Index(readme, envTableEnd)
+	s := strings.Index(readme, startMark)
+	e := strings.Index(readme, endMark)
 	if s < sec || e < s || e > sectionEnd {
-		return 0, 0, fmt.Errorf("%s: want %s and %s, in this order, inside %q", readmePath, envTableStart, envTableEnd, readmeSection)
+		return 0, 0, fmt.Errorf("%s: want %s and %s, in this order, inside %q", readmePath, startMark, endMark, section)
 	}
-	return s + len(envTableStart), e, nil
+	return s + len(startMark), e, nil
 }
 
 func renderEnvTable(rows []envVar) string {

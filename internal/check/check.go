@@ -10,19 +10,21 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // ReadCommitted reads topic from the start with isolation.level
 // read_committed until done reports true for the records read so far, or
-// nothing new arrives for idle, or ctx ends.
-func ReadCommitted(ctx context.Context, brokers []string, topic string, idle time.Duration, done func([]*kgo.Record) bool) ([]*kgo.Record, error) {
-	cl, err := kgo.NewClient(
+// nothing new arrives for idle, or ctx ends. opts are added to the
+// reader's (TLS, SASL).
+func ReadCommitted(ctx context.Context, brokers []string, topic string, idle time.Duration, done func([]*kgo.Record) bool, opts ...kgo.Opt) ([]*kgo.Record, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-	)
+	}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -171,4 +173,61 @@ func indexOf(vs [][]byte, v []byte) int {
 		}
 	}
 	return -1
+}
+
+// Settled is a ReadCommitted condition: at least want records, then no new
+// one for half a second on the same warm reader, so that a duplicate
+// arriving after the expected count is still seen. (A second, fresh reader
+// with a short idle limit can give up before its first fetch on a busy
+// machine and report records as lost.)
+func Settled(want int) func([]*kgo.Record) bool {
+	n := -1
+	var since time.Time
+	return func(r []*kgo.Record) bool {
+		switch {
+		case len(r) < want:
+			return false
+		case len(r) != n:
+			n, since = len(r), time.Now()
+			return false
+		}
+		return time.Since(since) >= 500*time.Millisecond
+	}
+}
+
+// OpenTransactions returns the partitions of topics whose last stable
+// offset is below their high-water mark: a transaction is open on them.
+// Once every producer stopped cleanly, there must be none.
+func OpenTransactions(ctx context.Context, brokers []string, topics ...string) (map[string][]int32, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	hwm, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, err
+	}
+	lso, err := adm.ListCommittedOffsets(ctx, topics...)
+	if err != nil {
+		return nil, err
+	}
+	open := map[string][]int32{}
+	var ferr error
+	hwm.Each(func(h kadm.ListedOffset) {
+		if h.Err != nil {
+			ferr = h.Err
+			return
+		}
+		l, ok := lso.Lookup(h.Topic, h.Partition)
+		if !ok || l.Err != nil {
+			ferr = fmt.Errorf("no last stable offset for %s/%d", h.Topic, h.Partition)
+			return
+		}
+		if l.Offset < h.Offset {
+			open[h.Topic] = append(open[h.Topic], h.Partition)
+		}
+	})
+	return open, ferr
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/internal/api"
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // Guarantee is the delivery guarantee of an instance.
@@ -37,6 +38,10 @@ type Config struct {
 
 	StateDir string
 	Backend  string // "bbolt" or "memory"
+	// OpenBackend, if set, opens a task's backend instead of kstate.Open
+	// (same arguments): a seam for wrapping the store, for example to
+	// inject disk faults in tests.
+	OpenBackend func(kind, dir, task string) (kstate.Backend, error)
 
 	Guarantee  Guarantee
 	Checkpoint barrier.Config
@@ -55,6 +60,20 @@ type Config struct {
 	// static membership: a quick restart gets them back without a
 	// rebalance).
 	LeaveOnShutdown bool
+
+	// EpochMaxKeys and EpochMaxBytes bound one task's write-set: an epoch
+	// that changes more keys, or more key and value bytes, ends early
+	// (barrier.ReasonBudget), so memory and the size of one transaction
+	// stay bounded whatever the input rate. Defaults 100,000 and 64 MiB.
+	EpochMaxKeys  int
+	EpochMaxBytes int
+
+	// StateCleanupDelay is how long the state file of a task this instance
+	// no longer owns is kept before it is deleted (Kafka Streams'
+	// state.cleanup.delay.ms): long enough for a partition that comes back
+	// after a rebalance to restore from its local file, short enough that a
+	// stale file does not linger. Default 10 minutes.
+	StateCleanupDelay time.Duration
 
 	MaxPollRecords int
 	Logger         *slog.Logger
@@ -89,6 +108,18 @@ func (c *Config) fill() error {
 	}
 	if c.MaxPollRecords <= 0 {
 		c.MaxPollRecords = 10000
+	}
+	if c.EpochMaxKeys <= 0 {
+		c.EpochMaxKeys = 100000
+	}
+	if c.EpochMaxBytes <= 0 {
+		c.EpochMaxBytes = 64 << 20
+	}
+	if c.OpenBackend == nil {
+		c.OpenBackend = kstate.Open
+	}
+	if c.StateCleanupDelay <= 0 {
+		c.StateCleanupDelay = 10 * time.Minute
 	}
 	if c.Guarantee == "" {
 		c.Guarantee = ExactlyOnce

@@ -22,4 +22,10 @@
 // Local state advances only after the transaction commits, so a crash at
 // any point leaves the backend at a committed epoch, and the changelog tail
 // brings it to the newest one.
+//
+// Most failures are retried: the start-up with backoff, a broken session by
+// building a new one. Refusals are not (authz.go, authn.go): a missing ACL
+// or refused credentials stop Run with a *PermissionError or an *AuthError
+// naming what is missing. Config.ACLs is the least-privilege set; every
+// start-up ends by asking the brokers whether they grant it.
 package engine

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,9 +27,12 @@ type Instance struct {
 	log            *slog.Logger
 	m              *metrics
 	changelogTopic string
+	changelogInfo  changelog.TopicInfo // read at start, before any session
+	batchMax       int                 // producer batch limit, from the topics' max.message.bytes
 
 	adm   *kadm.Client
 	admCl *kgo.Client
+	sasl  *saslWatch // on every client: credentials refused by closing the connection
 
 	// kip848 says the group runs the consumer protocol: asked for, and
 	// offered by the brokers. Set by prepareGroup before any session.
@@ -42,19 +47,25 @@ type Instance struct {
 	// what happened here, and the loop acts on it after its poll returns.
 	evMu            sync.Mutex
 	ev              []event
+	session         atomic.Uint64 // serial of the current session; older sessions' callbacks are void
 	rebalanceWanted atomic.Bool
 	rebalanceWaits  chan struct{} // signalled (never blocking) when a rebalance waits on us
 
 	wakeMu sync.Mutex
 	wake   context.CancelFunc // cancels the loop's current poll
+
+	// poison is what sessions learned of inputs whose outputs can never be
+	// produced, per task; only the goroutine running sessions touches it.
+	poison map[int32]map[inputRef]*poison
 }
 
 // event is one rebalance callback: what happened to which tasks. Events
 // are kept in the order they happened: an assignment followed by a revoke
 // of the same partition means something else than the reverse.
 type event struct {
-	kind  string // "assigned", "revoked" or "lost"
-	tasks []int32
+	kind   string // "assigned", "revoked" or "lost"
+	tasks  []int32
+	serial uint64 // the session whose client called back
 }
 
 // errSessionBroken says the session must be closed and rebuilt: a fenced
@@ -78,6 +89,7 @@ func New(cfg Config) (*Instance, error) {
 		log:            cfg.Logger.With("app", cfg.AppID, "instance", cfg.InstanceID),
 		changelogTopic: changelog.TopicName(cfg.AppID),
 		rebalanceWaits: make(chan struct{}, 1),
+		sasl:           newSASLWatch(),
 	}
 	in.m = newMetrics(cfg.Registry, in)
 	return in, nil
@@ -86,6 +98,9 @@ func New(cfg Config) (*Instance, error) {
 // Ready reports whether the instance is in its group and every assigned
 // task has restored and is running.
 func (in *Instance) Ready() bool { return in.ready.Load() }
+
+// now is the wall clock of the instance.
+func (in *Instance) now() time.Time { return time.Now() }
 
 func (in *Instance) openTxnAge() float64 {
 	at := in.txnOpenedAt.Load()
@@ -100,14 +115,19 @@ func (in *Instance) baseOpts() []kgo.Opt {
 		kgo.SeedBrokers(in.cfg.Brokers...),
 		kgo.WithLogger(kgoLogger{in.log}),
 		kgo.ClientID("sluice-" + in.cfg.AppID + "-" + in.cfg.InstanceID),
+		kgo.WithHooks(in.sasl),
 	}
 	return append(opts, in.cfg.ClientOpts...)
 }
 
 // Run runs the instance until ctx is cancelled, then ends with a final
 // checkpoint and returns nil; it returns an error only for a condition a
-// restart cannot fix by itself (bad topics, a failed local apply).
+// restart cannot fix by itself (bad topics, a failed local apply, a missing
+// ACL: *PermissionError, refused credentials: *AuthError).
 func (in *Instance) Run(ctx context.Context) error {
+	if err := in.checkStateDir(); err != nil {
+		return err
+	}
 	start := time.Now()
 	if err := in.connect(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -118,14 +138,27 @@ func (in *Instance) Run(ctx context.Context) error {
 	in.log.Info("connected", "took", time.Since(start).Round(time.Millisecond).String(), "changelog", in.changelogTopic)
 	defer in.admCl.Close()
 	backoff := 250 * time.Millisecond
+	var fenced []time.Time // ends of recently fenced sessions
 	for {
 		err := in.runSession(ctx)
 		if ctx.Err() != nil {
 			in.leave()
 			return nil
 		}
+		if final := in.denied(ctx, err); final != nil {
+			return final
+		}
 		if !errors.Is(err, errSessionBroken) {
 			return err
+		}
+		if isFenced(err) {
+			now := in.now()
+			window := fencedWindow * in.cfg.TransactionTimeout
+			fenced = append(slices.DeleteFunc(fenced, func(at time.Time) bool { return now.Sub(at) > window }), now)
+			if len(fenced) >= fencedSessionsLimit {
+				return fmt.Errorf("%w: transactional id %q was fenced %d times within %s: give every instance its own SLUICE_INSTANCE_ID (last: %v)",
+					ErrDuplicateInstance, in.cfg.transactionalID(), len(fenced), window, err)
+			}
 		}
 		in.log.Warn("session ended; rebuilding it", "err", err, "backoff", backoff)
 		if sleep(ctx, backoff) != nil {
@@ -133,6 +166,25 @@ func (in *Instance) Run(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// checkStateDir makes sure the state directory can be created and written
+// before anything else: finding out at the first apply would stop the
+// instance after it joined the group and took partitions.
+func (in *Instance) checkStateDir() error {
+	if in.cfg.Backend != "bbolt" {
+		return nil
+	}
+	dir, _ := in.taskStore(0)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("engine: state dir %s cannot be created: %w", dir, err)
+	}
+	f, err := os.CreateTemp(dir, ".probe-*")
+	if err != nil {
+		return fmt.Errorf("engine: state dir %s is not writable: %w", dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // connect waits for the brokers with backoff, then checks the topics and the
@@ -148,6 +200,10 @@ func (in *Instance) connect(ctx context.Context) error {
 	backoff := 250 * time.Millisecond
 	for {
 		err := in.prepare(ctx)
+		if final := in.startupDenied(ctx, err); final != nil {
+			cl.Close()
+			return final
+		}
 		if err == nil {
 			return nil
 		}
@@ -181,6 +237,8 @@ func (in *Instance) prepare(ctx context.Context) error {
 	// machine room to answer a handful of requests.
 	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
+	rctx, unbind := in.sasl.bind(rctx) // refused credentials end the attempt at once
+	defer unbind()
 	if in.cfg.Guarantee == ExactlyOnce {
 		if err := in.checkTransactionTimeout(rctx); err != nil {
 			return err
@@ -206,12 +264,14 @@ func (in *Instance) prepare(ctx context.Context) error {
 	if in.cfg.Partitions > 0 {
 		outParts = in.cfg.Partitions
 	}
-	if err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, in.cfg.CreateTopics); err != nil {
+	info, err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, in.cfg.CreateTopics)
+	if err != nil {
 		if errors.Is(err, changelog.ErrTopicMismatch) || errors.Is(err, changelog.ErrTopicMissing) {
 			return &startupError{err.Error()}
 		}
 		return err
 	}
+	in.changelogInfo = info
 	plain := []string{in.cfg.DLQTopic}
 	if in.cfg.OutputTopic != "" {
 		plain = append(plain, in.cfg.OutputTopic)
@@ -219,7 +279,39 @@ func (in *Instance) prepare(ctx context.Context) error {
 	if err := in.ensureTopics(rctx, outParts, plain...); err != nil {
 		return err
 	}
+	if err := in.sizeBatches(rctx, plain); err != nil {
+		return err
+	}
 	return in.prepareGroup(rctx)
+}
+
+// producerBatchMax is franz-go's default ProducerBatchMaxBytes.
+const producerBatchMax = 1000012
+
+// sizeBatches caps the producer's batches at the smallest max.message.bytes
+// of the topics the instance writes. A broker refuses a batch above the
+// topic's limit as a whole, so batches of small records that add up past it
+// would fail forever, with no single record to blame.
+func (in *Instance) sizeBatches(ctx context.Context, topics []string) error {
+	in.batchMax = min(producerBatchMax, in.changelogInfo.MaxMessageBytes)
+	rcs, err := in.adm.DescribeTopicConfigs(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			return fmt.Errorf("describe configs of %s: %w", rc.Name, rc.Err)
+		}
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if n, err := strconv.Atoi(*c.Value); err == nil && n > 0 {
+				in.batchMax = min(in.batchMax, n)
+			}
+		}
+	}
+	return nil
 }
 
 func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...string) error {
@@ -255,6 +347,12 @@ func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...str
 // transaction timeout at InitProducerID.
 func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 	rcs, err := in.adm.DescribeBrokerConfigs(ctx)
+	if errors.Is(err, kerr.ClusterAuthorizationFailed) {
+		// Not part of the least-privilege set (README, Security): the
+		// broker checks the timeout itself at InitProducerID.
+		in.log.Info("transaction timeout not checked against the broker: no DESCRIBE_CONFIGS on the cluster", "transaction_timeout", in.cfg.TransactionTimeout)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -280,6 +378,23 @@ func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 }
 
 func (in *Instance) newSession() (txsink.Session, error) {
+	// Callbacks are bound to this session's serial: the client starts
+	// joining as soon as it is built, so its first assignment can arrive
+	// before the loop runs, while a closed session's revoke (Close leaves
+	// the group) can arrive after the next one began.
+	serial := in.session.Add(1)
+	record := func(kind string) func(context.Context, *kgo.Client, map[string][]int32) {
+		return func(_ context.Context, cl *kgo.Client, ps map[string][]int32) {
+			if kind == "assigned" {
+				// Partitions given to us are paused at once: fetching
+				// them starts only after their task has restored.
+				cl.PauseFetchPartitions(ps)
+			}
+			in.evMu.Lock()
+			in.ev = append(in.ev, event{kind, taskSet(ps), serial})
+			in.evMu.Unlock()
+		}
+	}
 	opts := append(in.baseOpts(),
 		kgo.ConsumeTopics(in.cfg.InputTopics...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -292,10 +407,11 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		kgo.DisableAutoCommit(),
 		kgo.RecordPartitioner(newPartitioner()),
 		kgo.ProducerLinger(0),
+		kgo.ProducerBatchMaxBytes(int32(in.batchMax)),
 		kgo.MaxBufferedRecords(100000),
-		kgo.OnPartitionsAssigned(in.onAssigned),
-		kgo.OnPartitionsRevoked(in.onRevoked),
-		kgo.OnPartitionsLost(in.onLost),
+		kgo.OnPartitionsAssigned(record("assigned")),
+		kgo.OnPartitionsRevoked(record("revoked")),
+		kgo.OnPartitionsLost(record("lost")),
 		kgo.OnPartitionsCallbackBlocked(func(context.Context, *kgo.Client) {
 			in.rebalanceWanted.Store(true)
 			select {
@@ -315,31 +431,13 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	return txsink.NewAtLeastOnce(opts...)
 }
 
-// Partitions given to us are paused at once: fetching them starts only
-// after their task has restored.
-func (in *Instance) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
-	cl.PauseFetchPartitions(assigned)
-	in.evMu.Lock()
-	in.ev = append(in.ev, event{"assigned", taskSet(assigned)})
-	in.evMu.Unlock()
-}
-
-func (in *Instance) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	in.evMu.Lock()
-	in.ev = append(in.ev, event{"revoked", taskSet(revoked)})
-	in.evMu.Unlock()
-}
-
-func (in *Instance) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	in.evMu.Lock()
-	in.ev = append(in.ev, event{"lost", taskSet(lost)})
-	in.evMu.Unlock()
-}
-
+// takeEvents returns the current session's callbacks in the order they
+// happened; those of earlier sessions are dropped.
 func (in *Instance) takeEvents() []event {
 	in.evMu.Lock()
 	defer in.evMu.Unlock()
-	ev := in.ev
+	cur := in.session.Load()
+	ev := slices.DeleteFunc(in.ev, func(e event) bool { return e.serial != cur })
 	in.ev = nil
 	return ev
 }

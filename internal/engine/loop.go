@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -13,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/barrier"
-	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/internal/api"
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/txsink"
@@ -32,12 +31,21 @@ type loop struct {
 	tasks     map[int32]*task
 	restoring map[int32]*restoreJob
 	inTxn     bool
-	ckptAt    time.Time // when the checkpoint in flight placed its barrier
+	// budgetFull: a task's write-set reached the epoch budget
+	// (Config.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
+	budgetFull bool
+	sweptAt    time.Time // last sweep of released tasks' state files
+	// refused: the epoch's commit fails because of a poison input (a
+	// suspect confirmed, or a permanent produce failure), so its abort
+	// bounds the replay (task.replayUntil).
+	refused bool
+	ckptAt  time.Time // when the checkpoint in flight placed its barrier
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
 	// promise goroutine); brokenErr says the session must be rebuilt once
 	// the abort is done; fatal is a failure only a restart can handle.
 	produceErr atomic.Pointer[error]
+	failed     failures // permanent failures of outputs and dead letters
 	brokenErr  error
 	fatal      error
 }
@@ -48,13 +56,29 @@ type restoreJob struct {
 }
 
 type restoreResult struct {
-	p    int32
-	be   kstate.Backend
-	meta kstate.Meta
-	err  error
+	p       int32
+	be      kstate.Backend
+	meta    kstate.Meta
+	orphans [][]byte // changelog keys after the last marker: see task.orphans
+	err     error
 }
 
 func (in *Instance) runSession(ctx context.Context) error {
+	if in.cfg.Guarantee == ExactlyOnce {
+		// Fence our predecessor (a killed process with the same
+		// instance id) before anything else: its dangling transaction
+		// is aborted now, so the restores below need not wait out the
+		// transaction timeout for the changelog's last stable offset.
+		fctx, cancel := context.WithTimeout(ctx, in.cfg.TransactionTimeout)
+		err := txsink.Fence(fctx, in.admCl, in.cfg.transactionalID(), in.cfg.TransactionTimeout)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("%w: %w", errSessionBroken, err)
+		}
+	}
 	sess, err := in.newSession()
 	if err != nil {
 		return fmt.Errorf("%w: %w", errSessionBroken, err)
@@ -67,7 +91,6 @@ func (in *Instance) runSession(ctx context.Context) error {
 		tasks:     map[int32]*task{},
 		restoring: map[int32]*restoreJob{},
 	}
-	in.takeEvents() // callbacks of a previous session are void
 	in.rebalanceWanted.Store(false)
 	defer l.close()
 	for {
@@ -86,6 +109,7 @@ func (l *loop) iterate() error {
 		return err
 	}
 	in.ready.Store(len(l.restoring) == 0 && l.joined())
+	l.sweepStateFiles()
 
 	pctx, cancel := context.WithTimeout(l.ctx, l.pollWait())
 	in.wakeMu.Lock()
@@ -93,8 +117,14 @@ func (l *loop) iterate() error {
 	in.wakeMu.Unlock()
 	fs := l.sess.PollRecords(pctx, in.cfg.MaxPollRecords)
 	cancel()
+	if err := in.pollDenied(l.ctx, fs); err != nil {
+		return err
+	}
 	if errors.Is(fs.Err0(), kgo.ErrClientClosed) {
 		return fmt.Errorf("%w: client closed", errSessionBroken)
+	}
+	if err := in.duplicateInGroup(fs); err != nil {
+		return err
 	}
 
 	// Rebalance callbacks ran inside the poll; act on them before
@@ -173,6 +203,13 @@ func (l *loop) process(fs kgo.Fetches) error {
 			if next, ok := t.next[r.Topic]; ok && r.Offset < next {
 				continue // reflected in state already
 			}
+			if until, ok := t.replayUntil[r.Topic]; ok && r.Offset >= until {
+				// The replay of a refused commit ends where the
+				// refused attempt did; the rest comes again.
+				rewind.set(r.Topic, r.Partition, r.Offset)
+				l.budgetFull = true
+				break
+			}
 			if _, ok := t.committed[r.Topic]; !ok {
 				// First record of a task with no committed
 				// offset: an abort rewinds to here.
@@ -190,38 +227,55 @@ func (l *loop) process(fs kgo.Fetches) error {
 	if err != nil {
 		return err
 	}
-	if worked {
-		return l.run(l.coord.Work(time.Now()))
+	if !worked {
+		return nil
+	}
+	if err := l.run(l.coord.Work(time.Now())); err != nil {
+		return err
+	}
+	if l.budgetFull {
+		l.budgetFull = false
+		return l.run(l.coord.RequestCheckpoint(time.Now()))
 	}
 	return nil
 }
 
 func (l *loop) processOne(t *task, r *kgo.Record) error {
 	in := l.in
-	if !l.inTxn {
-		if err := l.sess.Begin(); err != nil {
-			return fmt.Errorf("%w: begin: %w", errSessionBroken, err)
-		}
-		l.inTxn = true
-		in.txnOpenedAt.Store(time.Now().UnixNano())
+	if err := l.begin(); err != nil {
+		return err
 	}
 	t.next[r.Topic] = r.Offset + 1
 	t.advanced = true
 	t.recordsIn.Inc()
 
+	var ps *poison
+	if len(t.poison) > 0 {
+		if ps = t.poison[inputRef{r.Topic, r.Offset}]; ps != nil && ps.confirmed {
+			return l.deadLetterEmit(t, r, ps)
+		}
+	}
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.out = l.ctx, in, r.Key, time.Now(), rc.out[:0]
 	err := in.cfg.Job.Process(rc, apiRecord(r))
 	if err == nil {
-		// A write the store refused (a key too long for bbolt) fails
-		// the record even if the job ignored the error.
+		// A write the store refused (a key too long for bbolt, a value
+		// too large for the changelog) fails the record even if the job
+		// ignored the error.
 		err = t.store.RecordErr()
 	}
 	switch {
 	case err == nil:
 		t.store.CommitRecord()
-		for _, o := range rc.out {
-			l.produce(o)
+		if t.store.DirtyLen() >= in.cfg.EpochMaxKeys || t.store.DirtyBytes() >= in.cfg.EpochMaxBytes {
+			l.budgetFull = true
+		}
+		if ps != nil {
+			l.produceAlone(t, r, ps, rc.out)
+		} else {
+			for _, o := range rc.out {
+				l.produceFor(t, r, o, false)
+			}
 		}
 		t.recordsOut.Add(float64(len(rc.out)))
 	case api.IsFatal(err):
@@ -234,7 +288,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 		if errors.As(err, &de) {
 			stage = "decode"
 		}
-		l.produce(in.deadLetter(r, err, stage))
+		l.produceFor(t, r, in.deadLetter(r, err, stage), true)
 		t.processingErrors.Inc()
 		t.dlq.Inc()
 	}
@@ -242,17 +296,36 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	return nil
 }
 
-// produce adds r to the open epoch. The context is never cancelled: a
-// record failed by its own context is simply not sent, and the transaction
-// would still commit without it (shutdown is handled by the final
-// checkpoint, not by cancelling produces).
+// begin opens the epoch's transaction if it is not open yet.
+func (l *loop) begin() error {
+	if l.inTxn {
+		return nil
+	}
+	if err := l.sess.Begin(); err != nil {
+		return fmt.Errorf("%w: begin: %w", errSessionBroken, err)
+	}
+	l.inTxn = true
+	l.in.txnOpenedAt.Store(time.Now().UnixNano())
+	return nil
+}
+
+// produce adds r, a changelog record or marker, to the open epoch. The
+// context is never cancelled: a record failed by its own context is simply
+// not sent, and the transaction would still commit without it (shutdown is
+// handled by the final checkpoint, not by cancelling produces).
 func (l *loop) produce(r *kgo.Record) {
 	l.sess.Produce(context.Background(), r, func(r *kgo.Record, err error) {
 		if err != nil {
-			err = fmt.Errorf("%w: %s/%d: %w", txsink.ErrProduce, r.Topic, r.Partition, err)
-			l.produceErr.CompareAndSwap(nil, &err)
+			l.noteProduceErr(r, err)
 		}
 	})
+}
+
+// noteProduceErr keeps the epoch's first failed produce; the epoch then
+// cannot commit.
+func (l *loop) noteProduceErr(r *kgo.Record, err error) {
+	err = fmt.Errorf("%w: %s/%d: %w", txsink.ErrProduce, r.Topic, r.Partition, err)
+	l.produceErr.CompareAndSwap(nil, &err)
 }
 
 // run carries out the coordinator's actions until it has nothing to do.
@@ -267,14 +340,20 @@ func (l *loop) run(act barrier.Action) error {
 		case barrier.ActEndEpoch:
 			// Alignment is immediate: this goroutine processed every
 			// record polled before the barrier. Each task hands over
-			// by producing its dirty keys and its marker.
+			// by producing its dirty keys (and, exactly-once, its
+			// marker at once: one transaction holds both).
 			in.cfg.at(PointBeforePreCommit)
 			start := now
 			records := 0
 			next := barrier.Action{}
 			for _, p := range act.Tasks {
 				if t := l.tasks[p]; t != nil {
-					records += t.preCommit(in, l.produce)
+					n, err := l.preCommit(t)
+					if err != nil {
+						l.fatal = err
+						return err
+					}
+					records += n
 				}
 				next = l.coord.TaskReady(p, time.Now())
 			}
@@ -299,6 +378,7 @@ func (l *loop) run(act barrier.Action) error {
 			act = l.coord.Aborted(time.Now())
 
 		case barrier.ActFail:
+			l.learnPoison() // the next session starts with what this one learned
 			if l.fatal != nil {
 				return l.fatal
 			}
@@ -314,6 +394,22 @@ func (l *loop) run(act barrier.Action) error {
 	}
 }
 
+// preCommit produces a task's changelog entries for the epoch, and under
+// exactly-once its marker.
+func (l *loop) preCommit(t *task) (int, error) {
+	if len(t.orphans) > 0 || t.advanced || t.store.DirtyLen() > 0 {
+		if err := l.begin(); err != nil {
+			return 0, err
+		}
+	}
+	n, err := t.preCommit(l.in, l.produce)
+	if err != nil || !t.pending() || l.in.cfg.Guarantee != ExactlyOnce {
+		return n, err
+	}
+	t.produceMarker(l.in, l.produce)
+	return n + 1, nil
+}
+
 // commit ends the epoch's transaction. The session flushes every output,
 // changelog record and marker before TxnOffsetCommit and EndTxn.
 func (l *loop) commit() barrier.Action {
@@ -327,12 +423,23 @@ func (l *loop) commit() barrier.Action {
 	// Ordering rule: every output, changelog record and marker is
 	// acknowledged before the offsets commit and EndTxn is sent; a record
 	// that failed aborts the epoch.
-	if err := l.sess.Client().Flush(ctx); err != nil {
-		l.sessionBroken(err)
-		return l.coord.CommitFailed(fmt.Errorf("flush: %w", err), time.Now())
+	if act, ok := l.flushChecked(ctx); !ok {
+		return act
 	}
-	if perr := l.produceErr.Swap(nil); perr != nil {
-		return l.coord.CommitFailed(*perr, time.Now())
+	if in.cfg.Guarantee == AtLeastOnce {
+		// Ordering rule (at-least-once): the markers go out only once
+		// every output and changelog entry of the epoch is acknowledged.
+		// Nothing aborts a durable marker, and a restore resumes at it:
+		// a marker next to a failed output would skip that output's
+		// input for good.
+		for _, p := range l.taskList() {
+			if t := l.tasks[p]; t.pending() {
+				t.produceMarker(in, l.produce)
+			}
+		}
+		if act, ok := l.flushChecked(ctx); !ok {
+			return act
+		}
 	}
 	offsets := l.alignOffsets()
 	in.cfg.at(PointBeforeCommit)
@@ -368,6 +475,26 @@ func (l *loop) commit() barrier.Action {
 	}
 	in.cfg.at(PointAfterCommit)
 	return l.coord.CommitDone(time.Now())
+}
+
+// flushChecked waits for everything produced in the epoch and reports
+// whether all of it was acknowledged; if not, the commit failed and the
+// returned action says what to do next.
+func (l *loop) flushChecked(ctx context.Context) (barrier.Action, bool) {
+	if err := l.sess.Client().Flush(ctx); err != nil {
+		l.sessionBroken(err)
+		return l.coord.CommitFailed(fmt.Errorf("flush: %w", err), time.Now()), false
+	}
+	if perr := l.produceErr.Swap(nil); perr != nil {
+		if l.refused || l.failed.any() {
+			// An input's output can never be produced: the replay
+			// deals with it (see poison.go).
+			l.refused = true
+			return l.coord.CommitRefused(*perr, time.Now()), false
+		}
+		return l.coord.CommitFailed(*perr, time.Now()), false
+	}
+	return barrier.Action{}, true
 }
 
 // alignOffsets makes the offsets the session is about to commit equal the
@@ -477,9 +604,16 @@ func (l *loop) abort() error {
 	l.inTxn = false
 	l.in.txnOpenedAt.Store(0)
 	l.produceErr.Store(nil)
+	refused := l.refused
+	l.refused = false
+	l.learnPoison()
 	rewind := offsets{}
 	for p, t := range l.tasks {
-		t.discard()
+		t.replayUntil = nil
+		if refused && t.advanced {
+			t.replayUntil = maps.Clone(t.next)
+		}
+		t.discard(l.in.cfg.Guarantee == AtLeastOnce)
 		rewind.setAll(p, t.committed)
 	}
 	if l.brokenErr != nil {
@@ -567,56 +701,6 @@ func (l *loop) startRestoreAfter(p int32, delay time.Duration) {
 	}()
 }
 
-func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
-	dir := filepath.Join(in.cfg.StateDir, in.cfg.AppID)
-	name := fmt.Sprintf("task-%04d", p)
-	start := time.Now()
-	be, err := kstate.Open(in.cfg.Backend, dir, name)
-	if err != nil {
-		return restoreResult{p: p, err: fmt.Errorf("open store of task %d: %w", p, err)}
-	}
-	meta, err := be.Meta()
-	if err != nil {
-		be.Close()
-		return restoreResult{p: p, err: fmt.Errorf("read meta of task %d: %w", p, err)}
-	}
-	var applied *changelog.Marker
-	if len(meta.Offsets) > 0 {
-		applied = &changelog.Marker{Epoch: meta.Epoch, Offsets: meta.Offsets}
-	}
-	label := taskLabel(p)
-	res, err := changelog.Restore(ctx, changelog.RestoreParams{
-		Admin:       in.adm,
-		ClientOpts:  in.baseOpts(),
-		Topic:       in.changelogTopic,
-		Partition:   p,
-		From:        meta.ChangelogOffset,
-		Group:       in.cfg.AppID,
-		InputTopics: in.cfg.InputTopics,
-		Applied:     applied,
-		Apply: func(muts []kstate.Mutation, m changelog.Marker, next int64) error {
-			return be.Apply(muts, kstate.Meta{Epoch: m.Epoch, ChangelogOffset: next, Offsets: m.Offsets})
-		},
-		Progress: func(done, remaining int64) {
-			in.m.restoreDone.WithLabelValues(label).Set(float64(done))
-			in.m.restoreRemaining.WithLabelValues(label).Set(float64(remaining))
-		},
-		Logf: func(msg string, args ...any) { in.log.Info(msg, args...) },
-	})
-	in.m.restoreRemaining.DeleteLabelValues(label)
-	if err != nil {
-		be.Close()
-		return restoreResult{p: p, err: fmt.Errorf("restore task %d: %w", p, err)}
-	}
-	if meta, err = be.Meta(); err != nil {
-		be.Close()
-		return restoreResult{p: p, err: fmt.Errorf("read meta of task %d: %w", p, err)}
-	}
-	in.log.Info("task restored", "task", p, "records", res.Records, "epoch", meta.Epoch,
-		"offsets", meta.Offsets, "took", time.Since(start).Round(time.Millisecond).String())
-	return restoreResult{p: p, be: be, meta: meta}
-}
-
 // installRestored turns finished restores into running tasks: the consumer
 // is placed at the offsets the store reflects (the marker is the truth;
 // the group's committed offsets agree with it) and fetching resumes.
@@ -635,11 +719,20 @@ func (l *loop) installRestored() error {
 			if l.ctx.Err() != nil {
 				continue
 			}
+			if final := l.in.denied(l.ctx, r.err); final != nil {
+				return final
+			}
 			l.in.log.Error("restore failed; retrying", "task", p, "err", r.err)
 			l.startRestoreAfter(p, time.Second)
 			continue
 		}
-		t := newTask(p, r.be, r.meta, l.in.m)
+		t := newTask(p, r.be, r.meta, l.in.m, l.in.maxEntryBytes(), l.in.poisonOf(p))
+		for _, k := range r.orphans {
+			if t.orphans == nil {
+				t.orphans = map[string]struct{}{}
+			}
+			t.orphans[string(k)] = struct{}{}
+		}
 		l.tasks[p] = t
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()
@@ -675,6 +768,7 @@ func (l *loop) shutdown() error {
 // closed. Uncommitted work is dropped; the broker aborts an open
 // transaction when the next session (or the transaction timeout) fences it.
 func (l *loop) close() {
+	l.learnPoison()
 	l.in.ready.Store(false)
 	for p, job := range l.restoring {
 		job.cancel()

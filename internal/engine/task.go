@@ -30,21 +30,37 @@ type task struct {
 	next      map[string]int64
 	advanced  bool // records were consumed in the open epoch
 
-	marker *kgo.Record       // this epoch's marker, once pre-committed
+	marker *kgo.Record       // this epoch's marker, once produced
 	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog
 	rc     recordContext
+
+	// poison holds inputs whose outputs failed permanently (see
+	// poison.go). The map belongs to the instance, so what a session
+	// learned survives the session.
+	poison map[inputRef]*poison
+	// replayUntil, after a commit refused because of a poison input, is
+	// where the refused attempt ended: the replay ends there too, so each
+	// replay makes progress instead of taking in new records (and maybe
+	// new poison) every time.
+	replayUntil map[string]int64
+	// orphans are changelog keys written without a marker that commits
+	// them: by a failed at-least-once attempt, or found after the last
+	// marker by the restore. The next epoch writes each again with its
+	// committed value (see preCommit).
+	orphans map[string]struct{}
 
 	// The task's series, looked up once: a label lookup per record costs
 	// more than the rest of the bookkeeping.
 	recordsIn, recordsOut, processingErrors, dlq prometheus.Counter
 }
 
-func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics) *task {
+func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics, maxEntry int, poison map[inputRef]*poison) *task {
 	label := strconv.Itoa(int(p))
 	t := &task{
 		p:                p,
 		label:            label,
 		store:            kstate.NewStore(be),
+		poison:           poison,
 		epoch:            meta.Epoch,
 		committed:        maps.Clone(meta.Offsets),
 		recordsIn:        m.recordsIn.WithLabelValues(label),
@@ -55,6 +71,7 @@ func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics) *task {
 	if t.committed == nil {
 		t.committed = map[string]int64{}
 	}
+	t.store.SetMaxEntryBytes(maxEntry)
 	t.next = maps.Clone(t.committed)
 	t.rc.t = t
 	return t
@@ -80,40 +97,76 @@ func (o offsets) setAll(p int32, at map[string]int64) {
 	}
 }
 
-// discard drops the open epoch: nothing of it reached the backend.
-func (t *task) discard() {
+// discard drops the open epoch: nothing of it reached the backend. With
+// orphaned set, the changelog entries the epoch produced stay in the topic
+// without a marker (at-least-once has no transaction to abort them), so
+// their keys are rewritten by the next epoch.
+func (t *task) discard(orphaned bool) {
+	if orphaned && len(t.dirty) > 0 {
+		if t.orphans == nil {
+			t.orphans = map[string]struct{}{}
+		}
+		for _, m := range t.dirty {
+			t.orphans[string(m.Key)] = struct{}{}
+		}
+	}
 	t.store.Discard()
 	t.next = maps.Clone(t.committed)
 	t.advanced = false
 	t.marker, t.dirty = nil, nil
 }
 
-// preCommit produces the epoch's changelog for the task: one record per
-// dirty key (nil value = tombstone), then the marker with the next input
-// offsets. Ordering rule: the marker is produced after every entry of the
-// epoch, to the same partition, so a reader that has seen the marker has
-// seen the whole epoch.
-func (t *task) preCommit(in *Instance, produce func(*kgo.Record)) (records int) {
+// preCommit produces the epoch's changelog entries for the task: one record
+// per dirty key (nil value = tombstone). The marker follows in
+// produceMarker, at once under exactly-once (one transaction holds both)
+// and only after the entries and outputs were acknowledged at-least-once.
+//
+// Orphaned keys are written again first, with their committed value
+// (unless the epoch changed them): the last record of such a key in the
+// changelog must be a committed one, or compaction would keep the orphan
+// and a restore from scratch would fold it into the next marker.
+//
+// Ordering rule: the marker is produced after every entry of the epoch, to
+// the same partition, so a reader that has seen the marker has seen the
+// whole epoch.
+func (t *task) preCommit(in *Instance, produce func(*kgo.Record)) (records int, err error) {
 	t.marker, t.dirty = nil, nil
+	for k := range t.orphans {
+		if err := t.store.Rewrite([]byte(k)); err != nil {
+			return 0, fmt.Errorf("task %d: rewrite orphaned key: %w", t.p, err)
+		}
+	}
 	if !t.advanced && t.store.DirtyLen() == 0 {
-		return 0
+		return 0, nil
 	}
 	t.dirty = t.store.Dirty()
-	epoch := t.epoch + 1
-	hdr := []kgo.RecordHeader{{Key: changelog.EpochHeader, Value: changelog.EncodeEpoch(epoch)}}
+	hdr := t.epochHeader()
 	var bytes int
 	for _, m := range t.dirty {
 		produce(&kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: m.Key, Value: m.Value, Headers: hdr})
 		bytes += len(m.Key) + len(m.Value)
 		records++
 	}
-	value := changelog.EncodeMarker(changelog.Marker{Epoch: epoch, Offsets: t.next})
-	t.marker = &kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: changelog.MarkerKey, Value: value, Headers: hdr}
-	produce(t.marker)
-	records++
 	in.m.changelogRecords.Add(float64(records))
-	in.m.changelogBytes.Add(float64(bytes + len(changelog.MarkerKey) + len(value)))
-	return records
+	in.m.changelogBytes.Add(float64(bytes))
+	return records, nil
+}
+
+// pending reports whether preCommit produced anything, so the task needs a
+// marker.
+func (t *task) pending() bool { return t.dirty != nil || t.advanced }
+
+// produceMarker produces the epoch's marker with the next input offsets.
+func (t *task) produceMarker(in *Instance, produce func(*kgo.Record)) {
+	value := changelog.EncodeMarker(changelog.Marker{Epoch: t.epoch + 1, Offsets: t.next})
+	t.marker = &kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: changelog.MarkerKey, Value: value, Headers: t.epochHeader()}
+	produce(t.marker)
+	in.m.changelogRecords.Inc()
+	in.m.changelogBytes.Add(float64(len(changelog.MarkerKey) + len(value)))
+}
+
+func (t *task) epochHeader() []kgo.RecordHeader {
+	return []kgo.RecordHeader{{Key: changelog.EpochHeader, Value: changelog.EncodeEpoch(t.epoch + 1)}}
 }
 
 // apply advances the backend to the committed epoch, in one backend
@@ -123,7 +176,7 @@ func (t *task) apply(in *Instance) error {
 	if t.marker == nil {
 		return nil
 	}
-	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next)}
+	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now()}
 	if err := t.store.Apply(t.dirty, meta); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
@@ -131,7 +184,8 @@ func (t *task) apply(in *Instance) error {
 	t.committed = meta.Offsets
 	t.next = maps.Clone(meta.Offsets)
 	t.advanced = false
-	t.marker, t.dirty = nil, nil
+	t.marker, t.dirty, t.orphans, t.replayUntil = nil, nil, nil, nil
+	t.prunePoison()
 	in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 	st := t.store.Backend().Stats()
 	in.m.stateKeys.WithLabelValues(t.label).Set(float64(st.Keys))
@@ -199,6 +253,9 @@ const (
 	HeaderTopic     = "sluice.source.topic"
 	HeaderPartition = "sluice.source.partition"
 	HeaderOffset    = "sluice.source.offset"
+	// HeaderTruncated is set on a dead letter whose key and value were
+	// left out because the dead-letter topic refused the whole record.
+	HeaderTruncated = "sluice.truncated"
 )
 
 func (in *Instance) deadLetter(r *kgo.Record, err error, stage string) *kgo.Record {

@@ -49,6 +49,9 @@ func runChild() int {
 	if r, err := time.ParseDuration(env("SYSTEST_REBALANCE")); err == nil {
 		cfg.RebalanceTimeout = r
 	}
+	if d, err := time.ParseDuration(env("SYSTEST_TXN_TIMEOUT")); err == nil {
+		cfg.TransactionTimeout = d
+	}
 	level := slog.LevelInfo
 	if env("SYSTEST_LOG_DIR") != "" {
 		level = slog.LevelDebug
@@ -213,13 +216,7 @@ func (f *feeder) valid() int {
 // has an output (or nothing arrives for idle), then checks it.
 func awaitAggregate(t *testing.T, brokers string, f *feeder, idle time.Duration) check.Report {
 	t.Helper()
-	want := f.valid()
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, idle, func(r []*kgo.Record) bool { return len(r) >= want })
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Read on briefly: a duplicate would arrive after the expected count.
-	more, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 500*time.Millisecond, func(r []*kgo.Record) bool { return len(r) > len(recs) })
+	more, err := check.ReadCommitted(context.Background(), []string{brokers}, output, idle, check.Settled(f.valid()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
 	if !rep.OK() || rep.Inputs != 1960 {
 		t.Fatalf("aggregate: %v", rep)
 	}
-	dlq, err := check.ReadCommitted(context.Background(), []string{brokers}, "agg-dlq", 5*time.Second, func(r []*kgo.Record) bool { return len(r) >= f.bad })
+	dlq, err := check.ReadCommitted(context.Background(), []string{brokers}, "agg-dlq", 30*time.Second, check.Settled(f.bad))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,221 @@
+package changelog
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// recordingBackend is a memory backend that remembers every Apply.
+type recordingBackend struct {
+	kstate.Backend
+	sizes []int
+	metas []kstate.Meta
+}
+
+func (b *recordingBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
+	b.sizes = append(b.sizes, len(muts))
+	b.metas = append(b.metas, meta)
+	return b.Backend.Apply(muts, meta)
+}
+
+func entryKey(i int) []byte {
+	return kstate.EncodeKey(kstate.KindKeyed, "count", []byte(fmt.Sprintf("k%05d", i)), nil)
+}
+
+// changelogWith writes epochs of keyed entries, each followed by its
+// marker, then orphans (entries with no marker after them), as separate
+// produce requests so each is its own batch for compaction.
+//
+// Compaction runs before the orphans are written, as it does in Kafka,
+// which never cleans the active segment: an orphan is the newest record of
+// its key, so compacting it away from the committed value before the next
+// epoch rewrites the key is not a case a restore has to survive.
+func changelogWith(t *testing.T, epochs, keysPerEpoch, orphans int) (*kfake.Cluster, *kgo.Client, *kadm.Client) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("app-changelog"), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	if _, err := Ensure(ctx, adm, "app-changelog", 1, true); err != nil {
+		t.Fatal(err)
+	}
+	produce := func(recs ...*kgo.Record) {
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for e := 1; e <= epochs; e++ {
+		var recs []*kgo.Record
+		for i := range keysPerEpoch {
+			recs = append(recs, &kgo.Record{Key: entryKey((e-1)*keysPerEpoch + i), Value: []byte{byte(e)}})
+		}
+		produce(recs...)
+		produce(&kgo.Record{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: uint64(e), Offsets: map[string]int64{"in": int64(e * 10)}})})
+	}
+	c.Compact()
+	for i := range orphans {
+		produce(&kgo.Record{Key: entryKey(i), Value: []byte("orphan")})
+	}
+	return c, cl, adm
+}
+
+func restoreInto(t *testing.T, cl *kgo.Client, adm *kadm.Client, be *recordingBackend, batch int) Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := Restore(ctx, RestoreParams{
+		Admin:      adm,
+		ClientOpts: []kgo.Opt{kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...)},
+		Topic:      "app-changelog",
+		Partition:  0,
+		BatchKeys:  batch,
+		Apply:      be.Apply,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// Defect 5: the restore applied only at markers, and compaction keeps one
+// marker per partition, so a full restore of a compacted changelog held the
+// whole partition in memory and wrote it in one transaction. Now batches
+// are bounded whatever the markers; only the last is complete.
+func TestRestoreBoundedAfterCompaction(t *testing.T) {
+	_, cl, adm := changelogWith(t, 20, 100, 3)
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	res := restoreInto(t, cl, adm, be, 150)
+
+	for i, n := range be.sizes {
+		if n > 150 {
+			t.Fatalf("apply %d wrote %d keys at once, bound 150 (all: %v)", i, n, be.sizes)
+		}
+	}
+	last := be.metas[len(be.metas)-1]
+	if last.Partial || last.Epoch != 20 || last.Offsets["in"] != 200 {
+		t.Fatalf("last apply's meta %+v, want complete epoch 20", last)
+	}
+	for _, m := range be.metas[:len(be.metas)-1] {
+		if !m.Partial {
+			t.Fatalf("an apply before the last marker is not partial: %+v", m)
+		}
+	}
+	if res.Last == nil || res.Last.Epoch != 20 {
+		t.Fatalf("result's last marker %+v", res.Last)
+	}
+	if st := be.Stats(); st.Keys != 2000 {
+		t.Fatalf("%d keys restored, want 2000", st.Keys)
+	}
+	// The orphans came after the last marker: reported, not applied.
+	v, _, err := be.Get(entryKey(0))
+	if err != nil || string(v) != "\x01" {
+		t.Fatalf("k00000 = %q, %v; want its committed value", v, err)
+	}
+	var orphans []string
+	for _, k := range res.Orphans {
+		orphans = append(orphans, string(k))
+	}
+	sort.Strings(orphans)
+	if len(orphans) != 3 || orphans[0] != string(entryKey(0)) || orphans[2] != string(entryKey(2)) {
+		t.Fatalf("orphans %q", orphans)
+	}
+}
+
+// A restore from a partial store (a crash between two bounded batches)
+// resumes where it stopped and completes it.
+func TestRestoreResumesPartial(t *testing.T) {
+	_, cl, adm := changelogWith(t, 5, 100, 0)
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	restoreInto(t, cl, adm, be, 150)
+	partial := be.metas[0]
+	if !partial.Partial {
+		t.Fatalf("first batch not partial: %+v", partial)
+	}
+
+	again := &recordingBackend{Backend: kstate.NewMemory()}
+	ctx := context.Background()
+	res, err := Restore(ctx, RestoreParams{
+		Admin:      adm,
+		ClientOpts: []kgo.Opt{kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...)},
+		Topic:      "app-changelog",
+		From:       partial.ChangelogOffset,
+		Apply:      again.Apply,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Last == nil || res.Last.Epoch != 5 || again.metas[len(again.metas)-1].Partial {
+		t.Fatalf("resumed restore ended at %+v, %+v", res.Last, again.metas)
+	}
+}
+
+// A slow broker is not a compacted tail: the restore waits for records that
+// exist instead of skipping them after a silence (the old guess: 5 s).
+func TestRestoreWaitsForASlowBroker(t *testing.T) {
+	c, cl, adm := changelogWith(t, 3, 10, 0)
+	slowed := false
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		if slowed {
+			return nil, nil, false
+		}
+		slowed = true
+		c.SleepControl(func() { <-time.After(6 * time.Second) }) // the fault: a broker silent for 6s
+		c.KeepControl()
+		return nil, nil, false
+	})
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	res := restoreInto(t, cl, adm, be, 0)
+	if res.Last == nil || res.Last.Epoch != 3 || be.Stats().Keys != 30 {
+		t.Fatalf("restored %d keys up to %+v, want 30 up to epoch 3", be.Stats().Keys, res.Last)
+	}
+}
+
+// An aborted transaction larger than the first window read back from the
+// end, with no marker after it: the restore ends at the last committed
+// marker instead of waiting for records read_committed never shows.
+func TestRestorePastALargeAbortedTransaction(t *testing.T) {
+	c, cl, adm := changelogWith(t, 2, 10, 0)
+	txn, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("app-changelog"),
+		kgo.TransactionalID("zombie"), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	ctx := context.Background()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for i := range 6000 {
+		recs = append(recs, &kgo.Record{Key: entryKey(i), Value: []byte("aborted")})
+	}
+	if err := txn.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	res := restoreInto(t, cl, adm, be, 0)
+	if res.Last == nil || res.Last.Epoch != 2 || be.Stats().Keys != 20 || len(res.Orphans) != 0 {
+		t.Fatalf("restored %d keys up to %+v with orphans %d, want 20 up to epoch 2 and none", be.Stats().Keys, res.Last, len(res.Orphans))
+	}
+}

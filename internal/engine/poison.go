@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Permanent produce failures. An output the broker or the client will never
+// accept (larger than max.message.bytes, a record the topic refuses) would
+// abort its epoch on every replay, and nothing after it would ever commit.
+// Such an input is a poison record: it goes to the dead-letter topic
+// (stage "emit", the produce error in the headers), its state writes and
+// other outputs are dropped, and the epoch is replayed without it.
+//
+// The broker fails a whole batch, so a permanent error names every record
+// batched with the culprit. The first failure only makes its inputs
+// suspects; on the replay each suspect's outputs are produced alone (flushed
+// before and after), and only a suspect whose outputs fail again alone is
+// dead-lettered. The rest go on as usual.
+
+// inputRef names an input record of a task.
+type inputRef struct {
+	topic  string
+	offset int64
+}
+
+// poison is what the task knows of an input whose output failed for good.
+type poison struct {
+	err       error
+	confirmed bool // its outputs failed when produced alone: dead-letter it
+	dlqFailed int  // times its dead letter itself failed permanently
+}
+
+// failedOutput is a permanent produce failure, as the promise saw it.
+type failedOutput struct {
+	task int32
+	ref  inputRef
+	err  error
+	dlq  bool // the failed record was the input's dead letter
+}
+
+// isPermanent reports whether a produce error can never succeed on retry.
+func isPermanent(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) ||
+		errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidRecord)
+}
+
+// failures collects permanent produce failures from franz-go's promise
+// goroutines for the loop.
+type failures struct {
+	mu   sync.Mutex
+	list []failedOutput
+}
+
+func (f *failures) add(fo failedOutput) {
+	f.mu.Lock()
+	f.list = append(f.list, fo)
+	f.mu.Unlock()
+}
+
+func (f *failures) any() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.list) > 0
+}
+
+func (f *failures) take() []failedOutput {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	list := f.list
+	f.list = nil
+	return list
+}
+
+// produceFor adds r, an output or dead letter of the input src, to the open
+// epoch; a permanent failure is remembered against src.
+func (l *loop) produceFor(t *task, src *kgo.Record, r *kgo.Record, dlq bool) {
+	p, ref := t.p, inputRef{src.Topic, src.Offset}
+	l.sess.Produce(context.Background(), r, func(r *kgo.Record, err error) {
+		if err == nil {
+			return
+		}
+		l.noteProduceErr(r, err)
+		if isPermanent(err) {
+			l.failed.add(failedOutput{task: p, ref: ref, err: err, dlq: dlq})
+		}
+	})
+}
+
+// learnPoison turns the permanent failures of an aborted epoch into
+// suspects (or, for dead letters, into a fallback) for its replay.
+func (l *loop) learnPoison() {
+	for _, f := range l.failed.take() {
+		known := l.in.poisonOf(f.task)
+		ps := known[f.ref]
+		switch {
+		case ps == nil && f.dlq:
+			known[f.ref] = &poison{err: f.err, confirmed: true, dlqFailed: 1}
+		case ps == nil:
+			known[f.ref] = &poison{err: f.err}
+		case f.dlq:
+			ps.dlqFailed++
+		default:
+			ps.confirmed, ps.err = true, f.err
+		}
+		l.in.log.Warn("output failed permanently; its input is replayed as a suspect",
+			"task", f.task, "topic", f.ref.topic, "offset", f.ref.offset, "dead_letter", f.dlq, "err", f.err)
+	}
+}
+
+// produceAlone produces a suspect's outputs with nothing else in their
+// batches and waits for them. A permanent failure confirms the suspect
+// (the epoch is then aborted and replayed without it); success clears it.
+func (l *loop) produceAlone(t *task, src *kgo.Record, ps *poison, out []*kgo.Record) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
+	defer cancel()
+	if err := l.sess.Client().Flush(ctx); err != nil {
+		l.noteProduceErr(src, fmt.Errorf("flush before a suspect's outputs: %w", err))
+		return
+	}
+	var mu sync.Mutex
+	var permanent error
+	for _, o := range out {
+		l.sess.Produce(context.Background(), o, func(r *kgo.Record, err error) {
+			if err == nil {
+				return
+			}
+			l.noteProduceErr(r, err)
+			if isPermanent(err) {
+				mu.Lock()
+				permanent = err
+				mu.Unlock()
+			}
+		})
+	}
+	if err := l.sess.Client().Flush(ctx); err != nil {
+		l.noteProduceErr(src, fmt.Errorf("flush of a suspect's outputs: %w", err))
+		return
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	ref := inputRef{src.Topic, src.Offset}
+	if permanent == nil {
+		delete(t.poison, ref)
+		return
+	}
+	ps.confirmed, ps.err = true, permanent
+	l.refused = true
+	l.in.log.Warn("output fails alone too; its input goes to the dead-letter topic on the replay",
+		"task", t.p, "topic", src.Topic, "offset", src.Offset, "err", permanent)
+}
+
+// deadLetterEmit sends a confirmed poison input to the dead-letter topic.
+// If its dead letter failed permanently before (the DLQ topic accepts less
+// than the input topic did), the key and value are left out; if even that
+// failed, the instance stops: no record can be written there.
+func (l *loop) deadLetterEmit(t *task, r *kgo.Record, ps *poison) error {
+	dl := l.in.deadLetter(r, ps.err, "emit")
+	switch {
+	case ps.dlqFailed == 1:
+		dl.Key, dl.Value = nil, nil
+		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderTruncated, Value: []byte("key and value left out: the dead-letter topic refused them")})
+	case ps.dlqFailed > 1:
+		return fmt.Errorf("engine: task %d offset %d: the dead-letter topic %s refuses even a record without key and value: %w", t.p, r.Offset, l.in.cfg.DLQTopic, ps.err)
+	}
+	l.produceFor(t, r, dl, true)
+	t.dlq.Inc()
+	t.processingErrors.Inc()
+	return nil
+}
+
+// poisonOf returns the poison inputs known for task p. Only the loop
+// goroutine calls it; the map outlives sessions.
+func (in *Instance) poisonOf(p int32) map[inputRef]*poison {
+	if in.poison == nil {
+		in.poison = map[int32]map[inputRef]*poison{}
+	}
+	m := in.poison[p]
+	if m == nil {
+		m = map[inputRef]*poison{}
+		in.poison[p] = m
+	}
+	return m
+}
+
+// prunePoison forgets inputs the task committed past.
+func (t *task) prunePoison() {
+	for ref := range t.poison {
+		if next, ok := t.committed[ref.topic]; ok && ref.offset < next {
+			delete(t.poison, ref)
+		}
+	}
+}

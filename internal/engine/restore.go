@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// restore opens task p's store and brings it up to date from its changelog
+// partition. A store that cannot be trusted is not used: a corrupt file is
+// moved aside, a stale one (see stale) or one the changelog has moved past
+// is deleted, and the task is restored from the start of its changelog.
+func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
+	start := time.Now()
+	fresh := false
+	for {
+		be, meta, err := in.openStore(p, fresh)
+		if err != nil {
+			return restoreResult{p: p, err: err}
+		}
+		res, err := in.restoreStore(ctx, p, be, meta)
+		if err == nil {
+			meta, err = be.Meta()
+		}
+		switch {
+		case err == nil && !meta.Partial:
+			in.log.Info("task restored", "task", p, "records", res.Records, "epoch", meta.Epoch,
+				"offsets", meta.Offsets, "orphans", len(res.Orphans), "took", time.Since(start).Round(time.Millisecond).String())
+			return restoreResult{p: p, be: be, meta: meta, orphans: res.Orphans}
+		case err == nil:
+			err = errors.New("a partial restore found no marker to complete it")
+		}
+		be.Close()
+		if fresh || ctx.Err() != nil || !(errors.Is(err, changelog.ErrStateBehind) || meta.Partial) {
+			return restoreResult{p: p, err: fmt.Errorf("restore task %d: %w", p, err)}
+		}
+		in.log.Warn("local state cannot be completed from the changelog; restoring the task from scratch", "task", p, "err", err)
+		fresh = true
+	}
+}
+
+func (in *Instance) taskStore(p int32) (dir, name string) {
+	return filepath.Join(in.cfg.StateDir, in.cfg.AppID), fmt.Sprintf("task-%04d", p)
+}
+
+// openStore opens task p's backend and reads its meta. With fresh, or when
+// the file is corrupt or stale, the task starts from an empty store.
+func (in *Instance) openStore(p int32, fresh bool) (kstate.Backend, kstate.Meta, error) {
+	dir, name := in.taskStore(p)
+	if fresh {
+		if err := kstate.Remove(in.cfg.Backend, dir, name); err != nil {
+			return nil, kstate.Meta{}, err
+		}
+	}
+	be, err := in.cfg.OpenBackend(in.cfg.Backend, dir, name)
+	var meta kstate.Meta
+	if err == nil {
+		if meta, err = be.Meta(); err != nil {
+			be.Close()
+		}
+	}
+	if errors.Is(err, kstate.ErrCorrupt) {
+		// The changelog holds everything the file did: keep the file
+		// for a post-mortem, start over without it.
+		aside := kstate.BoltPath(dir, name) + ".corrupt-" + time.Now().UTC().Format("20060102T150405Z")
+		in.log.Warn("state file is corrupt; moved aside, restoring the task from the changelog", "task", p, "file", aside, "err", err)
+		if rerr := os.Rename(kstate.BoltPath(dir, name), aside); rerr != nil {
+			return nil, kstate.Meta{}, fmt.Errorf("move corrupt state of task %d aside: %w", p, rerr)
+		}
+		return in.openStore(p, false)
+	}
+	if err != nil {
+		return nil, kstate.Meta{}, fmt.Errorf("open store of task %d: %w", p, err)
+	}
+	if why := in.stale(meta); why != "" {
+		be.Close()
+		in.log.Warn("local state is stale; restoring the task from the changelog", "task", p, "why", why)
+		return in.openStore(p, true)
+	}
+	return be, meta, nil
+}
+
+// stale says why a store's meta cannot be trusted to resume from, or "".
+// Compaction drops a tombstone delete.retention.ms after it cleaned it; a
+// store last brought up to date longer ago than that may have missed a
+// delete for good, and would bring the key back.
+func (in *Instance) stale(meta kstate.Meta) string {
+	if meta.ChangelogOffset <= 0 && len(meta.Offsets) == 0 {
+		return "" // empty: nothing to resume from anyway
+	}
+	if meta.AppliedAt.IsZero() {
+		return "the store does not say when it was last applied (written by an older release)"
+	}
+	// Half the retention: compaction may clean a tombstone well after it
+	// was written, but nothing says how long after; and clocks drift.
+	limit := in.changelogInfo.DeleteRetention / 2
+	if age := in.now().Sub(meta.AppliedAt); age > limit {
+		return fmt.Sprintf("last applied %s ago, beyond half the changelog's delete.retention.ms (%s)", age.Round(time.Second), in.changelogInfo.DeleteRetention)
+	}
+	return ""
+}
+
+// restoreStore reads the changelog into be from the offset its meta holds.
+func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta) (changelog.Result, error) {
+	var applied *changelog.Marker
+	if len(meta.Offsets) > 0 && !meta.Partial {
+		applied = &changelog.Marker{Epoch: meta.Epoch, Offsets: meta.Offsets}
+	}
+	label := taskLabel(p)
+	defer in.m.restoreRemaining.DeleteLabelValues(label)
+	wrote := false
+	res, err := changelog.Restore(ctx, changelog.RestoreParams{
+		Admin:       in.adm,
+		ClientOpts:  in.baseOpts(),
+		Topic:       in.changelogTopic,
+		Partition:   p,
+		From:        meta.ChangelogOffset,
+		Group:       in.cfg.AppID,
+		InputTopics: in.cfg.InputTopics,
+		Applied:     applied,
+		Apply: func(muts []kstate.Mutation, m kstate.Meta) error {
+			wrote = true
+			return be.Apply(muts, m)
+		},
+		Progress: func(done, remaining int64) {
+			in.m.restoreDone.WithLabelValues(label).Set(float64(done))
+			in.m.restoreRemaining.WithLabelValues(label).Set(float64(remaining))
+		},
+		Logf: func(msg string, args ...any) { in.log.Info(msg, args...) },
+	})
+	if err == nil && !wrote && len(meta.Offsets) > 0 {
+		// Nothing new, but the store is now known to be current: say
+		// so, or a task idle for long would look stale at its next start.
+		meta.AppliedAt = in.now()
+		err = be.Apply(nil, meta)
+	}
+	return res, err
+}
+
+// maxEntryBytes bounds one state entry so that its changelog record fits
+// the producer's batch limit (see sizeBatches), with room for the batch and
+// record framing and the epoch header.
+func (in *Instance) maxEntryBytes() int {
+	const framing = 512
+	return in.batchMax - framing
+}
