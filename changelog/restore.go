@@ -280,11 +280,13 @@ func (r *restorer) findLastMarker(ctx context.Context, from, end int64) (int64, 
 // to pass them; values are copied, so a batch held for applying does not
 // pin whole fetch responses.
 func (r *restorer) scan(ctx context.Context, pos *int64, end int64, fn func(*kgo.Record) error) error {
+	backoff := 50 * time.Millisecond
 	for *pos < end {
-		recs, next, err := r.reader.fetch(ctx, *pos)
+		f, err := r.reader.fetch(ctx, *pos)
 		if err != nil {
 			return err
 		}
+		recs, next := f.recs, f.next
 		for _, rec := range recs {
 			if rec.Offset >= end {
 				*pos = end
@@ -303,11 +305,21 @@ func (r *restorer) scan(ctx context.Context, pos *int64, end int64, fn func(*kgo
 			// Past batches that held nothing for us: aborted,
 			// emptied by compaction, or records already read.
 			*pos = min(next, end)
-		case len(recs) == 0:
-			// No batch at or after the position below the last
-			// stable offset: compaction removed the rest.
+		case len(recs) == 0 && f.lso >= end:
+			// No batch at or after the position below a last stable
+			// offset that reaches the end: compaction removed the rest.
 			*pos = end
+		case len(recs) == 0:
+			// The answering broker has not caught up to the end (a
+			// new leader, a lagging replica): ask the leader again.
+			r.reader.forget()
+			if err := sleep(ctx, backoff); err != nil {
+				return err
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
 		}
+		backoff = 50 * time.Millisecond
 		if r.p.Progress != nil {
 			r.p.Progress(r.res.Records, max(0, end-*pos))
 		}

@@ -29,7 +29,15 @@ type partitionReader struct {
 	partition int32
 	id        [16]byte
 	leader    int32 // -1 until known
+	epoch     int32 // the leader's epoch, so a deposed leader answers FENCED_LEADER_EPOCH
 	dec       kgo.Decompressor
+}
+
+// fetched is one fetch's answer.
+type fetched struct {
+	recs []*kgo.Record
+	next int64 // the offset after the last batch read (the fetch offset if none)
+	lso  int64 // the partition's last stable offset, as the answering broker knows it
 }
 
 func newPartitionReader(adm *kadm.Client, cl *kgo.Client, topic string, partition int32) *partitionReader {
@@ -38,49 +46,54 @@ func newPartitionReader(adm *kadm.Client, cl *kgo.Client, topic string, partitio
 
 const readerFetchBytes = 8 << 20
 
-// fetch returns the records at or after pos that one fetch brings, and the
-// offset after the last batch it read (pos if there was none).
-func (r *partitionReader) fetch(ctx context.Context, pos int64) ([]*kgo.Record, int64, error) {
+// fetch returns the records at or after pos that one fetch brings, with
+// the offset after the last batch it read and the answering leader's last
+// stable offset.
+func (r *partitionReader) fetch(ctx context.Context, pos int64) (fetched, error) {
 	backoff := 50 * time.Millisecond
 	for {
-		recs, next, err := r.fetchOnce(ctx, pos)
+		f, err := r.fetchOnce(ctx, pos)
 		if err == nil || ctx.Err() != nil {
-			return recs, next, err
+			return f, err
 		}
 		var ke *kerr.Error
 		if !errors.As(err, &ke) || !ke.Retriable {
-			return nil, pos, err
+			return fetched{next: pos}, err
 		}
 		r.leader = -1 // leadership moved, or the broker is busy: look again
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, pos, ctx.Err()
+			return fetched{next: pos}, ctx.Err()
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
 	}
 }
 
-func (r *partitionReader) fetchOnce(ctx context.Context, pos int64) ([]*kgo.Record, int64, error) {
+// forget drops the known leader: the next fetch looks it up again.
+func (r *partitionReader) forget() { r.leader = -1 }
+
+func (r *partitionReader) fetchOnce(ctx context.Context, pos int64) (fetched, error) {
+	none := fetched{next: pos}
 	if r.leader < 0 {
 		md, err := r.adm.Metadata(ctx, r.topic)
 		if err != nil {
-			return nil, pos, fmt.Errorf("changelog: metadata of %s: %w", r.topic, err)
+			return none, fmt.Errorf("changelog: metadata of %s: %w", r.topic, err)
 		}
 		td, ok := md.Topics[r.topic]
 		if !ok || td.Err != nil {
-			return nil, pos, fmt.Errorf("changelog: metadata of %s: %w", r.topic, td.Err)
+			return none, fmt.Errorf("changelog: metadata of %s: %w", r.topic, td.Err)
 		}
 		pd, ok := td.Partitions[r.partition]
 		if !ok {
-			return nil, pos, fmt.Errorf("changelog: %s has no partition %d", r.topic, r.partition)
+			return none, fmt.Errorf("changelog: %s has no partition %d", r.topic, r.partition)
 		}
 		if pd.Err != nil {
-			return nil, pos, fmt.Errorf("changelog: metadata of %s/%d: %w", r.topic, r.partition, pd.Err)
+			return none, fmt.Errorf("changelog: metadata of %s/%d: %w", r.topic, r.partition, pd.Err)
 		}
-		r.id, r.leader = td.ID, pd.Leader
+		r.id, r.leader, r.epoch = td.ID, pd.Leader, pd.LeaderEpoch
 	}
 	req := kmsg.NewPtrFetchRequest()
 	req.ReplicaID = -1
@@ -94,17 +107,17 @@ func (r *partitionReader) fetchOnce(ctx context.Context, pos int64) ([]*kgo.Reco
 	rp := kmsg.NewFetchRequestTopicPartition()
 	rp.Partition = r.partition
 	rp.FetchOffset = pos
-	rp.CurrentLeaderEpoch = -1
+	rp.CurrentLeaderEpoch = r.epoch
 	rp.LogStartOffset = -1
 	rp.PartitionMaxBytes = readerFetchBytes
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
 	resp, err := req.RequestWith(ctx, r.cl.Broker(int(r.leader)))
 	if err != nil {
-		return nil, pos, fmt.Errorf("changelog: fetch %s/%d at %d: %w", r.topic, r.partition, pos, err)
+		return none, fmt.Errorf("changelog: fetch %s/%d at %d: %w", r.topic, r.partition, pos, err)
 	}
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return nil, pos, fmt.Errorf("changelog: fetch %s/%d at %d: %w", r.topic, r.partition, pos, err)
+		return none, fmt.Errorf("changelog: fetch %s/%d at %d: %w", r.topic, r.partition, pos, err)
 	}
 	for i := range resp.Topics {
 		for j := range resp.Topics[i].Partitions {
@@ -120,10 +133,10 @@ func (r *partitionReader) fetchOnce(ctx context.Context, pos int64) ([]*kgo.Reco
 				Partition:          r.partition,
 			}, p, r.dec, nil)
 			if fp.Err != nil {
-				return nil, pos, fmt.Errorf("changelog: fetch %s/%d at %d: %w", r.topic, r.partition, pos, fp.Err)
+				return none, fmt.Errorf("changelog: fetch %s/%d at %d: %w", r.topic, r.partition, pos, fp.Err)
 			}
-			return fp.Records, max(next, pos), nil
+			return fetched{recs: fp.Records, next: max(next, pos), lso: fp.LastStableOffset}, nil
 		}
 	}
-	return nil, pos, fmt.Errorf("changelog: fetch %s/%d at %d: partition missing from the answer", r.topic, r.partition, pos)
+	return none, fmt.Errorf("changelog: fetch %s/%d at %d: partition missing from the answer", r.topic, r.partition, pos)
 }

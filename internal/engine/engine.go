@@ -42,6 +42,10 @@ type Instance struct {
 	ready           atomic.Bool
 	committedEpochs atomic.Uint64
 	txnOpenedAt     atomic.Int64 // unix nanoseconds; 0 when no transaction is open
+	commitTxnAge    atomic.Int64 // age of the transaction at the last commit, nanoseconds
+	// unreleasedSince is when the group first answered this member
+	// UNRELEASED_INSTANCE_ID without it joining since (see identity.go).
+	unreleasedSince time.Time
 
 	// Rebalance callbacks run on franz-go's goroutines; they only record
 	// what happened here, and the loop acts on it after its poll returns.
@@ -151,7 +155,11 @@ func (in *Instance) Run(ctx context.Context) error {
 		if !errors.Is(err, errSessionBroken) {
 			return err
 		}
-		if isFenced(err) {
+		// A session whose transaction outlived the transaction timeout
+		// (a pause, a stall) was fenced by the broker's abort, not by
+		// another process.
+		expired := time.Duration(in.commitTxnAge.Swap(0)) > in.cfg.TransactionTimeout
+		if isFenced(err) && !expired {
 			now := in.now()
 			window := fencedWindow * in.cfg.TransactionTimeout
 			fenced = append(slices.DeleteFunc(fenced, func(at time.Time) bool { return now.Sub(at) > window }), now)

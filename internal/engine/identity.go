@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -28,13 +29,30 @@ const (
 	fencedWindow        = 6
 )
 
-// duplicateInGroup looks in a poll's errors for the group fencing this
-// static member: another member joined with the same group.instance.id.
-func (in *Instance) duplicateInGroup(fs kgo.Fetches) error {
+// duplicateInGroup looks in a poll's errors for the group refusing this
+// static member because another one holds its group.instance.id:
+// FENCED_INSTANCE_ID at once, or (KIP-848) UNRELEASED_INSTANCE_ID for
+// longer than two session timeouts without this member joining in between.
+// A crashed predecessor's membership is released by then (or taken over at
+// start, see group.go); a live process's is not.
+func (in *Instance) duplicateInGroup(fs kgo.Fetches, joined bool) error {
+	if joined {
+		in.unreleasedSince = time.Time{}
+	}
 	var dup error
 	fs.EachError(func(_ string, _ int32, err error) {
-		if dup == nil && errors.Is(err, kerr.FencedInstanceID) {
+		switch {
+		case dup != nil:
+		case errors.Is(err, kerr.FencedInstanceID):
 			dup = fmt.Errorf("%w: the group fenced member %q (FENCED_INSTANCE_ID): give every instance its own SLUICE_INSTANCE_ID", ErrDuplicateInstance, in.cfg.InstanceID)
+		case errors.Is(err, kerr.UnreleasedInstanceID):
+			now := in.now()
+			if in.unreleasedSince.IsZero() {
+				in.unreleasedSince = now
+			} else if now.Sub(in.unreleasedSince) > 2*in.cfg.SessionTimeout {
+				dup = fmt.Errorf("%w: the group has refused member %q for %s (UNRELEASED_INSTANCE_ID): give every instance its own SLUICE_INSTANCE_ID",
+					ErrDuplicateInstance, in.cfg.InstanceID, now.Sub(in.unreleasedSince).Round(time.Second))
+			}
 		}
 	})
 	return dup

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/barrier"
@@ -72,10 +73,15 @@ func (in *Instance) runSession(ctx context.Context) error {
 		fctx, cancel := context.WithTimeout(ctx, in.cfg.TransactionTimeout)
 		err := txsink.Fence(fctx, in.admCl, in.cfg.transactionalID(), in.cfg.TransactionTimeout)
 		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, kerr.InvalidTransactionTimeout):
+			// Final: the broker refuses the timeout itself (the start-up
+			// check is skipped without DESCRIBE_CONFIGS on the cluster).
+			return fmt.Errorf("engine: SLUICE_TRANSACTION_TIMEOUT=%s is refused by the broker (above its transaction.max.timeout.ms): %w", in.cfg.TransactionTimeout, err)
+		default:
 			return fmt.Errorf("%w: %w", errSessionBroken, err)
 		}
 	}
@@ -123,7 +129,7 @@ func (l *loop) iterate() error {
 	if errors.Is(fs.Err0(), kgo.ErrClientClosed) {
 		return fmt.Errorf("%w: client closed", errSessionBroken)
 	}
-	if err := in.duplicateInGroup(fs); err != nil {
+	if err := in.duplicateInGroup(fs, l.joined()); err != nil {
 		return err
 	}
 
@@ -418,6 +424,9 @@ func (l *loop) commit() barrier.Action {
 		// Tasks were ready but nothing was consumed: nothing to end.
 		return l.coord.CommitDone(time.Now())
 	}
+	if at := in.txnOpenedAt.Load(); at != 0 {
+		in.commitTxnAge.Store(int64(time.Since(time.Unix(0, at))))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.Checkpoint.Timeout)
 	defer cancel()
 	// Ordering rule: every output, changelog record and marker is
@@ -486,7 +495,7 @@ func (l *loop) flushChecked(ctx context.Context) (barrier.Action, bool) {
 		return l.coord.CommitFailed(fmt.Errorf("flush: %w", err), time.Now()), false
 	}
 	if perr := l.produceErr.Swap(nil); perr != nil {
-		if l.refused || l.failed.any() {
+		if l.refused || l.learnsSomething() {
 			// An input's output can never be produced: the replay
 			// deals with it (see poison.go).
 			l.refused = true
@@ -609,7 +618,10 @@ func (l *loop) abort() error {
 	l.learnPoison()
 	rewind := offsets{}
 	for p, t := range l.tasks {
-		t.replayUntil = nil
+		// A bound stays until the epoch that reaches it commits (apply
+		// clears it): an abort for another reason, or a refused replay
+		// of a task that did not advance, must not let the replay take
+		// in new records.
 		if refused && t.advanced {
 			t.replayUntil = maps.Clone(t.next)
 		}

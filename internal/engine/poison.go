@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -64,10 +65,10 @@ func (f *failures) add(fo failedOutput) {
 	f.mu.Unlock()
 }
 
-func (f *failures) any() bool {
+func (f *failures) peek() []failedOutput {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.list) > 0
+	return slices.Clone(f.list)
 }
 
 func (f *failures) take() []failedOutput {
@@ -91,6 +92,21 @@ func (l *loop) produceFor(t *task, src *kgo.Record, r *kgo.Record, dlq bool) {
 			l.failed.add(failedOutput{task: p, ref: ref, err: err, dlq: dlq})
 		}
 	})
+}
+
+// learnsSomething reports whether the permanent failures of the epoch teach
+// the replay something new: an input not yet suspected, or a dead letter
+// that failed (its fallbacks are bounded). A commit refused without
+// anything new counts as an ordinary failure, so that failures which come
+// and go (a topic's limit lowered at run time) cannot make refusals repeat
+// for ever.
+func (l *loop) learnsSomething() bool {
+	for _, f := range l.failed.peek() {
+		if ps := l.in.poisonOf(f.task)[f.ref]; ps == nil || f.dlq {
+			return true
+		}
+	}
+	return false
 }
 
 // learnPoison turns the permanent failures of an aborted epoch into
@@ -125,18 +141,19 @@ func (l *loop) produceAlone(t *task, src *kgo.Record, ps *poison, out []*kgo.Rec
 		return
 	}
 	var mu sync.Mutex
-	var permanent error
+	var permanent, failed error
 	for _, o := range out {
 		l.sess.Produce(context.Background(), o, func(r *kgo.Record, err error) {
 			if err == nil {
 				return
 			}
 			l.noteProduceErr(r, err)
+			mu.Lock()
+			failed = err
 			if isPermanent(err) {
-				mu.Lock()
 				permanent = err
-				mu.Unlock()
 			}
+			mu.Unlock()
 		})
 	}
 	if err := l.sess.Client().Flush(ctx); err != nil {
@@ -146,9 +163,12 @@ func (l *loop) produceAlone(t *task, src *kgo.Record, ps *poison, out []*kgo.Rec
 	mu.Lock()
 	defer mu.Unlock()
 	ref := inputRef{src.Topic, src.Offset}
-	if permanent == nil {
-		delete(t.poison, ref)
+	switch {
+	case failed == nil:
+		delete(t.poison, ref) // cleared: every output went through alone
 		return
+	case permanent == nil:
+		return // a transient failure says nothing: still a suspect
 	}
 	ps.confirmed, ps.err = true, permanent
 	l.refused = true

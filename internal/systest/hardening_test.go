@@ -389,9 +389,13 @@ func TestDuplicateInstanceIDStops(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		done := make(chan error, 1)
-		go func() { done <- inst.Run(ctx) }()
+		done, exited := make(chan error, 1), make(chan struct{})
+		go func() {
+			defer close(exited)
+			done <- inst.Run(ctx)
+		}()
+		// Stop the survivor before its state dir is removed.
+		t.Cleanup(func() { cancel(); <-exited })
 		return done
 	}
 	a, b := run(), run()
