@@ -68,19 +68,7 @@ func failNextProduceTo(c *kfake.Cluster, topicID [16]byte, topic string, err *ke
 		if !hit {
 			return nil, nil, false // not handled: the control stays for the next request
 		}
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, t := range req.Topics {
-			rt := kmsg.NewProduceResponseTopic()
-			rt.Topic, rt.TopicID = t.Topic, t.TopicID
-			for _, p := range t.Partitions {
-				rp := kmsg.NewProduceResponseTopicPartition()
-				rp.Partition = p.Partition
-				rp.ErrorCode = err.Code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
+		return produceError(req, err), nil, true
 	})
 }
 
@@ -98,6 +86,32 @@ func topicID(t *testing.T, brokers, topic string) [16]byte {
 	return md.Topics[topic].ID
 }
 
+// newFaultCluster is newCluster for tests that also need the cluster
+// itself: fault controls, compaction. seed lists the topics to create with
+// one partition.
+func newFaultCluster(t *testing.T, seed ...string) (*kfake.Cluster, string) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, seed...), kip848Heartbeat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, c.ListenAddrs()[0]
+}
+
+// createTopic creates a one-partition topic with configs.
+func createTopic(t *testing.T, brokers, topic string, configs map[string]*string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 1, 1, configs, topic); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // outputsOf returns the output values per key, in order.
 func outputsOf(recs []*kgo.Record) map[string][]string {
 	out := map[string][]string{}
@@ -113,12 +127,7 @@ func outputsOf(recs []*kgo.Record) map[string][]string {
 // resumed past that input and its output was never written. Now the markers
 // go out only after every output was acknowledged.
 func TestAtLeastOnceFailedOutputIsNotLost(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, input, output), kip848Heartbeat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	brokers := c.ListenAddrs()[0]
+	c, brokers := newFaultCluster(t, input, output)
 	outID := topicID(t, brokers, output)
 	s := newSender(t, brokers)
 	o := options(brokers, "alos", "i1", t.TempDir(), "aggregate", engine.AtLeastOnce)
@@ -188,20 +197,8 @@ func TestPermanentOutputFailureGoesToDeadLetters(t *testing.T) {
 	}{{engine.ExactlyOnce, 3}, {engine.AtLeastOnce, 3}, {engine.ExactlyOnce, 0}} {
 		g := tt.g
 		t.Run(fmt.Sprintf("%s/tolerable=%d", g, tt.tolerable), func(t *testing.T) {
-			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, input), kip848Heartbeat)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			brokers := c.ListenAddrs()[0]
-			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 1, 1, map[string]*string{"max.message.bytes": kadm.StringPtr("2000")}, output); err != nil {
-				t.Fatal(err)
-			}
+			_, brokers := newFaultCluster(t, input)
+			createTopic(t, brokers, output, map[string]*string{"max.message.bytes": kadm.StringPtr("2000")})
 			s := newSender(t, brokers)
 			o := options(brokers, "big", "i1", t.TempDir(), "echo", g)
 			o.Job = bigJob()
@@ -259,24 +256,12 @@ func waitAtLeast(t *testing.T, brokers, topic string, n int) []*kgo.Record {
 // is restored from the start of the changelog. Files of released tasks are
 // deleted after StateCleanupDelay.
 func TestStaleStateFileDoesNotResurrectDeletedKeys(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, input, output), kip848Heartbeat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	brokers := c.ListenAddrs()[0]
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	c, brokers := newFaultCluster(t, input, output)
 	// Tombstones are dropped by the first compaction after they are
 	// written.
-	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 1, 1, map[string]*string{
+	createTopic(t, brokers, "stale-changelog", map[string]*string{
 		"cleanup.policy": kadm.StringPtr("compact"), "delete.retention.ms": kadm.StringPtr("0"),
-	}, "stale-changelog"); err != nil {
-		t.Fatal(err)
-	}
+	})
 	s := newSender(t, brokers)
 	cfg := func(id, dir string) sluice.Options {
 		o := options(brokers, "stale", id, dir, "aggregate", engine.ExactlyOnce)

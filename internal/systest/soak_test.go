@@ -114,20 +114,7 @@ func injectFault(c *kfake.Cluster, rng *rand.Rand) string {
 		return "TxnOffsetCommit REBALANCE_IN_PROGRESS"
 	case 3:
 		once(kmsg.Produce, func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-			req := kreq.(*kmsg.ProduceRequest)
-			resp := req.ResponseKind().(*kmsg.ProduceResponse)
-			for _, rt := range req.Topics {
-				st := kmsg.NewProduceResponseTopic()
-				st.Topic, st.TopicID = rt.Topic, rt.TopicID
-				for _, rp := range rt.Partitions {
-					sp := kmsg.NewProduceResponseTopicPartition()
-					sp.Partition = rp.Partition
-					sp.ErrorCode = kerr.NotLeaderForPartition.Code
-					st.Partitions = append(st.Partitions, sp)
-				}
-				resp.Topics = append(resp.Topics, st)
-			}
-			return resp, nil, true
+			return produceError(kreq.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition), nil, true
 		})
 		return "produce NOT_LEADER_FOR_PARTITION"
 	case 4:
