@@ -233,11 +233,10 @@ func (l *loop) process(fs kgo.Fetches) error {
 	if err != nil {
 		return err
 	}
-	if !worked {
-		return nil
-	}
-	if err := l.run(l.coord.Work(time.Now())); err != nil {
-		return err
+	if worked {
+		if err := l.run(l.coord.Work(time.Now())); err != nil {
+			return err
+		}
 	}
 	if l.budgetFull {
 		l.budgetFull = false
