@@ -43,6 +43,8 @@ type (
 	Job = api.Job
 	// DecodeError marks a record whose bytes do not decode.
 	DecodeError = api.DecodeError
+	// OutputTag names a side output: sluice.OutputTag("late").
+	OutputTag = api.OutputTag
 
 	// Options configures an instance; see the field docs.
 	Options = engine.Config

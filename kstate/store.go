@@ -110,6 +110,12 @@ func (s *Store) putOwned(key, value []byte) {
 	s.record[string(key)] = value
 }
 
+// Fail marks the record being processed as failed: RecordErr returns err
+// (or an earlier failure), so the record goes to the dead-letter topic even
+// if the job ignored the cause. The engine uses it for an output it cannot
+// route.
+func (s *Store) Fail(err error) { s.fail(err) }
+
 func (s *Store) fail(err error) {
 	if s.recordErr == nil {
 		s.recordErr = err

@@ -37,7 +37,7 @@ import (
 type Config struct {
 	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run and generate" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate or echo (the seed jobs temperature-alert, rising-temperature, temperature-split and wordcount are not built yet)."`
+	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert or temperature-split (the seed jobs rising-temperature and wordcount are not built yet)."`
 	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topic. One topic for now: several co-partitioned topics need a co-partitioning assignor, which is not built yet, so more than one stops the instance at start."`
 	OutputTopic           string        `env:"SLUICE_OUTPUT_TOPIC" docDefault:"required by jobs that emit" expect:"a Kafka topic name" desc:"Topic the job writes its results to."`
 	StateDir              string        `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task. Kept across restarts; the container image sets /var/lib/sluice (a volume)."`
@@ -55,7 +55,7 @@ type Config struct {
 	MetricsAddr           string        `env:"SLUICE_METRICS_ADDR" envDefault:":9090" expect:"a listen address such as :9090 or 127.0.0.1:9090" desc:"Listen address for /metrics, /healthz and /readyz."`
 	RawDLQTopic           string        `env:"SLUICE_DLQ_TOPIC" docDefault:"SLUICE_APP_ID followed by -dlq" expect:"a Kafka topic name" desc:"Dead-letter topic for records the job cannot process; headers say why."`
 	LogLevel              string        `env:"SLUICE_LOG_LEVEL" envDefault:"info" desc:"Least severity logged: debug, info, warn or error."`
-	AlertThreshold        float64       `env:"SLUICE_ALERT_THRESHOLD" envDefault:"10.0" desc:"temperature-alert: emit when a sensor's reading differs from its last one by more than this. Must be >= 0."`
+	AlertThreshold        float64       `env:"SLUICE_ALERT_THRESHOLD" envDefault:"10.0" desc:"temperature-alert: emit when a sensor's reading differs from its last one by this much or more (float64; see docs/jobs.md for why not strictly more). Must be >= 0."`
 	RisingWindow          time.Duration `env:"SLUICE_RISING_WINDOW" envDefault:"10s" desc:"rising-temperature: how long a sensor's temperature must rise at every reading before an alert. Must be > 0."`
 	TimeDomain            string        `env:"SLUICE_TIME" envDefault:"processing" desc:"rising-temperature: timers in processing time (wall clock) or event time (the record's CSV seconds, driven by the watermark)."`
 	MaxOutOfOrderness     time.Duration `env:"SLUICE_MAX_OUT_OF_ORDERNESS" envDefault:"0s" desc:"Event time: watermark = highest record time seen minus this. Must be >= 0."`

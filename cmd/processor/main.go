@@ -48,16 +48,20 @@ listed with its default in the README's "Configuration reference".
 A bad or missing variable exits with status 2 and one line naming it.
 `
 
-// builtins are the jobs SLUICE_JOB can name.
-var builtins = map[string]func() sluice.Job{
-	"aggregate": jobs.Aggregate,
-	"echo":      jobs.Echo,
+// builtins are the jobs SLUICE_JOB can name, built from the configuration
+// (thresholds and windows are job parameters).
+var builtins = map[string]func(Config) sluice.Job{
+	"aggregate":         func(Config) sluice.Job { return jobs.Aggregate() },
+	"echo":              func(Config) sluice.Job { return jobs.Echo() },
+	"temperature-alert": func(c Config) sluice.Job { return jobs.TemperatureAlert(c.AlertThreshold) },
+	"temperature-split": func(Config) sluice.Job { return jobs.TemperatureSplit() },
 }
 
 func jobSpecs() []JobSpec {
 	specs := make([]JobSpec, 0, len(builtins))
 	for name, mk := range builtins {
-		specs = append(specs, JobSpec{Name: name, Emits: mk().Emits})
+		j := mk(Config{})
+		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0})
 	}
 	return specs
 }
@@ -176,17 +180,25 @@ func httpHandler(reg *prometheus.Registry, inst *sluice.Instance) http.Handler {
 }
 
 func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) sluice.Options {
+	job := builtins[cfg.Job](cfg)
+	// The built-in jobs have at most one side output, bound to
+	// SLUICE_SIDE_OUTPUT_TOPIC.
+	side := map[sluice.OutputTag]string{}
+	for _, tag := range job.SideOutputs {
+		side[tag] = cfg.SideOutputTopic
+	}
 	return sluice.Options{
-		Brokers:     cfg.Brokers,
-		AppID:       cfg.AppID,
-		InstanceID:  cfg.InstanceID,
-		Job:         builtins[cfg.Job](),
-		InputTopics: cfg.InputTopics,
-		OutputTopic: cfg.OutputTopic,
-		DLQTopic:    cfg.DLQTopic(),
-		StateDir:    cfg.StateDir,
-		Backend:     cfg.StateBackend,
-		Guarantee:   sluice.Guarantee(cfg.Guarantee),
+		SideOutputTopics: side,
+		Brokers:          cfg.Brokers,
+		AppID:            cfg.AppID,
+		InstanceID:       cfg.InstanceID,
+		Job:              job,
+		InputTopics:      cfg.InputTopics,
+		OutputTopic:      cfg.OutputTopic,
+		DLQTopic:         cfg.DLQTopic(),
+		StateDir:         cfg.StateDir,
+		Backend:          cfg.StateBackend,
+		Guarantee:        sluice.Guarantee(cfg.Guarantee),
 		Checkpoint: barrier.Config{
 			Interval:          cfg.CheckpointInterval,
 			Timeout:           cfg.CheckpointTimeout(),

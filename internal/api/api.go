@@ -52,7 +52,20 @@ type Context interface {
 	EmitTo(topic string, key, value []byte, headers ...Header)
 	// EmitToPartition sends a record to an explicit partition of topic.
 	EmitToPartition(topic string, partition int32, key, value []byte, headers ...Header)
+	// Output sends a record to the side output tag, which the job declares
+	// in Job.SideOutputs and the configuration binds to a topic
+	// (Options.SideOutputTopics); partitioned by key with murmur2. It joins
+	// the epoch's transaction like Emit.
+	Output(tag OutputTag, key, value []byte, headers ...Header)
 }
+
+// OutputTag names a side output of a job: declare it once,
+//
+//	var late = sluice.OutputTag("late")
+//
+// list it in Job.SideOutputs, and bind it to a topic in the options. A job
+// emits to it with Context.Output.
+type OutputTag string
 
 // ProcessFunc handles one record. A non-nil error sends the record to the
 // dead-letter topic with headers saying why: its state changes and its
@@ -69,6 +82,9 @@ type Job struct {
 	// Emits reports whether the job writes to the output topic, which is
 	// then required.
 	Emits bool
+	// SideOutputs are the side outputs the job may write to; each must be
+	// bound to a topic when the instance is configured.
+	SideOutputs []OutputTag
 }
 
 // Validate checks the declaration before any I/O happens.
@@ -78,6 +94,16 @@ func (j Job) Validate() error {
 	}
 	if j.Process == nil {
 		return fmt.Errorf("job %s: Process is nil", j.Name)
+	}
+	for i, tag := range j.SideOutputs {
+		if tag == "" {
+			return fmt.Errorf("job %s: side output %d has an empty tag", j.Name, i)
+		}
+		for _, other := range j.SideOutputs[:i] {
+			if other == tag {
+				return fmt.Errorf("job %s: side output %q is declared twice", j.Name, tag)
+			}
+		}
 	}
 	return nil
 }

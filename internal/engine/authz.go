@@ -90,6 +90,11 @@ func (c Config) ACLs() []ACL {
 	if c.OutputTopic != "" {
 		outputs = []string{c.OutputTopic, dlq}
 	}
+	for _, tag := range c.Job.SideOutputs {
+		if t := c.SideOutputTopics[tag]; t != "" && !slices.Contains(outputs, t) {
+			outputs = append(outputs, t)
+		}
+	}
 	for _, t := range outputs {
 		create(t)
 		why := "write the job's output"

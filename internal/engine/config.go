@@ -35,6 +35,9 @@ type Config struct {
 	InputTopics []string
 	OutputTopic string
 	DLQTopic    string
+	// SideOutputTopics binds each of the job's side outputs
+	// (Job.SideOutputs) to a topic; every declared tag must be bound.
+	SideOutputTopics map[api.OutputTag]string
 
 	StateDir string
 	Backend  string // "bbolt" or "memory"
@@ -153,6 +156,11 @@ func (c *Config) fill() error {
 	}
 	if err := c.Job.Validate(); err != nil {
 		return err
+	}
+	for _, tag := range c.Job.SideOutputs {
+		if c.SideOutputTopics[tag] == "" {
+			return fmt.Errorf("engine: job %s writes to side output %q, which SideOutputTopics does not bind to a topic", c.Job.Name, tag)
+		}
 	}
 	if err := c.Checkpoint.Validate(); err != nil {
 		return err

@@ -284,6 +284,9 @@ func (in *Instance) prepare(ctx context.Context) error {
 	if in.cfg.OutputTopic != "" {
 		plain = append(plain, in.cfg.OutputTopic)
 	}
+	for _, tag := range in.cfg.Job.SideOutputs {
+		plain = append(plain, in.cfg.SideOutputTopics[tag])
+	}
 	if err := in.ensureTopics(rctx, outParts, plain...); err != nil {
 		return err
 	}

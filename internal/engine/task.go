@@ -219,6 +219,17 @@ func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...api.H
 	c.out = append(c.out, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: kgoHeaders(headers)})
 }
 
+func (c *recordContext) Output(tag api.OutputTag, key, value []byte, headers ...api.Header) {
+	topic, ok := c.in.cfg.SideOutputTopics[tag]
+	if !ok {
+		// Undeclared and unbound: the record fails (dead letter) rather
+		// than its output vanishing.
+		c.t.store.Fail(fmt.Errorf("side output %q is not bound to a topic", tag))
+		return
+	}
+	c.EmitTo(topic, key, value, headers...)
+}
+
 func (c *recordContext) EmitToPartition(topic string, partition int32, key, value []byte, headers ...api.Header) {
 	c.out = append(c.out, &kgo.Record{Topic: topic, Partition: partition, Context: explicitCtx, Key: key, Value: value, Headers: kgoHeaders(headers)})
 }

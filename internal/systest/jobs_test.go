@@ -1,0 +1,117 @@
+package systest
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// tutorialReadings are ten readings in the Flink tutorial's format, keyed
+// by sensor id: at a threshold of 10 they hold exactly three alerts
+// (sensor_1 32.4 → 42.4, sensor_10 52.6 → 22.5, sensor_7 19.9 → 30) and a
+// change of 9.9 → 19.9 that is not one.
+var tutorialReadings = []string{
+	"sensor_1,1547718199,35.8",
+	"sensor_6,1547718201,15.4",
+	"sensor_7,1547718202,19.9",
+	"sensor_10,1547718205,52.6",
+	"sensor_1,1547718206,32.4",
+	"sensor_6,1547718207,9.9",
+	"sensor_1,1547718208,42.4",
+	"sensor_10,1547718209,22.5",
+	"sensor_6,1547718210,19.9",
+	"sensor_7,1547718202,30",
+}
+
+func sendReadings(t *testing.T, brokers string, readings []string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, r := range readings {
+		id, _, _ := strings.Cut(r, ",")
+		// One at a time: a sensor's readings keep their order.
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: input, Key: []byte(id), Value: []byte(r)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func values(t *testing.T, brokers, topic string, n int) []string {
+	t.Helper()
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, topic, 20*time.Second, check.Settled(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range recs {
+		out = append(out, string(r.Value))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestTemperatureAlertTutorial(t *testing.T) {
+	brokers := newCluster(t, 2)
+	o := options(brokers, "alert", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o.Job = jobs.TemperatureAlert(10.0)
+	startInProcess(t, o)
+	sendReadings(t, brokers, tutorialReadings)
+	got := values(t, brokers, output, 3)
+	want := []string{
+		`{"id":"sensor_10","last":52.6,"current":22.5}`,
+		`{"id":"sensor_1","last":32.4,"current":42.4}`,
+		`{"id":"sensor_7","last":19.9,"current":30}`,
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("alerts:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestTemperatureSplitTutorial(t *testing.T) {
+	brokers := newCluster(t, 2)
+	o := options(brokers, "split", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o.Job = jobs.TemperatureSplit()
+	o.SideOutputTopics = map[sluice.OutputTag]string{jobs.LowTemperatures: "low"}
+	startInProcess(t, o)
+	sendReadings(t, brokers, append(slices.Clone(tutorialReadings), "sensor_9,1547718211,not-a-number"))
+	high := values(t, brokers, output, 5)
+	low := values(t, brokers, "low", 5)
+	var wantHigh, wantLow []string
+	for _, r := range tutorialReadings {
+		if reading, _ := jobs.ParseReading([]byte(r)); reading.Temperature >= 30 {
+			wantHigh = append(wantHigh, r)
+		} else {
+			wantLow = append(wantLow, r)
+		}
+	}
+	slices.Sort(wantHigh)
+	slices.Sort(wantLow)
+	if !slices.Equal(high, wantHigh) || !slices.Equal(low, wantLow) {
+		t.Fatalf("high %v, low %v; want high %v, low %v", high, low, wantHigh, wantLow)
+	}
+	if dlq := values(t, brokers, "split-dlq", 1); len(dlq) != 1 {
+		t.Fatalf("dead letters %v, want the one unparsable reading", dlq)
+	}
+}
+
+// A side output the job does not bind is refused before any I/O.
+func TestUnboundSideOutputIsRefused(t *testing.T) {
+	o := options("127.0.0.1:1", "split", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o.Job = jobs.TemperatureSplit()
+	if _, err := sluice.New(o); err == nil || !strings.Contains(err.Error(), `"low"`) {
+		t.Fatalf("New with an unbound side output: %v", err)
+	}
+}
