@@ -3,7 +3,9 @@
 #   docker build -t sluice/processor .
 #   docker run --env-file configs/aggregate.env -v sluice-state:/var/lib/sluice sluice/processor
 
-FROM golang:1.26 AS build
+# The toolchain go.mod asks for: an older cached 1.26 image would fail the
+# build (the image sets GOTOOLCHAIN=local).
+FROM golang:1.26.8 AS build
 WORKDIR /src
 # Modules first, so a source change does not download them again.
 COPY go.mod go.sum ./

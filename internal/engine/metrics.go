@@ -43,6 +43,10 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 		tasks:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_tasks", Help: "Tasks by lifecycle state."}, []string{"state"}),
 		epoch:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_epoch", Help: "Last epoch the task committed and applied (the number its changelog marker carries)."}, task),
 	}
+	// Both results exist from the start, so that increase() in an alert
+	// sees the first abort instead of a series that appears with it.
+	m.transactions.WithLabelValues("commit")
+	m.transactions.WithLabelValues("abort")
 	reg.MustRegister(m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
 		m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
