@@ -44,7 +44,7 @@ type aclVariant struct {
 }
 
 // TestLeastPrivilegeACLs runs instances against one kfake broker with SASL
-// and ACLs on. With every ACL of the README's least-privilege set the job
+// and ACLs on. With every ACL of the least-privilege set (docs/security.md) the job
 // runs exactly once (and at-least-once without the transactional id); with
 // any one of them missing, or withdrawn while it runs, the instance stops
 // within a bound with an error naming that ACL, instead of retrying. The

@@ -11,7 +11,10 @@ import (
 )
 
 const (
-	securitySection = "## Security"
+	// The least-privilege set lives in docs/security.md, the README links
+	// it.
+	securityDocPath = "../../docs/security.md"
+	securitySection = "## Least-privilege ACLs"
 	aclTableStart   = "<!-- acl-table:start -->"
 	aclTableEnd     = "<!-- acl-table:end -->"
 )
@@ -32,7 +35,7 @@ func placeholderConfig() Config {
 	}
 }
 
-// renderACLTable is the README's least-privilege set: the ACLs
+// renderACLTable is docs/security.md's least-privilege set: the ACLs
 // engine.Config.ACLs lists for the placeholder configuration, exactly the
 // function TestLeastPrivilegeACLs grants (and withdraws one by one).
 func renderACLTable() string {
@@ -43,10 +46,10 @@ func renderACLTable() string {
 	return strings.Join(lines, "\n")
 }
 
-// TestREADMEACLTable fails when the README's least-privilege table is not
-// the one the engine needs.
+// TestREADMEACLTable fails when docs/security.md's least-privilege table is
+// not the one the engine needs.
 func TestREADMEACLTable(t *testing.T) {
-	b, err := os.ReadFile(readmePath)
+	b, err := os.ReadFile(securityDocPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +60,7 @@ func TestREADMEACLTable(t *testing.T) {
 	}
 	want := renderACLTable()
 	if *updateREADME {
-		if err := os.WriteFile(readmePath, []byte(readme[:start]+"\n"+want+"\n"+readme[end:]), 0o644); err != nil {
+		if err := os.WriteFile(securityDocPath, []byte(readme[:start]+"\n"+want+"\n"+readme[end:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
@@ -74,6 +77,6 @@ func TestREADMEACLTable(t *testing.T) {
 				t.Error("extra row: " + r)
 			}
 		}
-		t.Error("README.md's ACL table differs from engine.Config.ACLs; run: go test ./cmd/processor -run README -update")
+		t.Error("docs/security.md's ACL table differs from engine.Config.ACLs; run: go test ./cmd/processor -run README -update")
 	}
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // Authorization. An instance needs exactly the ACLs Config.ACLs lists (the
-// README's least-privilege set is rendered from it). A refusal by the
+// least-privilege set of docs/security.md is rendered from it). A refusal by the
 // brokers' authorizer, or of the instance's credentials, is final: no retry
 // grants an ACL or fixes a password, so Run stops with a *PermissionError or
 // an *AuthError instead of retrying forever, and the error names what is
@@ -127,7 +127,7 @@ func (e *PermissionError) Error() string {
 		answer = " (the broker answered " + ke.Message + ")"
 	}
 	if e.ACL.Name == "" {
-		return "missing ACL on one of the instance's topics; the broker did not say which, see the README's least-privilege set" + answer
+		return "missing ACL on one of the instance's topics; the broker did not say which, see the least-privilege set in docs/security.md" + answer
 	}
 	return "missing ACL: " + e.ACL.String() + answer
 }

@@ -204,7 +204,7 @@ func TestPermissionErrorMessage(t *testing.T) {
 			`missing ACL: DESCRIBE_CONFIGS on topic "app-changelog" (the broker answered TOPIC_AUTHORIZATION_FAILED)`},
 		{&PermissionError{ACL: topic, Err: errNotAuthorized}, `missing ACL: DESCRIBE_CONFIGS on topic "app-changelog"`},
 		{&PermissionError{ACL: ACL{Resource: kmsg.ACLResourceTypeTopic}, Err: fmt.Errorf("produce: %w", kerr.TopicAuthorizationFailed)},
-			"missing ACL on one of the instance's topics; the broker did not say which, see the README's least-privilege set (the broker answered TOPIC_AUTHORIZATION_FAILED)"},
+			"missing ACL on one of the instance's topics; the broker did not say which, see the least-privilege set in docs/security.md (the broker answered TOPIC_AUTHORIZATION_FAILED)"},
 	} {
 		if got := tt.err.Error(); got != tt.want {
 			t.Errorf("Error() =\n%s\nwant\n%s", got, tt.want)

@@ -359,7 +359,7 @@ func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...str
 func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 	rcs, err := in.adm.DescribeBrokerConfigs(ctx)
 	if errors.Is(err, kerr.ClusterAuthorizationFailed) {
-		// Not part of the least-privilege set (README, Security): the
+		// Not part of the least-privilege set (docs/security.md): the
 		// broker checks the timeout itself at InitProducerID.
 		in.log.Info("transaction timeout not checked against the broker: no DESCRIBE_CONFIGS on the cluster", "transaction_timeout", in.cfg.TransactionTimeout)
 		return nil
