@@ -35,9 +35,6 @@ type TopicInfo struct {
 	// DeleteRetention is delete.retention.ms: how long compaction keeps a
 	// tombstone. A local store older than this may have missed deletes.
 	DeleteRetention time.Duration
-	// CompactionLag is min.compaction.lag.ms, the least age of a record
-	// before compaction may remove it.
-	CompactionLag time.Duration
 }
 
 // Kafka's defaults, for a broker that does not report a value.
@@ -107,10 +104,6 @@ func Ensure(ctx context.Context, adm *kadm.Client, topic string, partitions int3
 		case "delete.retention.ms":
 			if n, err := strconv.ParseInt(*c.Value, 10, 64); err == nil && n >= 0 {
 				info.DeleteRetention = time.Duration(n) * time.Millisecond
-			}
-		case "min.compaction.lag.ms":
-			if n, err := strconv.ParseInt(*c.Value, 10, 64); err == nil && n >= 0 {
-				info.CompactionLag = time.Duration(n) * time.Millisecond
 			}
 		}
 	}

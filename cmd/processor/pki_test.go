@@ -69,15 +69,7 @@ func newCA(t *testing.T, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
+	return sign(t, tmpl, tmpl, key, key), key
 }
 
 func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, tmpl *x509.Certificate) (*x509.Certificate, *ecdsa.PrivateKey) {
@@ -91,7 +83,14 @@ func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, tmpl *x5
 	tmpl.NotBefore = time.Now().Add(-time.Hour)
 	tmpl.NotAfter = time.Now().Add(24 * time.Hour)
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	return sign(t, tmpl, ca, key, caKey), key
+}
+
+// sign makes the certificate tmpl for key, signed by parent's signerKey
+// (tmpl itself and key for a self-signed CA).
+func sign(t *testing.T, tmpl, parent *x509.Certificate, key, signerKey *ecdsa.PrivateKey) *x509.Certificate {
+	t.Helper()
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signerKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +98,7 @@ func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, tmpl *x5
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cert, key
+	return cert
 }
 
 func newKey(t *testing.T) *ecdsa.PrivateKey {

@@ -30,7 +30,7 @@ func (l *loop) sweepStateFiles() {
 		return
 	}
 	l.sweptAt = now
-	dir, _ := in.taskStore(0)
+	dir := in.stateDir()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return // no state yet

@@ -183,7 +183,7 @@ func (in *Instance) checkStateDir() error {
 	if in.cfg.Backend != "bbolt" {
 		return nil
 	}
-	dir, _ := in.taskStore(0)
+	dir := in.stateDir()
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("engine: state dir %s cannot be created: %w", dir, err)
 	}

@@ -383,7 +383,6 @@ func (l *loop) run(act barrier.Action) error {
 			act = l.coord.Aborted(time.Now())
 
 		case barrier.ActFail:
-			l.learnPoison() // the next session starts with what this one learned
 			if l.fatal != nil {
 				return l.fatal
 			}
@@ -739,10 +738,7 @@ func (l *loop) installRestored() error {
 		}
 		t := newTask(p, r.be, r.meta, l.in.m, l.in.maxEntryBytes(), l.in.poisonOf(p))
 		for _, k := range r.orphans {
-			if t.orphans == nil {
-				t.orphans = map[string]struct{}{}
-			}
-			t.orphans[string(k)] = struct{}{}
+			t.orphan(k)
 		}
 		l.tasks[p] = t
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
@@ -779,7 +775,7 @@ func (l *loop) shutdown() error {
 // closed. Uncommitted work is dropped; the broker aborts an open
 // transaction when the next session (or the transaction timeout) fences it.
 func (l *loop) close() {
-	l.learnPoison()
+	l.learnPoison() // the next session starts with what this one learned
 	l.in.ready.Store(false)
 	for p, job := range l.restoring {
 		job.cancel()

@@ -45,14 +45,15 @@ func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 	}
 }
 
-func (in *Instance) taskStore(p int32) (dir, name string) {
-	return filepath.Join(in.cfg.StateDir, in.cfg.AppID), fmt.Sprintf("task-%04d", p)
-}
+// stateDir holds the app's task files: task-NNNN.db (see taskOfFile).
+func (in *Instance) stateDir() string { return filepath.Join(in.cfg.StateDir, in.cfg.AppID) }
+
+func taskName(p int32) string { return fmt.Sprintf("task-%04d", p) }
 
 // openStore opens task p's backend and reads its meta. With fresh, or when
 // the file is corrupt or stale, the task starts from an empty store.
 func (in *Instance) openStore(p int32, fresh bool) (kstate.Backend, kstate.Meta, error) {
-	dir, name := in.taskStore(p)
+	dir, name := in.stateDir(), taskName(p)
 	if fresh {
 		if err := kstate.Remove(in.cfg.Backend, dir, name); err != nil {
 			return nil, kstate.Meta{}, err

@@ -102,18 +102,23 @@ func (o offsets) setAll(p int32, at map[string]int64) {
 // without a marker (at-least-once has no transaction to abort them), so
 // their keys are rewritten by the next epoch.
 func (t *task) discard(orphaned bool) {
-	if orphaned && len(t.dirty) > 0 {
-		if t.orphans == nil {
-			t.orphans = map[string]struct{}{}
-		}
+	if orphaned {
 		for _, m := range t.dirty {
-			t.orphans[string(m.Key)] = struct{}{}
+			t.orphan(m.Key)
 		}
 	}
 	t.store.Discard()
 	t.next = maps.Clone(t.committed)
 	t.advanced = false
 	t.marker, t.dirty = nil, nil
+}
+
+// orphan records a changelog key whose last record no marker commits.
+func (t *task) orphan(key []byte) {
+	if t.orphans == nil {
+		t.orphans = map[string]struct{}{}
+	}
+	t.orphans[string(key)] = struct{}{}
 }
 
 // preCommit produces the epoch's changelog entries for the task: one record
