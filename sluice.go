@@ -26,6 +26,8 @@
 package sluice
 
 import (
+	"time"
+
 	"github.com/sluicehq/sluice/internal/api"
 	"github.com/sluicehq/sluice/internal/engine"
 )
@@ -45,6 +47,18 @@ type (
 	DecodeError = api.DecodeError
 	// OutputTag names a side output: sluice.OutputTag("late").
 	OutputTag = api.OutputTag
+	// Timers registers and deletes the current key's timers.
+	Timers = api.Timers
+	// Timer is a timer that fired.
+	Timer = api.Timer
+	// TimeDomain is the clock a timer runs on: EventTime or ProcessingTime.
+	TimeDomain = api.TimeDomain
+	// TimerFunc handles a timer that fired (Job.OnTimer).
+	TimerFunc = api.TimerFunc
+	// TimestampFunc extracts a record's event time (Job.Timestamp).
+	TimestampFunc = api.TimestampFunc
+	// Clock is the processing-time clock (Options.Clock).
+	Clock = engine.Clock
 
 	// Options configures an instance; see the field docs.
 	Options = engine.Config
@@ -66,7 +80,16 @@ type (
 const (
 	ExactlyOnce = engine.ExactlyOnce
 	AtLeastOnce = engine.AtLeastOnce
+
+	// EventTime timers fire when the task's watermark passes them.
+	EventTime = api.EventTime
+	// ProcessingTime timers fire when the processing-time clock passes
+	// them.
+	ProcessingTime = api.ProcessingTime
 )
+
+// KafkaTime is the TimestampFunc that takes a record's Kafka timestamp.
+func KafkaTime(rec *Record) (time.Time, error) { return api.KafkaTime(rec) }
 
 // Fatal wraps an error so that returning it stops the instance rather than
 // dead-lettering the record.

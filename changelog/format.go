@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/sluicehq/sluice/kstate"
 )
@@ -13,8 +14,11 @@ import (
 // on every changelog record, for debugging and tooling.
 const EpochHeader = "sluice.epoch"
 
-// markerFormat versions the marker value encoding.
-const markerFormat byte = 1
+// Marker value formats: 2 adds the watermark; 1 is still read.
+const (
+	markerFormatV1 byte = 1
+	markerFormat   byte = 2
+)
 
 // MarkerKey is the key of every epoch marker.
 var MarkerKey = kstate.EncodeKey(kstate.KindMarker, "", nil, nil)
@@ -29,6 +33,10 @@ var ErrBadMarker = errors.New("changelog: bad epoch marker")
 type Marker struct {
 	Epoch   uint64
 	Offsets map[string]int64
+	// Watermark is the task's event-time watermark as of the epoch (zero
+	// when it has none): a restore from the changelog alone resumes event
+	// time where the committed outputs left it.
+	Watermark time.Time
 }
 
 // IsMarker reports whether a changelog key is an epoch marker's.
@@ -38,7 +46,7 @@ func IsMarker(key []byte) bool {
 
 // EncodeMarker encodes m: [format][uvarint epoch][uvarint n] then n times
 // [uvarint len][topic][varint offset], topics sorted so equal markers encode
-// equally.
+// equally, then [flags: bit 0 watermark][varint watermark, unix ms, if set].
 func EncodeMarker(m Marker) []byte {
 	topics := make([]string, 0, len(m.Offsets))
 	for t := range m.Offsets {
@@ -54,14 +62,19 @@ func EncodeMarker(m Marker) []byte {
 		b = append(b, t...)
 		b = binary.AppendVarint(b, m.Offsets[t])
 	}
-	return b
+	if m.Watermark.IsZero() {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	return binary.AppendVarint(b, m.Watermark.UnixMilli())
 }
 
 // DecodeMarker decodes a marker value, strictly.
 func DecodeMarker(b []byte) (Marker, error) {
-	if len(b) == 0 || b[0] != markerFormat {
+	if len(b) == 0 || (b[0] != markerFormat && b[0] != markerFormatV1) {
 		return Marker{}, fmt.Errorf("%w: unknown format", ErrBadMarker)
 	}
+	format := b[0]
 	b = b[1:]
 	epoch, n := binary.Uvarint(b)
 	if n <= 0 {
@@ -90,6 +103,21 @@ func DecodeMarker(b []byte) (Marker, error) {
 			return Marker{}, fmt.Errorf("%w: topic %q twice", ErrBadMarker, topic)
 		}
 		m.Offsets[topic] = off
+	}
+	if format >= markerFormat {
+		if len(b) == 0 || b[0] > 1 {
+			return Marker{}, fmt.Errorf("%w: flags", ErrBadMarker)
+		}
+		has := b[0] == 1
+		b = b[1:]
+		if has {
+			wm, n := binary.Varint(b)
+			if n <= 0 {
+				return Marker{}, fmt.Errorf("%w: watermark", ErrBadMarker)
+			}
+			m.Watermark = time.UnixMilli(wm)
+			b = b[n:]
+		}
 	}
 	if len(b) != 0 {
 		return Marker{}, fmt.Errorf("%w: %d trailing bytes", ErrBadMarker, len(b))

@@ -376,9 +376,9 @@ func (r *restorer) flush(partial bool) error {
 	}
 	meta := kstate.Meta{ChangelogOffset: r.batchNext, Partial: partial, AppliedAt: time.Now()}
 	if last := r.marker; last != nil {
-		meta.Epoch, meta.Offsets = last.Epoch, last.Offsets
+		meta.Epoch, meta.Offsets, meta.Watermark = last.Epoch, last.Offsets, last.Watermark
 	} else if r.res.Last != nil {
-		meta.Epoch, meta.Offsets = r.res.Last.Epoch, r.res.Last.Offsets
+		meta.Epoch, meta.Offsets, meta.Watermark = r.res.Last.Epoch, r.res.Last.Offsets, r.res.Last.Watermark
 	}
 	if err := r.p.Apply(muts, meta); err != nil {
 		return fmt.Errorf("changelog: apply restored batch: %w", err)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/kstate"
@@ -132,4 +133,125 @@ func TemperatureSplit() sluice.Job {
 			return nil
 		},
 	}
+}
+
+// Late is the side output of records behind the watermark, for the
+// built-in event-time jobs that have one bound.
+var Late = sluice.OutputTag("late")
+
+// RisingOptions parameterise RisingTemperature.
+type RisingOptions struct {
+	// Window is how long a sensor's temperature must rise at every
+	// reading before it alerts.
+	Window time.Duration
+	// EventTime runs the timers on the readings' own time (the CSV's
+	// seconds) and the watermark instead of the processing-time clock.
+	EventTime bool
+	// LateOutput sends event-time readings behind the watermark to the
+	// side output Late, without touching state; otherwise they are
+	// processed like the others.
+	LateOutput bool
+}
+
+// risingTimer is rising-temperature's second state: the time of the
+// sensor's armed timer, unix milliseconds, absent when none is armed.
+var risingTimer = kstate.Value[int64]("rising-timer", kstate.Int64())
+
+// Rising is rising-temperature's output.
+type Rising struct {
+	ID        string `json:"id"`
+	RisingFor string `json:"rising_for"`
+}
+
+// RisingTemperature emits {"id":…,"rising_for":"10s"} keyed by the sensor
+// id when a sensor's temperature rose at every reading for o.Window: the
+// first rise arms a timer o.Window later, a fall or an equal reading
+// deletes it, and the timer firing emits the alert and disarms. A sensor
+// that keeps rising after an alert arms again at its next rise. The first
+// reading of a sensor only sets its state. The input must be keyed by sensor
+// id (timers belong to the record key); a record keyed otherwise, or whose
+// value does not parse, goes to the dead-letter topic without touching
+// state (stage timestamp for a bad value in event time).
+func RisingTemperature(o RisingOptions) sluice.Job {
+	domain := sluice.ProcessingTime
+	job := sluice.Job{
+		Name:  "rising-temperature",
+		Emits: true,
+	}
+	if o.EventTime {
+		domain = sluice.EventTime
+		job.EventTime = true
+		job.Timestamp = func(rec *sluice.Record) (time.Time, error) {
+			r, err := ParseReading(rec.Value)
+			if err != nil {
+				return time.Time{}, err
+			}
+			return time.Unix(r.Seconds, 0), nil
+		}
+		if o.LateOutput {
+			job.SideOutputs = []sluice.OutputTag{Late}
+		}
+	}
+	job.Process = func(ctx sluice.Context, rec *sluice.Record) error {
+		r, err := ParseReading(rec.Value)
+		if err != nil {
+			return &sluice.DecodeError{Err: err}
+		}
+		if o.LateOutput && o.EventTime && ctx.Timestamp().Before(ctx.CurrentWatermark()) {
+			ctx.Output(Late, rec.Key, rec.Value, rec.Headers...)
+			return nil
+		}
+		if string(rec.Key) != r.ID {
+			// Timers belong to the record key: a sensor's timer must be
+			// found again by its next reading.
+			return fmt.Errorf("rising-temperature needs its input keyed by sensor id: key %q, sensor %q", rec.Key, r.ID)
+		}
+		last, seen, err := lastTemperature.Get(ctx)
+		if err != nil {
+			return err
+		}
+		if err := lastTemperature.Set(ctx, r.Temperature); err != nil {
+			return err
+		}
+		if !seen {
+			return nil
+		}
+		armed, ok, err := risingTimer.Get(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case r.Temperature > last && !ok:
+			at := ctx.Now().Add(o.Window)
+			if o.EventTime {
+				at = ctx.Timestamp().Add(o.Window)
+			}
+			if domain == sluice.EventTime {
+				ctx.Timers().RegisterEventTime(at)
+			} else {
+				ctx.Timers().RegisterProcessingTime(at)
+			}
+			return risingTimer.Set(ctx, at.UnixMilli())
+		case r.Temperature <= last && ok:
+			if domain == sluice.EventTime {
+				ctx.Timers().DeleteEventTime(time.UnixMilli(armed))
+			} else {
+				ctx.Timers().DeleteProcessingTime(time.UnixMilli(armed))
+			}
+			return risingTimer.Clear(ctx)
+		}
+		return nil
+	}
+	job.OnTimer = func(ctx sluice.Context, t sluice.Timer) error {
+		if err := risingTimer.Clear(ctx); err != nil {
+			return err
+		}
+		out, err := json.Marshal(Rising{ID: string(t.Key), RisingFor: o.Window.String()})
+		if err != nil {
+			return err
+		}
+		ctx.Emit(t.Key, out)
+		return nil
+	}
+	return job
 }

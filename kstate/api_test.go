@@ -214,12 +214,12 @@ func TestTimerBeforeUnixEpoch(t *testing.T) {
 	sc := kstatetest.NewScope(st).SetKey("k")
 	kstate.RegisterTimer(sc, kstate.ProcessingTime, time.UnixMilli(-5000))
 	kstate.RegisterTimer(sc, kstate.ProcessingTime, time.UnixMilli(1))
-	due, err := kstate.DueTimers(st, kstate.ProcessingTime, time.UnixMilli(0))
+	due, err := kstate.DueTimers(st, kstate.ProcessingTime, time.UnixMilli(0), 0)
 	if err != nil || len(due) != 1 || due[0].At.UnixMilli() != 0 {
 		t.Fatalf("DueTimers = %+v, %v; want the clamped timer at 0", due, err)
 	}
 	kstate.DeleteTimer(sc, kstate.ProcessingTime, time.UnixMilli(-1))
-	if due, _ := kstate.DueTimers(st, kstate.ProcessingTime, time.UnixMilli(0)); len(due) != 0 {
+	if due, _ := kstate.DueTimers(st, kstate.ProcessingTime, time.UnixMilli(0), 0); len(due) != 0 {
 		t.Fatalf("DeleteTimer of a pre-1970 time left %+v", due)
 	}
 }

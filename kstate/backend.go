@@ -39,6 +39,10 @@ type Meta struct {
 	// Offsets are those of an older marker. Such a store must never run a
 	// task; resuming the restore from ChangelogOffset completes it.
 	Partial bool
+	// Watermark is the task's event-time watermark as of Epoch (zero when
+	// the task has none), kept so that it never moves back across a
+	// restart.
+	Watermark time.Time
 }
 
 // Clone returns a deep copy of m, so a caller's map is never shared with a

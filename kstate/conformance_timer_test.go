@@ -31,7 +31,7 @@ func timerStrings(ts []kstate.Timer) []string {
 
 func wantDue(t *testing.T, st *kstate.Store, d kstate.TimeDomain, upTo time.Time, want ...string) {
 	t.Helper()
-	ts, err := kstate.DueTimers(st, d, upTo)
+	ts, err := kstate.DueTimers(st, d, upTo, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,11 +75,11 @@ func testTimersDue(t *testing.T, kind string) {
 	// Milliseconds are kept; anything finer is dropped.
 	sc.SetKey("ms")
 	kstate.RegisterTimer(sc, kstate.ProcessingTime, at(20).Add(1500*time.Microsecond))
-	ts, err := kstate.DueTimers(st, kstate.ProcessingTime, at(21))
+	ts, err := kstate.DueTimers(st, kstate.ProcessingTime, at(21), 0)
 	if err != nil || len(ts) != 2 || !ts[1].At.Equal(at(20).Add(time.Millisecond)) || !bytes.Equal(ts[1].Key, []byte("ms")) {
 		t.Fatalf("DueTimers = %+v, %v", ts, err)
 	}
-	if _, err := kstate.DueTimers(st, 9, at(0)); err == nil {
+	if _, err := kstate.DueTimers(st, 9, at(0), 0); err == nil {
 		t.Fatal("DueTimers with an invalid domain did not fail")
 	}
 }
@@ -100,7 +100,7 @@ func testTimersDelete(t *testing.T, kind string) {
 	wantDue(t, st, kstate.EventTime, at(1), "b@1", "c@1")
 
 	// Firing: the runtime removes each timer it fires, as part of a record.
-	due, err := kstate.DueTimers(st, kstate.EventTime, at(1))
+	due, err := kstate.DueTimers(st, kstate.EventTime, at(1), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func ExampleDueTimers() {
 	st.CommitRecord()
 
 	// The watermark reached Epoch+9s: fire what is due, in time order.
-	due, _ := kstate.DueTimers(st, kstate.EventTime, kstatetest.Epoch.Add(9*time.Second))
+	due, _ := kstate.DueTimers(st, kstate.EventTime, kstatetest.Epoch.Add(9*time.Second), 0)
 	for _, t := range due {
 		fmt.Printf("fire %s at +%v\n", t.Key, t.At.Sub(kstatetest.Epoch))
 		kstate.RemoveTimer(st, t)

@@ -9,16 +9,25 @@ import (
 )
 
 // Meta formats inside a backend file. V2 adds the time of the apply, the
-// partial flag and a checksum; V1 files (no checksum) are still read.
+// partial flag and a checksum; V3 the watermark. Older files are still
+// read.
 const (
 	metaFormatV1 byte = 1
 	metaFormatV2 byte = 2
+	metaFormatV3 byte = 3
+)
+
+// Meta flags (V2 and later).
+const (
+	metaPartial      byte = 1 << 0
+	metaHasWatermark byte = 1 << 1 // V3: a varint watermark follows the flags
 )
 
 // encodeMeta returns
 //
-//	[metaFormatV2][uvarint epoch][varint changelogOffset]
-//	[varint appliedAt, unix milliseconds, 0 = unknown][flags: bit 0 partial]
+//	[metaFormatV3][uvarint epoch][varint changelogOffset]
+//	[varint appliedAt, unix milliseconds, 0 = unknown]
+//	[flags: bit 0 partial, bit 1 watermark][varint watermark, unix ms, if bit 1]
 //	[uvarint n] n × ([uvarint len(topic)][topic][varint offset])
 //	[crc32c of everything before, big endian]
 //
@@ -26,7 +35,7 @@ const (
 // The checksum catches a meta whose bytes changed on disk: the meta decides
 // where restores resume, so a silently wrong one would lose or repeat state.
 func encodeMeta(m Meta) []byte {
-	b := []byte{metaFormatV2}
+	b := []byte{metaFormatV3}
 	b = binary.AppendUvarint(b, m.Epoch)
 	b = binary.AppendVarint(b, m.ChangelogOffset)
 	var at int64
@@ -36,9 +45,15 @@ func encodeMeta(m Meta) []byte {
 	b = binary.AppendVarint(b, at)
 	var flags byte
 	if m.Partial {
-		flags |= 1
+		flags |= metaPartial
+	}
+	if !m.Watermark.IsZero() {
+		flags |= metaHasWatermark
 	}
 	b = append(b, flags)
+	if !m.Watermark.IsZero() {
+		b = binary.AppendVarint(b, m.Watermark.UnixMilli())
+	}
 	b = binary.AppendUvarint(b, uint64(len(m.Offsets)))
 	topics := make([]string, 0, len(m.Offsets))
 	for t := range m.Offsets {
@@ -56,10 +71,11 @@ func encodeMeta(m Meta) []byte {
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func decodeMeta(b []byte) (Meta, error) {
-	if len(b) == 0 || (b[0] != metaFormatV1 && b[0] != metaFormatV2) {
+	if len(b) == 0 || b[0] < metaFormatV1 || b[0] > metaFormatV3 {
 		return Meta{}, fmt.Errorf("%w: meta: unknown format", ErrCorrupt)
 	}
-	v2 := b[0] == metaFormatV2
+	format := b[0]
+	v2 := format >= metaFormatV2
 	if v2 {
 		if len(b) < 5 {
 			return Meta{}, fmt.Errorf("%w: meta: %d bytes", ErrCorrupt, len(b))
@@ -77,10 +93,17 @@ func decodeMeta(b []byte) (Meta, error) {
 			m.AppliedAt = time.UnixMilli(at)
 		}
 		flags := r.byte()
-		if flags&^1 != 0 && r.err == nil {
+		known := metaPartial
+		if format >= metaFormatV3 {
+			known |= metaHasWatermark
+		}
+		if flags&^known != 0 && r.err == nil {
 			r.err = fmt.Errorf("%w: meta: unknown flags %#x", ErrCorrupt, flags)
 		}
-		m.Partial = flags&1 != 0
+		m.Partial = flags&metaPartial != 0
+		if flags&metaHasWatermark != 0 {
+			m.Watermark = time.UnixMilli(r.varint())
+		}
 	}
 	n := r.uvarint()
 	// Each topic takes at least two bytes, which bounds the map size by the

@@ -85,10 +85,11 @@ func RemoveTimer(st *Store, t Timer) {
 }
 
 // DueTimers returns the timers of domain d at or before upTo, ascending by
-// time and then key, as the Store sees them (write-sets included). It does
-// not remove them: the caller fires each and calls RemoveTimer, so a
-// failure before the epoch commits leaves them registered.
-func DueTimers(st *Store, d TimeDomain, upTo time.Time) ([]Timer, error) {
+// time and then key, as the Store sees them (write-sets included); at most
+// max of them when max > 0. It does not remove them: the caller fires each
+// and calls RemoveTimer, so a failure before the epoch commits leaves them
+// registered.
+func DueTimers(st *Store, d TimeDomain, upTo time.Time, max int) ([]Timer, error) {
 	if !d.valid() {
 		return nil, fmt.Errorf("kstate: DueTimers: invalid time domain %d", d)
 	}
@@ -99,9 +100,32 @@ func DueTimers(st *Store, d TimeDomain, upTo time.Time) ([]Timer, error) {
 			return ErrStopScan
 		}
 		due = append(due, t)
+		if max > 0 && len(due) == max {
+			return ErrStopScan
+		}
 		return nil
 	})
 	return due, err
+}
+
+// HasTimer reports whether t is registered, as the Store sees it: a timer
+// listed by DueTimers may have been deleted since by another timer's
+// handler.
+func HasTimer(st *Store, t Timer) (bool, error) {
+	st.keyBuf = appendTimerKey(st.keyBuf[:0], mustDomain(t.Domain), timerMillis(t.At), t.Key)
+	_, ok, err := st.Get(st.keyBuf)
+	return ok, err
+}
+
+// TimerKey returns t's physical key (see Timer).
+func TimerKey(t Timer) []byte {
+	return appendTimerKey(nil, mustDomain(t.Domain), timerMillis(t.At), t.Key)
+}
+
+// TimerPrefix is the physical-key prefix of every timer of domain d: a
+// changelog or backend key with it is one of d's timers.
+func TimerPrefix(d TimeDomain) []byte {
+	return appendTimerKey(nil, mustDomain(d), 0, nil)[:timerPrefixLen+1]
 }
 
 // NextTimer returns the earliest timer of domain d, so a runtime can sleep
@@ -120,8 +144,7 @@ func NextTimer(st *Store, d TimeDomain) (Timer, bool, error) {
 }
 
 func scanTimers(st *Store, d TimeDomain, fn func(Timer) error) error {
-	prefix := appendTimerKey(nil, d, 0, nil)[:timerPrefixLen+1]
-	return st.Scan(prefix, func(k, _ []byte) error {
+	return st.Scan(TimerPrefix(d), func(k, _ []byte) error {
 		t, err := DecodeTimer(k)
 		if err != nil {
 			return err

@@ -244,6 +244,8 @@ var configErrorTests = []configErrorTest{
 	{"time domain", envWith(baseEnv(), "SLUICE_TIME", "ingestion"), "SLUICE_TIME", ""},
 	{"max out of orderness not a duration", envWith(baseEnv(), "SLUICE_MAX_OUT_OF_ORDERNESS", "late"), "SLUICE_MAX_OUT_OF_ORDERNESS", ""},
 	{"negative max out of orderness", envWith(baseEnv(), "SLUICE_MAX_OUT_OF_ORDERNESS", "-1ms"), "SLUICE_MAX_OUT_OF_ORDERNESS", ""},
+	{"idle timeout not a duration", envWith(baseEnv(), "SLUICE_IDLE_TIMEOUT", "soon"), "SLUICE_IDLE_TIMEOUT", ""},
+	{"negative idle timeout", envWith(baseEnv(), "SLUICE_IDLE_TIMEOUT", "-1s"), "SLUICE_IDLE_TIMEOUT", ""},
 	{"missing side output for temperature-split", envWith(baseEnv(), "SLUICE_JOB", "temperature-split"), "SLUICE_SIDE_OUTPUT_TOPIC",
 		"SLUICE_SIDE_OUTPUT_TOPIC is required: expected a Kafka topic name: 1 to 249 of the characters a-z A-Z 0-9 . _ - (job temperature-split writes to it)"},
 	{"bad side output topic", envWith(baseEnv(), "SLUICE_SIDE_OUTPUT_TOPIC", "a:b"), "SLUICE_SIDE_OUTPUT_TOPIC", ""},

@@ -55,6 +55,9 @@ var builtins = map[string]func(Config) sluice.Job{
 	"echo":              func(Config) sluice.Job { return jobs.Echo() },
 	"temperature-alert": func(c Config) sluice.Job { return jobs.TemperatureAlert(c.AlertThreshold) },
 	"temperature-split": func(Config) sluice.Job { return jobs.TemperatureSplit() },
+	"rising-temperature": func(c Config) sluice.Job {
+		return jobs.RisingTemperature(jobs.RisingOptions{Window: c.RisingWindow, EventTime: c.TimeDomain == "event", LateOutput: c.SideOutputTopic != ""})
+	},
 }
 
 func jobSpecs() []JobSpec {
@@ -188,17 +191,19 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		side[tag] = cfg.SideOutputTopic
 	}
 	return sluice.Options{
-		SideOutputTopics: side,
-		Brokers:          cfg.Brokers,
-		AppID:            cfg.AppID,
-		InstanceID:       cfg.InstanceID,
-		Job:              job,
-		InputTopics:      cfg.InputTopics,
-		OutputTopic:      cfg.OutputTopic,
-		DLQTopic:         cfg.DLQTopic(),
-		StateDir:         cfg.StateDir,
-		Backend:          cfg.StateBackend,
-		Guarantee:        sluice.Guarantee(cfg.Guarantee),
+		SideOutputTopics:  side,
+		MaxOutOfOrderness: cfg.MaxOutOfOrderness,
+		IdleTimeout:       cfg.IdleTimeout,
+		Brokers:           cfg.Brokers,
+		AppID:             cfg.AppID,
+		InstanceID:        cfg.InstanceID,
+		Job:               job,
+		InputTopics:       cfg.InputTopics,
+		OutputTopic:       cfg.OutputTopic,
+		DLQTopic:          cfg.DLQTopic(),
+		StateDir:          cfg.StateDir,
+		Backend:           cfg.StateBackend,
+		Guarantee:         sluice.Guarantee(cfg.Guarantee),
 		Checkpoint: barrier.Config{
 			Interval:          cfg.CheckpointInterval,
 			Timeout:           cfg.CheckpointTimeout(),

@@ -57,7 +57,69 @@ type Context interface {
 	// (Options.SideOutputTopics); partitioned by key with murmur2. It joins
 	// the epoch's transaction like Emit.
 	Output(tag OutputTag, key, value []byte, headers ...Header)
+
+	// Timestamp is the event time of what is being handled: in Process the
+	// record's timestamp (Job.Timestamp's answer, or the Kafka record
+	// time when the job has no extractor); in OnTimer the timer's time.
+	Timestamp() time.Time
+	// CurrentWatermark is the task's event-time watermark: no record with
+	// an earlier timestamp is expected any more, so one that comes is
+	// late. It is the zero time until the task has seen a timestamp, and
+	// always zero for a job that does not declare EventTime.
+	CurrentWatermark() time.Time
+	// Timers registers and deletes timers of the current key. A timer
+	// fires once, through Job.OnTimer, in the epoch that sees its time
+	// pass; it commits with that epoch.
+	Timers() Timers
 }
+
+// Timers is the timer service of the current key, as in Flink: one timer per
+// key, time domain and millisecond, so registering the same one twice leaves
+// one. Times are truncated to the millisecond.
+//
+// Registering fails the record (it goes to the dead-letter topic) if the job
+// has no OnTimer, or, for event time, does not declare EventTime.
+type Timers interface {
+	// RegisterEventTime sets a timer that fires once the task's watermark
+	// reaches at.
+	RegisterEventTime(at time.Time)
+	// RegisterProcessingTime sets a timer that fires once the instance's
+	// processing-time clock (Context.Now) reaches at.
+	RegisterProcessingTime(at time.Time)
+	// DeleteEventTime removes the key's event-time timer at at, if any.
+	DeleteEventTime(at time.Time)
+	// DeleteProcessingTime removes the key's processing-time timer at at,
+	// if any.
+	DeleteProcessingTime(at time.Time)
+}
+
+// Timer is a timer that fired: its domain, its time and its key.
+type Timer = kstate.Timer
+
+// TimeDomain says which clock a timer runs on.
+type TimeDomain = kstate.TimeDomain
+
+// The time domains of a timer.
+const (
+	EventTime      = kstate.EventTime
+	ProcessingTime = kstate.ProcessingTime
+)
+
+// TimerFunc handles a timer that fired. The Context is scoped to the timer's
+// key; its Timestamp is the timer's time. What it writes and emits commits
+// with the epoch, exactly as for a record, and the timer is gone once that
+// epoch commits (it may register itself again). A non-nil error drops its
+// writes and outputs and sends a dead letter (sluice.stage=timer, the key,
+// no value) instead; an error wrapped with Fatal stops the instance.
+type TimerFunc func(ctx Context, t Timer) error
+
+// TimestampFunc extracts a record's event time. An error sends the record to
+// the dead-letter topic (sluice.stage=timestamp) before Process sees it.
+type TimestampFunc func(rec *Record) (time.Time, error)
+
+// KafkaTime is a TimestampFunc that takes the record's Kafka timestamp (the
+// producer's create time or the broker's log-append time, per the topic).
+func KafkaTime(rec *Record) (time.Time, error) { return rec.Timestamp, nil }
 
 // OutputTag names a side output of a job: declare it once,
 //
@@ -85,6 +147,19 @@ type Job struct {
 	// SideOutputs are the side outputs the job may write to; each must be
 	// bound to a topic when the instance is configured.
 	SideOutputs []OutputTag
+
+	// OnTimer handles the timers the job registers (Context.Timers); a job
+	// that registers none leaves it nil.
+	OnTimer TimerFunc
+	// EventTime declares that the job works in event time: the task keeps
+	// a watermark (the largest timestamp seen, less the configured
+	// out-of-orderness), event-time timers fire as it passes them, and
+	// Context.CurrentWatermark reports it. It requires Timestamp.
+	EventTime bool
+	// Timestamp gives each record's event time. Nil means the Kafka
+	// record time (KafkaTime), which an EventTime job must choose
+	// explicitly: producer clocks are rarely the time a job means.
+	Timestamp TimestampFunc
 }
 
 // Validate checks the declaration before any I/O happens.
@@ -94,6 +169,9 @@ func (j Job) Validate() error {
 	}
 	if j.Process == nil {
 		return fmt.Errorf("job %s: Process is nil", j.Name)
+	}
+	if j.EventTime && j.Timestamp == nil {
+		return fmt.Errorf("job %s: EventTime needs a Timestamp extractor (sluice.KafkaTime takes the Kafka record time)", j.Name)
 	}
 	for i, tag := range j.SideOutputs {
 		if tag == "" {

@@ -78,6 +78,25 @@ type Config struct {
 	// stale file does not linger. Default 10 minutes.
 	StateCleanupDelay time.Duration
 
+	// Clock is the processing-time clock: what Context.Now returns, when
+	// processing-time timers fire, what state TTL counts from. Nil is the
+	// wall clock. A test clock that implements
+	//
+	//	NotifyAdvance(wake func())
+	//
+	// is told how to wake the loop when it moves (see sluicetest). Epochs,
+	// timeouts and backoff always run on the wall clock.
+	Clock Clock
+	// MaxOutOfOrderness is how far behind the largest timestamp seen the
+	// watermark of an EventTime job stays: records up to this much out of
+	// order are not late. Default 0.
+	MaxOutOfOrderness time.Duration
+	// IdleTimeout, when positive, lets an input that has had no record for
+	// this long stop holding the watermark back (Flink's withIdleness),
+	// for tasks that read more than one input topic. Default 0: an input
+	// holds event time back until it has data.
+	IdleTimeout time.Duration
+
 	MaxPollRecords int
 	Logger         *slog.Logger
 	Registry       prometheus.Registerer
@@ -87,6 +106,15 @@ type Config struct {
 	// crash tests that kill the process exactly there.
 	Hook func(point string)
 }
+
+// Clock tells the processing time; see Config.Clock.
+type Clock interface {
+	Now() time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
 
 // Steps of the epoch protocol passed to Config.Hook.
 const (
@@ -153,6 +181,10 @@ func (c *Config) fill() error {
 		return fmt.Errorf("engine: unknown group protocol %q", c.GroupProtocol)
 	case c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0:
 		return errors.New("engine: session and rebalance timeouts must be positive")
+	case c.MaxOutOfOrderness < 0:
+		return fmt.Errorf("engine: MaxOutOfOrderness %s is negative", c.MaxOutOfOrderness)
+	case c.IdleTimeout < 0:
+		return fmt.Errorf("engine: IdleTimeout %s is negative", c.IdleTimeout)
 	}
 	if err := c.Job.Validate(); err != nil {
 		return err

@@ -57,6 +57,12 @@ type Instance struct {
 
 	wakeMu sync.Mutex
 	wake   context.CancelFunc // cancels the loop's current poll
+	woken  atomic.Bool        // a wake-up came while the loop was not polling
+
+	killed atomic.Bool    // see Kill
+	probes chan chan bool // see Quiet
+
+	clock Clock // processing time (Config.Clock or the wall clock)
 
 	// poison is what sessions learned of inputs whose outputs can never be
 	// produced, per task; only the goroutine running sessions touches it.
@@ -93,7 +99,15 @@ func New(cfg Config) (*Instance, error) {
 		log:            cfg.Logger.With("app", cfg.AppID, "instance", cfg.InstanceID),
 		changelogTopic: changelog.TopicName(cfg.AppID),
 		rebalanceWaits: make(chan struct{}, 1),
+		probes:         make(chan chan bool),
 		sasl:           newSASLWatch(),
+		clock:          cfg.Clock,
+	}
+	if in.clock == nil {
+		in.clock = wallClock{}
+	}
+	if n, ok := in.clock.(interface{ NotifyAdvance(func()) }); ok {
+		n.NotifyAdvance(in.wakeLoop)
 	}
 	in.m = newMetrics(cfg.Registry, in)
 	return in, nil
@@ -103,8 +117,21 @@ func New(cfg Config) (*Instance, error) {
 // task has restored and is running.
 func (in *Instance) Ready() bool { return in.ready.Load() }
 
-// now is the wall clock of the instance.
+// now is the wall clock of the instance, for what runs on real time
+// whatever Config.Clock says: staleness of state files, their cleanup,
+// fencing windows. Jobs see in.clock.
 func (in *Instance) now() time.Time { return time.Now() }
+
+// wakeLoop ends the loop's current poll, or makes its next one return at
+// once: a restore finished, or a test clock moved.
+func (in *Instance) wakeLoop() {
+	in.woken.Store(true)
+	in.wakeMu.Lock()
+	if in.wake != nil {
+		in.wake()
+	}
+	in.wakeMu.Unlock()
+}
 
 func (in *Instance) openTxnAge() float64 {
 	at := in.txnOpenedAt.Load()
@@ -145,6 +172,9 @@ func (in *Instance) Run(ctx context.Context) error {
 	var fenced []time.Time // ends of recently fenced sessions
 	for {
 		err := in.runSession(ctx)
+		if errors.Is(err, errKilled) {
+			return nil
+		}
 		if ctx.Err() != nil {
 			in.leave()
 			return nil

@@ -111,9 +111,13 @@ func (in *Instance) runSession(ctx context.Context) error {
 
 func (l *loop) iterate() error {
 	in := l.in
+	if in.killed.Load() {
+		return errKilled
+	}
 	if err := l.installRestored(); err != nil {
 		return err
 	}
+	l.answerProbes()
 	in.ready.Store(len(l.restoring) == 0 && l.joined())
 	l.sweepStateFiles()
 
@@ -160,6 +164,9 @@ func (l *loop) iterate() error {
 	if err := l.process(fs); err != nil {
 		return err
 	}
+	if err := l.fireTimers(); err != nil {
+		return err
+	}
 	act := l.coord.Tick(time.Now())
 	if in.rebalanceWanted.Swap(false) && act.Kind == barrier.ActNone {
 		// A rebalance waits for us: commit what we have so the
@@ -176,9 +183,38 @@ func (l *loop) iterate() error {
 	return nil
 }
 
+// pollWait is how long a poll may wait for records: half the checkpoint
+// interval, less when a processing-time timer is due sooner on the wall
+// clock, nothing when the loop was woken (a restore finished, a test clock
+// moved) since the last poll.
 func (l *loop) pollWait() time.Duration {
-	d := l.in.cfg.Checkpoint.Interval / 2
-	return max(d, 5*time.Millisecond)
+	if l.in.woken.Swap(false) {
+		return 0
+	}
+	d := max(l.in.cfg.Checkpoint.Interval/2, 5*time.Millisecond)
+	if l.in.cfg.Clock != nil {
+		return d // a test clock wakes the loop when it moves
+	}
+	now := time.Now().UnixMilli()
+	for _, t := range l.tasks {
+		if next := t.timers.next[kstate.ProcessingTime]; next != never {
+			d = min(d, time.Duration(max(next-now, 0))*time.Millisecond)
+		}
+	}
+	return d
+}
+
+// fireTimers fires the processing-time timers that are due, at most a
+// poll's worth per iteration, and the event-time timers idle inputs
+// released.
+func (l *loop) fireTimers() error {
+	if l.coord.Phase() != barrier.Processing {
+		return nil // the final checkpoint is done: nothing may join an epoch now
+	}
+	if _, err := l.fireProcessingTimers(l.in.cfg.MaxPollRecords); err != nil {
+		return err
+	}
+	return l.refreshEventTime()
 }
 
 func (l *loop) joined() bool { return l.in.inGroup(l.sess.Client()) }
@@ -254,15 +290,31 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	t.advanced = true
 	t.recordsIn.Inc()
 
+	ref := recordRef(r)
 	var ps *poison
 	if len(t.poison) > 0 {
-		if ps = t.poison[inputRef{r.Topic, r.Offset}]; ps != nil && ps.confirmed {
-			return l.deadLetterEmit(t, r, ps)
+		if ps = t.poison[ref]; ps != nil && ps.confirmed {
+			return l.deadLetterEmit(t, ref, in.deadLetter(r, ps.err, "emit"), ps)
 		}
 	}
+	rec := apiRecord(r)
+	ts := r.Timestamp
+	if in.cfg.Job.Timestamp != nil {
+		var err error
+		if ts, err = in.cfg.Job.Timestamp(rec); err != nil {
+			if api.IsFatal(err) {
+				return fmt.Errorf("job %s: task %d offset %d: timestamp: %w", in.cfg.Job.Name, t.p, r.Offset, err)
+			}
+			l.produceFor(t, ref, in.deadLetter(r, err, "timestamp"), true)
+			t.processingErrors.Inc()
+			t.dlq.Inc()
+			return nil
+		}
+	}
+	now := in.clock.Now()
 	rc := &t.rc
-	rc.ctx, rc.in, rc.key, rc.now, rc.out = l.ctx, in, r.Key, time.Now(), rc.out[:0]
-	err := in.cfg.Job.Process(rc, apiRecord(r))
+	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, now, ts, rc.out[:0]
+	err := in.cfg.Job.Process(rc, rec)
 	if err == nil {
 		// A write the store refused (a key too long for bbolt, a value
 		// too large for the changelog) fails the record even if the job
@@ -272,14 +324,12 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	switch {
 	case err == nil:
 		t.store.CommitRecord()
-		if t.store.DirtyLen() >= in.cfg.EpochMaxKeys || t.store.DirtyBytes() >= in.cfg.EpochMaxBytes {
-			l.budgetFull = true
-		}
+		l.noteBudget(t)
 		if ps != nil {
-			l.produceAlone(t, r, ps, rc.out)
+			l.produceAlone(t, ref, ps, rc.out)
 		} else {
 			for _, o := range rc.out {
-				l.produceFor(t, r, o, false)
+				l.produceFor(t, ref, o, false)
 			}
 		}
 		t.recordsOut.Add(float64(len(rc.out)))
@@ -293,12 +343,25 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 		if errors.As(err, &de) {
 			stage = "decode"
 		}
-		l.produceFor(t, r, in.deadLetter(r, err, stage), true)
+		l.produceFor(t, ref, in.deadLetter(r, err, stage), true)
 		t.processingErrors.Inc()
 		t.dlq.Inc()
 	}
 	clear(rc.out)
+	// The watermark moves after the record, and the event-time timers it
+	// passes fire before the next record (see timers.go).
+	if in.cfg.Job.EventTime && t.clock.observe(r.Topic, ts, now) {
+		return l.fireEventTimers(t)
+	}
 	return nil
+}
+
+// noteBudget ends the epoch early once a task's write-set reaches the
+// epoch budget (Config.EpochMaxKeys, EpochMaxBytes).
+func (l *loop) noteBudget(t *task) {
+	if t.store.DirtyLen() >= l.in.cfg.EpochMaxKeys || t.store.DirtyBytes() >= l.in.cfg.EpochMaxBytes {
+		l.budgetFull = true
+	}
 }
 
 // begin opens the epoch's transaction if it is not open yet.
@@ -703,11 +766,7 @@ func (l *loop) startRestoreAfter(p int32, delay time.Duration) {
 			r = in.restore(ctx, p)
 		}
 		job.result <- r
-		in.wakeMu.Lock()
-		if in.wake != nil {
-			in.wake()
-		}
-		in.wakeMu.Unlock()
+		in.wakeLoop()
 	}()
 }
 
@@ -736,7 +795,11 @@ func (l *loop) installRestored() error {
 			l.startRestoreAfter(p, time.Second)
 			continue
 		}
-		t := newTask(p, r.be, r.meta, l.in.m, l.in.maxEntryBytes(), l.in.poisonOf(p))
+		t, err := newTask(l.in, p, r.be, r.meta)
+		if err != nil {
+			r.be.Close()
+			return err
+		}
 		for _, k := range r.orphans {
 			t.orphan(k)
 		}

@@ -20,6 +20,8 @@ type metrics struct {
 	lag                                          *prometheus.GaugeVec
 	epoch                                        *prometheus.GaugeVec
 	tasks                                        *prometheus.GaugeVec
+	timers, watermarkLag                         *prometheus.GaugeVec
+	timersFired                                  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
@@ -41,6 +43,9 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 		restoreRemaining:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_restore_records_remaining", Help: "Changelog offsets left to read by the task's restore."}, task),
 		lag:                prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_consumer_lag", Help: "High-water mark minus the next offset to process."}, []string{"topic", "partition"}),
 		tasks:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_tasks", Help: "Tasks by lifecycle state."}, []string{"state"}),
+		timers:             prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_timers", Help: "Timers registered in the task's committed store, per time domain (event, processing)."}, []string{"task", "domain"}),
+		watermarkLag:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_watermark_lag_seconds", Help: "Processing time minus the task's event-time watermark, at its last committed epoch (EventTime jobs only)."}, task),
+		timersFired:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_timers_fired_total", Help: "Timers fired (committed or not), per task."}, task),
 		epoch:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_epoch", Help: "Last epoch the task committed and applied (the number its changelog marker carries)."}, task),
 	}
 	// Both results exist from the start, so that increase() in an alert
@@ -50,6 +55,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 	reg.MustRegister(m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
 		m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
+		m.timers, m.watermarkLag, m.timersFired,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_epochs_committed_total", Help: "Epochs this instance committed since it started."},
 			func() float64 { return float64(in.committedEpochs.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_open_transaction_age_seconds", Help: "Age of the open epoch's transaction, 0 when none is open."},
@@ -71,9 +77,10 @@ func taskLabel(p int32) string { return strconv.Itoa(int(p)) }
 // series (a restore that looks stalled, a frozen lag) outlive it here.
 func (m *metrics) forgetTask(p int32, topics []string) {
 	label := taskLabel(p)
-	for _, g := range []*prometheus.GaugeVec{m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.epoch} {
+	for _, g := range []*prometheus.GaugeVec{m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.epoch, m.watermarkLag} {
 		g.DeleteLabelValues(label)
 	}
+	m.timers.DeletePartialMatch(prometheus.Labels{"task": label})
 	for _, topic := range topics {
 		m.lag.DeleteLabelValues(topic, label)
 	}

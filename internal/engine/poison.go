@@ -24,11 +24,15 @@ import (
 // before and after), and only a suspect whose outputs fail again alone is
 // dead-lettered. The rest go on as usual.
 
-// inputRef names an input record of a task.
+// inputRef names an input record of a task, or a timer of it (whose
+// outputs can be poison too).
 type inputRef struct {
 	topic  string
 	offset int64
+	timer  string // the timer's physical key; topic and offset are then unset
 }
+
+func recordRef(r *kgo.Record) inputRef { return inputRef{topic: r.Topic, offset: r.Offset} }
 
 // poison is what the task knows of an input whose output failed for good.
 type poison struct {
@@ -79,10 +83,10 @@ func (f *failures) take() []failedOutput {
 	return list
 }
 
-// produceFor adds r, an output or dead letter of the input src, to the open
-// epoch; a permanent failure is remembered against src.
-func (l *loop) produceFor(t *task, src *kgo.Record, r *kgo.Record, dlq bool) {
-	p, ref := t.p, inputRef{src.Topic, src.Offset}
+// produceFor adds r, an output or dead letter of the input ref, to the open
+// epoch; a permanent failure is remembered against ref.
+func (l *loop) produceFor(t *task, ref inputRef, r *kgo.Record, dlq bool) {
+	p := t.p
 	l.sess.Produce(context.Background(), r, func(r *kgo.Record, err error) {
 		if err == nil {
 			return
@@ -126,18 +130,19 @@ func (l *loop) learnPoison() {
 			ps.confirmed, ps.err = true, f.err
 		}
 		l.in.log.Warn("output failed permanently; its input is replayed as a suspect",
-			"task", f.task, "topic", f.ref.topic, "offset", f.ref.offset, "dead_letter", f.dlq, "err", f.err)
+			"task", f.task, "topic", f.ref.topic, "offset", f.ref.offset, "timer", f.ref.timer != "", "dead_letter", f.dlq, "err", f.err)
 	}
 }
 
 // produceAlone produces a suspect's outputs with nothing else in their
 // batches and waits for them. A permanent failure confirms the suspect
 // (the epoch is then aborted and replayed without it); success clears it.
-func (l *loop) produceAlone(t *task, src *kgo.Record, ps *poison, out []*kgo.Record) {
+func (l *loop) produceAlone(t *task, ref inputRef, ps *poison, out []*kgo.Record) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
 	defer cancel()
+	at := &kgo.Record{Topic: ref.topic, Partition: t.p}
 	if err := l.sess.Client().Flush(ctx); err != nil {
-		l.noteProduceErr(src, fmt.Errorf("flush before a suspect's outputs: %w", err))
+		l.noteProduceErr(at, fmt.Errorf("flush before a suspect's outputs: %w", err))
 		return
 	}
 	var mu sync.Mutex
@@ -157,12 +162,11 @@ func (l *loop) produceAlone(t *task, src *kgo.Record, ps *poison, out []*kgo.Rec
 		})
 	}
 	if err := l.sess.Client().Flush(ctx); err != nil {
-		l.noteProduceErr(src, fmt.Errorf("flush of a suspect's outputs: %w", err))
+		l.noteProduceErr(at, fmt.Errorf("flush of a suspect's outputs: %w", err))
 		return
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	ref := inputRef{src.Topic, src.Offset}
 	switch {
 	case failed == nil:
 		delete(t.poison, ref) // cleared: every output went through alone
@@ -173,23 +177,23 @@ func (l *loop) produceAlone(t *task, src *kgo.Record, ps *poison, out []*kgo.Rec
 	ps.confirmed, ps.err = true, permanent
 	l.refused = true
 	l.in.log.Warn("output fails alone too; its input goes to the dead-letter topic on the replay",
-		"task", t.p, "topic", src.Topic, "offset", src.Offset, "err", permanent)
+		"task", t.p, "topic", ref.topic, "offset", ref.offset, "timer", ref.timer != "", "err", permanent)
 }
 
-// deadLetterEmit sends a confirmed poison input to the dead-letter topic.
-// If its dead letter failed permanently before (the DLQ topic accepts less
-// than the input topic did), the key and value are left out; if even that
-// failed, the instance stops: no record can be written there.
-func (l *loop) deadLetterEmit(t *task, r *kgo.Record, ps *poison) error {
-	dl := l.in.deadLetter(r, ps.err, "emit")
+// deadLetterEmit sends dl, the dead letter of a confirmed poison input or
+// timer, to the dead-letter topic. If its dead letter failed permanently
+// before (the DLQ topic accepts less than the input topic did), the key and
+// value are left out; if even that failed, the instance stops: no record
+// can be written there.
+func (l *loop) deadLetterEmit(t *task, ref inputRef, dl *kgo.Record, ps *poison) error {
 	switch {
 	case ps.dlqFailed == 1:
 		dl.Key, dl.Value = nil, nil
 		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderTruncated, Value: []byte("key and value left out: the dead-letter topic refused them")})
 	case ps.dlqFailed > 1:
-		return fmt.Errorf("engine: task %d offset %d: the dead-letter topic %s refuses even a record without key and value: %w", t.p, r.Offset, l.in.cfg.DLQTopic, ps.err)
+		return fmt.Errorf("engine: task %d offset %d: the dead-letter topic %s refuses even a record without key and value: %w", t.p, ref.offset, l.in.cfg.DLQTopic, ps.err)
 	}
-	l.produceFor(t, r, dl, true)
+	l.produceFor(t, ref, dl, true)
 	t.dlq.Inc()
 	t.processingErrors.Inc()
 	return nil
@@ -209,9 +213,16 @@ func (in *Instance) poisonOf(p int32) map[inputRef]*poison {
 	return m
 }
 
-// prunePoison forgets inputs the task committed past.
+// prunePoison forgets inputs the task committed past, and timers that are
+// gone from the committed store.
 func (t *task) prunePoison() {
 	for ref := range t.poison {
+		if ref.timer != "" {
+			if _, ok, err := t.store.Backend().Get([]byte(ref.timer)); err == nil && !ok {
+				delete(t.poison, ref)
+			}
+			continue
+		}
 		if next, ok := t.committed[ref.topic]; ok && ref.offset < next {
 			delete(t.poison, ref)
 		}

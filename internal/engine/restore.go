@@ -111,7 +111,7 @@ func (in *Instance) stale(meta kstate.Meta) string {
 func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta) (changelog.Result, error) {
 	var applied *changelog.Marker
 	if len(meta.Offsets) > 0 && !meta.Partial {
-		applied = &changelog.Marker{Epoch: meta.Epoch, Offsets: meta.Offsets}
+		applied = &changelog.Marker{Epoch: meta.Epoch, Offsets: meta.Offsets, Watermark: meta.Watermark}
 	}
 	label := taskLabel(p)
 	defer in.m.restoreRemaining.DeleteLabelValues(label)

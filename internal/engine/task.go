@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"strconv"
 	"time"
 
@@ -34,6 +35,9 @@ type task struct {
 	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog
 	rc     recordContext
 
+	clock  *eventClock // event time; nil unless the job declares EventTime
+	timers taskTimers
+
 	// poison holds inputs whose outputs failed permanently (see
 	// poison.go). The map belongs to the instance, so what a session
 	// learned survives the session.
@@ -51,30 +55,58 @@ type task struct {
 
 	// The task's series, looked up once: a label lookup per record costs
 	// more than the rest of the bookkeeping.
-	recordsIn, recordsOut, processingErrors, dlq prometheus.Counter
+	recordsIn, recordsOut, processingErrors, dlq, timersFired prometheus.Counter
 }
 
-func newTask(p int32, be kstate.Backend, meta kstate.Meta, m *metrics, maxEntry int, poison map[inputRef]*poison) *task {
+func newTask(in *Instance, p int32, be kstate.Backend, meta kstate.Meta) (*task, error) {
 	label := strconv.Itoa(int(p))
+	m := in.m
 	t := &task{
 		p:                p,
 		label:            label,
 		store:            kstate.NewStore(be),
-		poison:           poison,
+		poison:           in.poisonOf(p),
 		epoch:            meta.Epoch,
 		committed:        maps.Clone(meta.Offsets),
 		recordsIn:        m.recordsIn.WithLabelValues(label),
 		recordsOut:       m.recordsOut.WithLabelValues(label),
 		processingErrors: m.processingErrors.WithLabelValues(label),
 		dlq:              m.dlq.WithLabelValues(label),
+		timersFired:      m.timersFired.WithLabelValues(label),
 	}
 	if t.committed == nil {
 		t.committed = map[string]int64{}
 	}
-	t.store.SetMaxEntryBytes(maxEntry)
+	t.store.SetMaxEntryBytes(in.maxEntryBytes())
 	t.next = maps.Clone(t.committed)
 	t.rc.t = t
-	return t
+	if in.cfg.Job.EventTime {
+		t.clock = newEventClock(in.cfg.InputTopics, in.cfg.MaxOutOfOrderness, in.cfg.IdleTimeout, meta.Watermark, in.clock.Now())
+	}
+	if err := t.loadTimers(); err != nil {
+		return nil, err
+	}
+	t.publishTime(in)
+	return t, nil
+}
+
+// publishTime sets the task's timer and watermark gauges.
+func (t *task) publishTime(in *Instance) {
+	for _, d := range timerDomains {
+		in.m.timers.WithLabelValues(t.label, domainLabel(d)).Set(float64(t.timers.count[d]))
+	}
+	if t.clock != nil && t.clock.wm != noTime {
+		in.m.watermarkLag.WithLabelValues(t.label).Set(in.clock.Now().Sub(t.clock.watermark()).Seconds())
+	}
+}
+
+// watermark is the task's watermark for the marker and meta: zero without
+// event time.
+func (t *task) watermark() time.Time {
+	if t.clock == nil {
+		return time.Time{}
+	}
+	return t.clock.watermark()
 }
 
 // offsets are consumer positions per topic and partition, in the shape
@@ -111,6 +143,15 @@ func (t *task) discard(orphaned bool) {
 	t.next = maps.Clone(t.committed)
 	t.advanced = false
 	t.marker, t.dirty = nil, nil
+	if t.clock != nil {
+		t.clock.rewind()
+	}
+	// Timers fired in the epoch are registered again: look again.
+	for _, d := range timerDomains {
+		if err := t.refreshNext(d); err != nil {
+			t.timers.next[d] = math.MinInt64 // the next firing reads again, and reports the error
+		}
+	}
 }
 
 // orphan records a changelog key whose last record no marker commits.
@@ -163,7 +204,7 @@ func (t *task) pending() bool { return t.dirty != nil || t.advanced }
 
 // produceMarker produces the epoch's marker with the next input offsets.
 func (t *task) produceMarker(in *Instance, produce func(*kgo.Record)) {
-	value := changelog.EncodeMarker(changelog.Marker{Epoch: t.epoch + 1, Offsets: t.next})
+	value := changelog.EncodeMarker(changelog.Marker{Epoch: t.epoch + 1, Offsets: t.next, Watermark: t.watermark()})
 	t.marker = &kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: changelog.MarkerKey, Value: value, Headers: t.epochHeader()}
 	produce(t.marker)
 	in.m.changelogRecords.Inc()
@@ -181,7 +222,10 @@ func (t *task) apply(in *Instance) error {
 	if t.marker == nil {
 		return nil
 	}
-	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now()}
+	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now(), Watermark: t.watermark()}
+	if err := t.countApplied(t.dirty); err != nil {
+		return fmt.Errorf("task %d: count timers of epoch %d: %w", t.p, meta.Epoch, err)
+	}
 	if err := t.store.Apply(t.dirty, meta); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
@@ -191,6 +235,10 @@ func (t *task) apply(in *Instance) error {
 	t.advanced = false
 	t.marker, t.dirty, t.orphans, t.replayUntil = nil, nil, nil, nil
 	t.prunePoison()
+	if t.clock != nil {
+		t.clock.commit()
+	}
+	t.publishTime(in)
 	in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 	st := t.store.Backend().Stats()
 	in.m.stateKeys.WithLabelValues(t.label).Set(float64(st.Keys))
@@ -205,16 +253,19 @@ type recordContext struct {
 	t   *task
 	in  *Instance
 	key []byte
-	now time.Time
+	now time.Time // processing time
+	ts  time.Time // the record's or timer's event time
 	out []*kgo.Record
 }
 
-func (c *recordContext) Store() *kstate.Store     { return c.t.store }
-func (c *recordContext) Key() []byte              { return c.key }
-func (c *recordContext) Now() time.Time           { return c.now }
-func (c *recordContext) Context() context.Context { return c.ctx }
-func (c *recordContext) Task() int32              { return c.t.p }
-func (c *recordContext) OutputTopic() string      { return c.in.cfg.OutputTopic }
+func (c *recordContext) Store() *kstate.Store        { return c.t.store }
+func (c *recordContext) Key() []byte                 { return c.key }
+func (c *recordContext) Now() time.Time              { return c.now }
+func (c *recordContext) Context() context.Context    { return c.ctx }
+func (c *recordContext) Task() int32                 { return c.t.p }
+func (c *recordContext) OutputTopic() string         { return c.in.cfg.OutputTopic }
+func (c *recordContext) Timestamp() time.Time        { return c.ts }
+func (c *recordContext) CurrentWatermark() time.Time { return c.t.watermark() }
 
 func (c *recordContext) Emit(key, value []byte, headers ...api.Header) {
 	c.EmitTo(c.in.cfg.OutputTopic, key, value, headers...)

@@ -115,3 +115,51 @@ func TestUnboundSideOutputIsRefused(t *testing.T) {
 		t.Fatalf("New with an unbound side output: %v", err)
 	}
 }
+
+// rising readings, one partition so that one watermark covers them all
+// (event time is per task). Base time 1547718200.
+var risingReadings = []string{
+	// sensor_1 rises at every reading for 10 s from its first rise (201):
+	// its timer at 211 fires once the reading at 211 moves the watermark.
+	"sensor_1,1547718200,20", "sensor_1,1547718201,21",
+	"sensor_2,1547718202,20", "sensor_1,1547718203,22",
+	// sensor_2's rises are broken by an equal reading, then by a fall.
+	"sensor_2,1547718204,21", "sensor_2,1547718206,21", "sensor_1,1547718206,23",
+	"sensor_2,1547718208,22", "sensor_3,1547718208,30", "sensor_3,1547718209,31",
+	"sensor_1,1547718210,24", "sensor_1,1547718211,25",
+	"sensor_2,1547718212,21",
+	"sensor_3,1547718215,29", // a fall: sensor_3 never alerts
+	// Late: behind the watermark (215), to the late side output.
+	"sensor_4,1547718100,99",
+	// sensor_8 rises from 250 to 261; sensor_9 moves the watermark to 300.
+	// Its alert is the last, so reading two alerts proves no other came.
+	"sensor_8,1547718250,1", "sensor_8,1547718251,2", "sensor_8,1547718261,3",
+	"sensor_9,1547718300,0",
+}
+
+func TestRisingTemperatureEventTime(t *testing.T) {
+	brokers := newCluster(t, 1)
+	o := options(brokers, "rising", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o.Job = jobs.RisingTemperature(jobs.RisingOptions{Window: 10 * time.Second, EventTime: true, LateOutput: true})
+	o.SideOutputTopics = map[sluice.OutputTag]string{jobs.Late: "late"}
+	startInProcess(t, o)
+	sendReadings(t, brokers, risingReadings)
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 20*time.Second, check.Settled(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, string(r.Key)+" "+string(r.Value))
+	}
+	want := []string{
+		`sensor_1 {"id":"sensor_1","rising_for":"10s"}`,
+		`sensor_8 {"id":"sensor_8","rising_for":"10s"}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("alerts, in order:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if late := values(t, brokers, "late", 1); !slices.Equal(late, []string{"sensor_4,1547718100,99"}) {
+		t.Fatalf("late side output %v", late)
+	}
+}

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// What a test harness (sluicetest) needs from a running instance, and
+// nothing a user of package sluice can reach: these are functions of this
+// internal package, not methods of Instance.
+
+// errKilled ends a session that Kill stopped.
+var errKilled = errors.New("engine: killed")
+
+// Kill stops in as a crash would, at its loop's next iteration: no final
+// checkpoint, no leaving the group, the open epoch's transaction left to
+// the broker (the next instance with the same id fences it). Run then
+// returns nil.
+func Kill(in *Instance) {
+	in.killed.Store(true)
+	in.wakeLoop()
+}
+
+// Quiet reports whether in has nothing in flight: it is in its group, every
+// assigned task is restored and running, no epoch is open, and no timer is
+// due by its clock or watermark. Together with group offsets committed up to
+// the inputs' ends, it says that everything sent so far has committed. The
+// loop answers between iterations; ctx bounds the wait.
+func Quiet(ctx context.Context, in *Instance) (bool, error) {
+	reply := make(chan bool, 1)
+	select {
+	case in.probes <- reply:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	in.wakeLoop()
+	select {
+	case q := <-reply:
+		return q, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// answerProbes answers the Quiet calls waiting for the loop.
+func (l *loop) answerProbes() {
+	for {
+		select {
+		case reply := <-l.in.probes:
+			reply <- l.quiet()
+		default:
+			return
+		}
+	}
+}
+
+func (l *loop) quiet() bool {
+	if len(l.restoring) > 0 || !l.joined() || l.inTxn || l.coord.Phase() != barrier.Processing {
+		return false
+	}
+	now := l.in.clock.Now().UnixMilli()
+	for _, t := range l.tasks {
+		if t.store.DirtyLen() > 0 || t.advanced || len(t.orphans) > 0 || t.timers.next[kstate.ProcessingTime] <= now {
+			return false
+		}
+		if t.clock != nil && t.clock.wm != noTime && t.clock.wm >= t.timers.next[kstate.EventTime] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,316 @@
+package engine
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/api"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// Timers are state (kstate stores them under their own key kind, ordered by
+// domain, time and key), so registering and deleting one takes part in the
+// record's and the epoch's write-sets like any other write. Firing one is
+// handled like a record:
+//
+//   - The timer is removed and Job.OnTimer runs, both in the open epoch;
+//     its writes and outputs commit with it. A timer that fired in a
+//     committed epoch is gone from the backend and the changelog, so it
+//     never fires again; one that fired in an aborted epoch is still there
+//     and fires again on the replay. A timer registered in an aborted epoch
+//     never existed.
+//   - Event-time timers fire after the record that moved the watermark past
+//     them, before the next record, all of them: the order of records and
+//     timers is then the same on every replay. Processing-time timers fire
+//     between polls, at most Config.MaxPollRecords per iteration, so a burst
+//     of them does not starve the input.
+//   - Nothing is scanned while no timer is due: each task keeps the
+//     earliest time registered per domain (a lower bound: a deleted timer
+//     leaves it early, which costs one scan when it passes).
+
+// timerDomains are the domains in firing order within an iteration.
+var timerDomains = [...]kstate.TimeDomain{kstate.EventTime, kstate.ProcessingTime}
+
+// never is the next-timer time of a domain with no timer.
+const never = math.MaxInt64
+
+// taskTimers is what a task knows about its timers without scanning.
+type taskTimers struct {
+	next  [3]int64 // per domain: earliest registered time, unix ms (a lower bound), or never
+	count [3]int64 // per domain: timers in the committed store, for sluice_timers
+}
+
+func domainLabel(d kstate.TimeDomain) string {
+	if d == kstate.EventTime {
+		return "event"
+	}
+	return "processing"
+}
+
+// loadTimers counts a task's committed timers and finds the earliest per
+// domain: one scan of the timer keys when the task starts.
+func (t *task) loadTimers() error {
+	for _, d := range timerDomains {
+		t.timers.next[d], t.timers.count[d] = never, 0
+		err := t.store.Backend().Scan(kstate.TimerPrefix(d), func(k, _ []byte) error {
+			if t.timers.count[d] == 0 {
+				tm, err := kstate.DecodeTimer(k)
+				if err != nil {
+					return err
+				}
+				t.timers.next[d] = tm.At.UnixMilli()
+			}
+			t.timers.count[d]++
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("task %d: load %s timers: %w", t.p, d, err)
+		}
+	}
+	return nil
+}
+
+// refreshNext sets the domain's next time from the store (write-sets
+// included), after a firing or an abort changed what is registered.
+func (t *task) refreshNext(d kstate.TimeDomain) error {
+	tm, ok, err := kstate.NextTimer(t.store, d)
+	if err != nil {
+		return fmt.Errorf("task %d: next %s timer: %w", t.p, d, err)
+	}
+	t.timers.next[d] = never
+	if ok {
+		t.timers.next[d] = tm.At.UnixMilli()
+	}
+	return nil
+}
+
+// countApplied adjusts the timer counts by the timer keys of the epoch's
+// changes, read against the backend before they are applied to it.
+func (t *task) countApplied(dirty []kstate.Mutation) error {
+	for _, d := range timerDomains {
+		prefix := kstate.TimerPrefix(d)
+		i, _ := slices.BinarySearchFunc(dirty, prefix, func(m kstate.Mutation, p []byte) int { return bytes.Compare(m.Key, p) })
+		for ; i < len(dirty) && bytes.HasPrefix(dirty[i].Key, prefix); i++ {
+			_, had, err := t.store.Backend().Get(dirty[i].Key)
+			if err != nil {
+				return err
+			}
+			switch has := dirty[i].Value != nil; {
+			case has && !had:
+				t.timers.count[d]++
+			case !has && had:
+				t.timers.count[d]--
+			}
+		}
+	}
+	return nil
+}
+
+// timerService is the Context's Timers: the record context itself, so
+// handing it out allocates nothing.
+type timerService recordContext
+
+func (c *recordContext) Timers() api.Timers { return (*timerService)(c) }
+
+func (s *timerService) RegisterEventTime(at time.Time) { s.register(kstate.EventTime, at) }
+func (s *timerService) RegisterProcessingTime(at time.Time) {
+	s.register(kstate.ProcessingTime, at)
+}
+func (s *timerService) DeleteEventTime(at time.Time) {
+	kstate.DeleteTimer((*recordContext)(s), kstate.EventTime, at)
+}
+func (s *timerService) DeleteProcessingTime(at time.Time) {
+	kstate.DeleteTimer((*recordContext)(s), kstate.ProcessingTime, at)
+}
+
+func (s *timerService) register(d kstate.TimeDomain, at time.Time) {
+	c := (*recordContext)(s)
+	job := &c.in.cfg.Job
+	switch {
+	case job.OnTimer == nil:
+		c.t.store.Fail(fmt.Errorf("job %s registers a timer but has no OnTimer", job.Name))
+		return
+	case d == kstate.EventTime && !job.EventTime:
+		c.t.store.Fail(fmt.Errorf("job %s registers an event-time timer but does not declare EventTime", job.Name))
+		return
+	}
+	kstate.RegisterTimer(c, d, at)
+	c.t.timers.next[d] = min(c.t.timers.next[d], max(at.UnixMilli(), 0))
+}
+
+// fireEventTimers fires the task's event-time timers the watermark passed.
+func (l *loop) fireEventTimers(t *task) error {
+	wm := t.clock.wm
+	if wm == noTime || wm < t.timers.next[kstate.EventTime] {
+		return nil
+	}
+	_, err := l.fireDue(t, kstate.EventTime, wm, 0)
+	return err
+}
+
+// fireProcessingTimers fires due processing-time timers across tasks, at
+// most budget of them, and reports whether any fired.
+func (l *loop) fireProcessingTimers(budget int) (bool, error) {
+	now := l.in.clock.Now().UnixMilli()
+	due := false
+	for _, t := range l.tasks {
+		due = due || t.timers.next[kstate.ProcessingTime] <= now
+	}
+	if !due {
+		return false, nil
+	}
+	fired := 0
+	for _, p := range l.taskList() {
+		t := l.tasks[p]
+		if fired >= budget || t.timers.next[kstate.ProcessingTime] > now {
+			continue
+		}
+		n, err := l.fireDue(t, kstate.ProcessingTime, now, budget-fired)
+		fired += n
+		if err != nil {
+			return fired > 0, err
+		}
+	}
+	return fired > 0, nil
+}
+
+// refreshEventTime moves the watermarks that idle inputs held back, and
+// fires what that makes due.
+func (l *loop) refreshEventTime() error {
+	if !l.in.cfg.Job.EventTime {
+		return nil
+	}
+	now := l.in.clock.Now()
+	for _, t := range l.tasks {
+		if t.clock.idleMatters() && t.clock.advance(now) {
+			if err := l.fireEventTimers(t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fireDue fires t's timers of domain d at or before upTo (unix ms), in
+// time and key order, at most limit of them when limit > 0.
+func (l *loop) fireDue(t *task, d kstate.TimeDomain, upTo int64, limit int) (int, error) {
+	const batch = 512
+	fired := 0
+	for limit <= 0 || fired < limit {
+		n := batch
+		if limit > 0 {
+			n = min(n, limit-fired)
+		}
+		due, err := kstate.DueTimers(t.store, d, time.UnixMilli(upTo), n)
+		if err != nil {
+			return fired, fmt.Errorf("task %d: due %s timers: %w", t.p, d, err)
+		}
+		if len(due) == 0 {
+			break
+		}
+		for _, tm := range due {
+			ok, err := kstate.HasTimer(t.store, tm)
+			if err != nil {
+				return fired, fmt.Errorf("task %d: read timer: %w", t.p, err)
+			}
+			if !ok {
+				continue // deleted by a timer fired before it
+			}
+			if err := l.fireOne(t, tm); err != nil {
+				return fired, err
+			}
+			fired++
+		}
+	}
+	if fired > 0 {
+		if err := l.run(l.coord.Work(time.Now())); err != nil {
+			return fired, err
+		}
+	}
+	return fired, t.refreshNext(d)
+}
+
+// fireOne fires one timer in the open epoch.
+func (l *loop) fireOne(t *task, tm kstate.Timer) error {
+	in := l.in
+	if err := l.begin(); err != nil {
+		return err
+	}
+	t.timersFired.Inc()
+	ref := inputRef{timer: string(kstate.TimerKey(tm))}
+	var ps *poison
+	if len(t.poison) > 0 {
+		ps = t.poison[ref]
+	}
+	// Removed first, so that OnTimer may register the same timer again.
+	kstate.RemoveTimer(t.store, tm)
+	if ps != nil && ps.confirmed {
+		t.store.CommitRecord()
+		return l.deadLetterEmit(t, ref, in.timerDeadLetter(t, tm, ps.err, "emit"), ps)
+	}
+	rc := &t.rc
+	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, tm.Key, in.clock.Now(), tm.At, rc.out[:0]
+	defer clear(rc.out)
+	var err error
+	if in.cfg.Job.OnTimer == nil {
+		// Registered by an earlier version of the job, restored with
+		// the state: say so rather than drop it.
+		err = fmt.Errorf("job %s has no OnTimer", in.cfg.Job.Name)
+	} else {
+		err = in.cfg.Job.OnTimer(rc, tm)
+	}
+	if err == nil {
+		err = t.store.RecordErr()
+	}
+	switch {
+	case err == nil:
+		t.store.CommitRecord()
+		l.noteBudget(t)
+		if ps != nil {
+			l.produceAlone(t, ref, ps, rc.out)
+		} else {
+			for _, o := range rc.out {
+				l.produceFor(t, ref, o, false)
+			}
+		}
+		t.recordsOut.Add(float64(len(rc.out)))
+	case api.IsFatal(err):
+		t.store.RollbackRecord()
+		return fmt.Errorf("job %s: task %d: %s timer at %s: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)
+	default:
+		// The timer stays removed: firing it again would fail again.
+		t.store.RollbackRecord()
+		kstate.RemoveTimer(t.store, tm)
+		t.store.CommitRecord()
+		l.produceFor(t, ref, in.timerDeadLetter(t, tm, err, "timer"), true)
+		t.processingErrors.Inc()
+		t.dlq.Inc()
+	}
+	return nil
+}
+
+// Dead-letter headers of a timer that failed (besides error, stage, job
+// and the task as source partition).
+const (
+	HeaderTimerDomain = "sluice.timer.domain" // "event" or "processing"
+	HeaderTimerAt     = "sluice.timer.at"     // the timer's time, unix milliseconds
+)
+
+// timerDeadLetter is the dead letter of a timer whose handler failed: the
+// timer's key, no value, headers naming the timer.
+func (in *Instance) timerDeadLetter(t *task, tm kstate.Timer, err error, stage string) *kgo.Record {
+	return &kgo.Record{Topic: in.cfg.DLQTopic, Key: tm.Key, Timestamp: tm.At, Headers: []kgo.RecordHeader{
+		{Key: HeaderError, Value: []byte(err.Error())},
+		{Key: HeaderStage, Value: []byte(stage)},
+		{Key: HeaderJob, Value: []byte(in.cfg.Job.Name)},
+		{Key: HeaderPartition, Value: []byte(t.label)},
+		{Key: HeaderTimerDomain, Value: []byte(domainLabel(tm.Domain))},
+		{Key: HeaderTimerAt, Value: []byte(strconv.FormatInt(tm.At.UnixMilli(), 10))},
+	}}
+}
