@@ -198,7 +198,7 @@ func TestUnstorableRecordKey(t *testing.T) {
 func TestStringers(t *testing.T) {
 	for v, want := range map[interface{ String() string }]string{
 		kstate.KindKeyed: "keyed", kstate.KindTimer: "timer", kstate.KindOperator: "operator",
-		kstate.KindMarker: "marker", kstate.Kind(9): "Kind(9)",
+		kstate.KindMarker: "marker", kstate.KindKeyedTTL: "keyed-ttl", kstate.Kind(9): "Kind(9)",
 		kstate.EventTime: "event-time", kstate.ProcessingTime: "processing-time", kstate.TimeDomain(0): "TimeDomain(0)",
 	} {
 		if got := v.String(); got != want {

@@ -64,11 +64,11 @@ type Stats struct {
 // Backend is one task's durable key-value store: the state a Store overlays.
 //
 // A Backend has one writer, the goroutine that owns its task: Apply must not
-// run concurrently with another Apply. Reads (Get, Scan, Meta, Stats) may run
-// from any goroutine, so metrics and savepoint exports can read while the
-// task works. A Scan callback may call Get but must not call Apply, and
-// Close must not run concurrently with any other call: a scan holds a read
-// lock (or read transaction) while its callback runs.
+// run concurrently with another Apply. Reads (Get, Scan, ScanFrom, Meta,
+// Stats) may run from any goroutine, so metrics and savepoint exports can
+// read while the task works. A scan callback may call Get but must not call
+// Apply, and Close must not run concurrently with any other call: a scan
+// holds a read lock (or read transaction) while its callback runs.
 type Backend interface {
 	// Get returns the value stored under key. The returned slice is the
 	// caller's to keep.
@@ -78,6 +78,12 @@ type Backend interface {
 	// returns ErrStopScan the scan ends and Scan returns nil; any other
 	// error ends it and is returned.
 	Scan(prefix []byte, fn func(k, v []byte) error) error
+	// ScanFrom is Scan over the keys with the prefix that are >= start:
+	// the first key considered is the smallest key >= start. A start
+	// before the prefix's range (nil, say) scans all of it; one after
+	// scans nothing. It costs one seek, not a walk over the keys before
+	// start, which is what lets a bounded sweep resume where it stopped.
+	ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error
 	// Apply writes the mutations and the meta in one atomic transaction.
 	// The mutations need not be sorted; Apply sorts them in place, so it
 	// may reorder and overwrite the elements of muts (never the bytes they
@@ -170,6 +176,15 @@ func prepareMutations(muts []Mutation) ([]Mutation, error) {
 		out = append(out, muts[i])
 	}
 	return out, nil
+}
+
+// scanStart is where a ScanFrom of prefix from start begins: the later of
+// the two, since every key with the prefix is >= the prefix.
+func scanStart(prefix, start []byte) []byte {
+	if bytes.Compare(start, prefix) > 0 {
+		return start
+	}
+	return prefix
 }
 
 func checkKey(key []byte) error {

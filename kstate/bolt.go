@@ -211,9 +211,13 @@ func lookup(c *bolt.Cursor, key []byte) ([]byte, bool) {
 }
 
 func (b *boltBackend) Scan(prefix []byte, fn func(k, v []byte) error) error {
+	return b.ScanFrom(prefix, prefix, fn)
+}
+
+func (b *boltBackend) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error {
 	return b.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(stateBucket).Cursor()
-		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		for k, v := c.Seek(scanStart(prefix, start)); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			if err := fn(k, v); err != nil {
 				if err == ErrStopScan {
 					return nil

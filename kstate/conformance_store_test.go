@@ -18,6 +18,8 @@ var storeCases = []conformanceCase{
 	{"Store/DirtySortedLastWins", testStoreDirty},
 	{"Store/ApplyWritesBackendAndClears", testStoreApply},
 	{"Store/ScanWhileWriting", testStoreScanWhileWriting},
+	{"Store/ScanFromOverlay", testStoreScanFromOverlay},
+	{"Store/ScanFromWhileDeleting", testStoreScanFromWhileDeleting},
 	{"Store/RecordErrForUnstorableKey", testStoreRecordErr},
 	{"Store/MatchesModel", testStoreModel},
 }
@@ -193,6 +195,97 @@ func testStoreScanWhileWriting(t *testing.T, kind string) {
 	}
 }
 
+// testStoreScanFromOverlay starts a scan at every kind of position in a
+// merge of three levels: on an entry of each level, on a tombstone of each
+// write-set (hiding a backend entry or not), between entries, and past the
+// range.
+func testStoreScanFromOverlay(t *testing.T, kind string) {
+	st := storeOver(t, kind, put("p/a", "b"), put("p/c", "b"), put("p/e", "b"), put("p/g", "b"), put("q/a", "b"))
+	st.Put([]byte("p/b"), []byte("e"))
+	st.Delete([]byte("p/c")) // hides a backend entry
+	st.Put([]byte("p/f"), []byte("e"))
+	st.Delete([]byte("p/h")) // hides nothing
+	st.Put([]byte("q/0"), []byte("e"))
+	st.CommitRecord()
+	st.Put([]byte("p/0"), []byte("r"))
+	st.Put([]byte("p/d"), []byte("r"))
+	st.Delete([]byte("p/e")) // hides a backend entry
+	st.Put([]byte("p/g"), []byte("r"))
+	st.Delete([]byte("p/f")) // hides an epoch entry
+
+	view := []string{"p/0=r", "p/a=b", "p/b=e", "p/d=r", "p/g=r"}
+	if got := scanAll(t, st, "p/"); !slices.Equal(got, view) {
+		t.Fatalf("Scan = %q, want %q", got, view)
+	}
+	tests := []struct {
+		name, start string
+	}{
+		{"nil start", ""},
+		{"before the prefix", "a"},
+		{"at the prefix", "p/"},
+		{"on a record entry", "p/0"},
+		{"on a backend entry", "p/a"},
+		{"between entries", "p/aa"},
+		{"on an epoch entry", "p/b"},
+		{"on an epoch tombstone over the backend", "p/c"},
+		{"on a record entry after a tombstone", "p/d"},
+		{"on a record tombstone over the backend", "p/e"},
+		{"on a record tombstone over the epoch", "p/f"},
+		{"on a record entry over the backend", "p/g"},
+		{"on a tombstone hiding nothing", "p/h"},
+		{"past the range", "p/z"},
+		{"in the next range", "q/"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := fromStart(view, tt.start)
+			if got := scanFromAll(t, st, "p/", tt.start); !slices.Equal(got, want) {
+				t.Fatalf("ScanFrom(p/, %q) = %q, want %q", tt.start, got, want)
+			}
+		})
+	}
+}
+
+// testStoreScanFromWhileDeleting is what SweepExpired relies on: deleting
+// each key as it is visited, including keys ahead of the scan, does not
+// disturb a ScanFrom, and ErrStopScan works on each level.
+func testStoreScanFromWhileDeleting(t *testing.T, kind string) {
+	st := storeOver(t, kind, put("p/a", "b"), put("p/c", "b"), put("p/e", "b"))
+	st.Put([]byte("p/b"), []byte("e"))
+	st.Put([]byte("p/d"), []byte("e"))
+	st.CommitRecord()
+	var seen []string
+	err := st.ScanFrom([]byte("p/"), []byte("p/b"), func(k, v []byte) error {
+		seen = append(seen, string(k))
+		st.Delete(k)
+		st.Delete([]byte("p/e")) // ahead of the scan
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"p/b", "p/c", "p/d", "p/e"}; !slices.Equal(seen, want) {
+		t.Fatalf("ScanFrom saw %q, want %q", seen, want)
+	}
+	if got := scanAll(t, st, "p/"); !slices.Equal(got, []string{"p/a=b"}) {
+		t.Fatalf("after ScanFrom: %q", got)
+	}
+	st.RollbackRecord()
+	st.Put([]byte("p/f"), []byte("r"))
+	for stopAt := 1; stopAt <= 4; stopAt++ { // p/c backend, p/d epoch, p/e backend, p/f record
+		n := 0
+		err := st.ScanFrom([]byte("p/"), []byte("p/c"), func(k, v []byte) error {
+			if n++; n == stopAt {
+				return kstate.ErrStopScan
+			}
+			return nil
+		})
+		if err != nil || n != stopAt {
+			t.Fatalf("stop at %d: err %v after %d", stopAt, err, n)
+		}
+	}
+}
+
 func testStoreRecordErr(t *testing.T, kind string) {
 	tests := []struct {
 		name  string
@@ -312,6 +405,10 @@ func testStoreModel(t *testing.T, kind string) {
 		}
 		if got := scanAll(t, st, p); !slices.Equal(got, wantScan) {
 			t.Fatalf("step %d (%s): Scan(%q) = %q, want %q", step, op, p, got, wantScan)
+		}
+		start := keys[rng.IntN(len(keys))]
+		if got, want := scanFromAll(t, st, p, start), fromStart(wantScan, start); !slices.Equal(got, want) {
+			t.Fatalf("step %d (%s): ScanFrom(%q, %q) = %q, want %q", step, op, p, start, got, want)
 		}
 		if st.DirtyLen() != len(epoch) {
 			t.Fatalf("step %d (%s): DirtyLen = %d, want %d", step, op, st.DirtyLen(), len(epoch))

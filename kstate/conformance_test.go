@@ -33,6 +33,7 @@ func TestConformance(t *testing.T) {
 	suite = append(suite, storeCases...)
 	suite = append(suite, stateCases...)
 	suite = append(suite, timerCases...)
+	suite = append(suite, sweepCases...)
 	for _, kind := range backends {
 		t.Run(kind, func(t *testing.T) {
 			for _, c := range suite {
@@ -61,6 +62,7 @@ func mustApply(t *testing.T, b kstate.Backend, meta kstate.Meta, muts ...kstate.
 // scanner is what Backend and Store have in common for reading in order.
 type scanner interface {
 	Scan(prefix []byte, fn func(k, v []byte) error) error
+	ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error
 }
 
 // scanAll returns "key=value" for every entry under prefix, in scan order.
@@ -73,6 +75,32 @@ func scanAll(t *testing.T, s scanner, prefix string) []string {
 	})
 	if err != nil {
 		t.Fatalf("Scan(%q): %v", prefix, err)
+	}
+	return out
+}
+
+// scanFromAll is scanAll from start.
+func scanFromAll(t *testing.T, s scanner, prefix, start string) []string {
+	t.Helper()
+	var out []string
+	err := s.ScanFrom([]byte(prefix), []byte(start), func(k, v []byte) error {
+		out = append(out, string(k)+"="+string(v))
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("ScanFrom(%q, %q): %v", prefix, start, err)
+	}
+	return out
+}
+
+// fromStart keeps the "key=value" entries of a sorted scan whose key is >=
+// start: what ScanFrom must return, given what Scan returns.
+func fromStart(entries []string, start string) []string {
+	var out []string
+	for _, e := range entries {
+		if k, _, _ := strings.Cut(e, "="); k >= start {
+			out = append(out, e)
+		}
 	}
 	return out
 }
@@ -102,6 +130,8 @@ var backendCases = []conformanceCase{
 	{"Backend/GetReturnsOwnedCopy", testBackendGetOwnedCopy},
 	{"Backend/ScanOrderAndPrefixes", testBackendScan},
 	{"Backend/ScanStopAndErrors", testBackendScanStop},
+	{"Backend/ScanFromPositions", testBackendScanFrom},
+	{"Backend/ScanFromStopAndErrors", testBackendScanFromStop},
 	{"Backend/ApplyLastWins", testBackendApplyLastWins},
 	{"Backend/ApplyRejectsBadKeysAtomically", testBackendApplyBadKeys},
 	{"Backend/MetaRoundTrip", testBackendMeta},
@@ -190,6 +220,90 @@ func testBackendScanStop(t *testing.T, kind string) {
 	}
 	// A callback may read the same backend.
 	err = b.Scan(nil, func(k, v []byte) error {
+		got, ok, err := b.Get(k)
+		if err != nil || !ok || !bytes.Equal(got, v) {
+			return fmt.Errorf("nested Get(%q) = %q, %v, %v", k, got, ok, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testBackendScanFrom checks every way a start can sit against a prefix's
+// range: before it, at it, on a key, between keys, on the last key, past
+// the range while keys follow it, and past every key.
+func testBackendScanFrom(t *testing.T, kind string) {
+	b := mustOpen(t, kind)
+	var muts []kstate.Mutation
+	for _, k := range scanKeys {
+		muts = append(muts, put(k, "v"+k))
+	}
+	mustApply(t, b, kstate.Meta{}, muts...)
+	tests := []struct {
+		name, prefix, start string
+	}{
+		{"whole range from nothing", "", ""},
+		{"whole range from a key", "", "ab"},
+		{"whole range from between keys", "", "aa"},
+		{"whole range past every key", "", "\xff\xff\xff"},
+		{"start empty before prefix", "a", ""},
+		{"start before prefix", "a", "\x00\x00\x00"},
+		{"start at prefix", "a", "a"},
+		{"start on a key", "a", "ab"},
+		{"start between keys", "a", "abb"},
+		{"start on the last key", "a", "a\xff"},
+		{"start past the range", "a", "a\xff\x00"},
+		{"start on the next range", "a", "b"},
+		{"start after prefix in a short range", "ab", "abc"},
+		{"start in the top range", "\xff", "\xff\x00"},
+		{"empty range", "c", "a"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var want []string
+			for _, k := range slices.Sorted(slices.Values(scanKeys)) {
+				if strings.HasPrefix(k, tt.prefix) && k >= tt.start {
+					want = append(want, k+"=v"+k)
+				}
+			}
+			if got := scanFromAll(t, b, tt.prefix, tt.start); !slices.Equal(got, want) {
+				t.Fatalf("ScanFrom(%q, %q) = %q, want %q", tt.prefix, tt.start, got, want)
+			}
+		})
+	}
+	// A nil start is the prefix's beginning, as Scan is.
+	var got []string
+	must(t, b.ScanFrom([]byte("a"), nil, func(k, v []byte) error {
+		got = append(got, string(k))
+		return nil
+	}))
+	if want := []string{"a", "a\x00", "ab", "abc", "a\xff"}; !slices.Equal(got, want) {
+		t.Fatalf("ScanFrom(a, nil) = %q, want %q", got, want)
+	}
+}
+
+func testBackendScanFromStop(t *testing.T, kind string) {
+	b := mustOpen(t, kind)
+	mustApply(t, b, kstate.Meta{}, put("a", "1"), put("b", "2"), put("c", "3"), put("d", "4"))
+	var seen []string
+	err := b.ScanFrom(nil, []byte("b"), func(k, v []byte) error {
+		seen = append(seen, string(k))
+		if len(seen) == 2 {
+			return kstate.ErrStopScan
+		}
+		return nil
+	})
+	if err != nil || !slices.Equal(seen, []string{"b", "c"}) {
+		t.Fatalf("stopped ScanFrom = %v after %q, want nil after [b c]", err, seen)
+	}
+	boom := errors.New("boom")
+	if err := b.ScanFrom(nil, []byte("c"), func(k, v []byte) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("ScanFrom = %v, want the callback's error", err)
+	}
+	// A callback may read the same backend.
+	err = b.ScanFrom(nil, []byte("bb"), func(k, v []byte) error {
 		got, ok, err := b.Get(k)
 		if err != nil || !ok || !bytes.Equal(got, v) {
 			return fmt.Errorf("nested Get(%q) = %q, %v, %v", k, got, ok, err)
@@ -397,6 +511,7 @@ func testBackendClosed(t *testing.T, kind string) {
 	ops := map[string]error{}
 	_, _, ops["Get"] = b.Get([]byte("a"))
 	ops["Scan"] = b.Scan(nil, func(k, v []byte) error { return nil })
+	ops["ScanFrom"] = b.ScanFrom(nil, []byte("a"), func(k, v []byte) error { return nil })
 	ops["Apply"] = b.Apply([]kstate.Mutation{put("b", "1")}, kstate.Meta{})
 	_, ops["Meta"] = b.Meta()
 	for op, err := range ops {

@@ -27,6 +27,7 @@
 //	    if err == nil { err = st.RecordErr() }
 //	    if err != nil { st.RollbackRecord() } else { st.CommitRecord() }
 //	at the barrier:
+//	    cursor, _, err = kstate.SweepExpired(st, now, cursor, limit) // bounded; deletes join the epoch
 //	    muts := st.Dirty()           // produce to the changelog, then the marker
 //	    commit the Kafka transaction
 //	    if committed { st.Apply(muts, meta) } else { st.Discard(); rewind inputs }
@@ -35,6 +36,23 @@
 // the transaction that made the change visible has committed, in one
 // atomic backend transaction together with the input offsets it
 // corresponds to. An aborted epoch therefore leaves nothing to repair.
+//
+// # Physical keys
+//
+// Every entry is keyed [FormatV1][kind][name][record key][tail] (see
+// EncodeKey), and the same bytes key the backend entry and the changelog
+// record. The kind comes second, so each kind is one contiguous range:
+//
+//	KindKeyed     keyed state; the value is the codec's bytes
+//	KindKeyedTTL  keyed state declared WithTTL; the value is an 8-byte
+//	              big-endian expiry (unix ms), then the codec's bytes
+//	KindTimer     a registered timer; the tail is domain, time and key
+//	KindOperator  per-task operator state
+//	KindMarker    the changelog's epoch marker, never a backend entry
+//
+// That the key says whether the value carries an expiry is what lets
+// SweepExpired remove expired entries without knowing the job's
+// descriptors, and walk only the entries that can expire.
 //
 // # Declaring state
 //

@@ -17,7 +17,8 @@ type Kind byte
 // The kinds of physical key.
 const (
 	// KindKeyed is a keyed state entry: a state name, the record key it is
-	// scoped to, and for map state the encoded map key.
+	// scoped to, and for map state the encoded map key. The value is the
+	// codec's bytes (a list's framed elements for list state).
 	KindKeyed Kind = 1
 	// KindTimer is a registered timer (event or processing time).
 	KindTimer Kind = 2
@@ -26,6 +27,13 @@ const (
 	// KindMarker is the changelog's epoch marker. The changelog package uses
 	// it as a record key; it is never stored as a backend entry.
 	KindMarker Kind = 4
+	// KindKeyedTTL is a keyed state entry of a state declared WithTTL: the
+	// same name, record key and tail as KindKeyed, but the value starts
+	// with the 8-byte big-endian expiry (unix milliseconds). The kind is
+	// what tells a reader of the raw entries, such as SweepExpired, which
+	// values carry that header; a separate kind also keeps all entries with
+	// TTL in one contiguous range, so a sweep walks only them.
+	KindKeyedTTL Kind = 5
 )
 
 // String returns the kind's name, for logs and error messages.
@@ -39,11 +47,13 @@ func (k Kind) String() string {
 		return "operator"
 	case KindMarker:
 		return "marker"
+	case KindKeyedTTL:
+		return "keyed-ttl"
 	}
 	return fmt.Sprintf("Kind(%d)", byte(k))
 }
 
-func (k Kind) valid() bool { return k >= KindKeyed && k <= KindMarker }
+func (k Kind) valid() bool { return k >= KindKeyed && k <= KindKeyedTTL }
 
 // MaxKeySize is the longest physical key a Store accepts. It is bbolt's
 // limit, enforced for every backend so that state written with the memory
@@ -67,7 +77,9 @@ type Key struct {
 // Name and user key are length-prefixed and sub is the unprefixed tail, so
 // EncodeKey(kind, name, userKey, nil) is a prefix of exactly the keys with
 // that kind, name and user key: a map's entries for one record key are one
-// contiguous range, whatever bytes the names and keys contain.
+// contiguous range, whatever bytes the names and keys contain. Likewise
+// [FormatV1][kind] is a prefix of exactly the keys of that kind, which is
+// how SweepExpired finds the entries with TTL without reading the others.
 func EncodeKey(kind Kind, name string, userKey, sub []byte) []byte {
 	return AppendKey(make([]byte, 0, keyLen(name, userKey, sub)), kind, name, userKey, sub)
 }

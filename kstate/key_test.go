@@ -22,6 +22,7 @@ func TestEncodeKeyLayout(t *testing.T) {
 		{"map entry", KindKeyed, "m", []byte("k"), []byte("sub"), []byte("\x01\x01\x01m\x01ksub")},
 		{"timer", KindTimer, "", nil, []byte{1, 2}, []byte{1, 2, 0, 0, 1, 2}},
 		{"marker", KindMarker, "", nil, nil, []byte{1, 4, 0, 0}},
+		{"value with TTL", KindKeyedTTL, "count", []byte("k1"), nil, []byte("\x01\x05\x05count\x02k1")},
 		{"two-byte varint", KindOperator, strings.Repeat("n", 200), nil, nil,
 			append(append([]byte{1, 3, 0xc8, 0x01}, strings.Repeat("n", 200)...), 0)},
 	}
@@ -47,7 +48,7 @@ func TestDecodeKeyRejects(t *testing.T) {
 		{"one byte", []byte{1}},
 		{"unknown format", []byte{2, 1, 0, 0}},
 		{"kind zero", []byte{1, 0, 0, 0}},
-		{"kind past marker", []byte{1, 5, 0, 0}},
+		{"kind past keyed-ttl", []byte{1, 6, 0, 0}},
 		{"missing name length", []byte{1, 1}},
 		{"missing user key length", []byte{1, 1, 0}},
 		{"name past end", []byte{1, 1, 3, 'a', 'b'}},
@@ -92,6 +93,7 @@ func FuzzDecodeKey(f *testing.F) {
 	f.Add([]byte{1, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 'k'}, byte(2), "", []byte(nil), []byte{1, 2, 3})
 	f.Add([]byte{1, 1, 0x80, 0x00, 0}, byte(3), strings.Repeat("x", 300), []byte{0xff}, []byte{0})
 	f.Add([]byte("\x01\x01\x05count\x02k1tail"), byte(4), "m", []byte{}, []byte("sub"))
+	f.Add([]byte("\x01\x05\x01m\x01ksub"), byte(5), "m", []byte("k"), []byte("sub"))
 	f.Fuzz(func(t *testing.T, in []byte, kind byte, name string, userKey, sub []byte) {
 		// Arbitrary bytes: never panic, and anything accepted is canonical.
 		if k, err := DecodeKey(in); err == nil {

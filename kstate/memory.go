@@ -48,12 +48,16 @@ func (m *memory) Get(key []byte) ([]byte, bool, error) {
 }
 
 func (m *memory) Scan(prefix []byte, fn func(k, v []byte) error) error {
+	return m.ScanFrom(prefix, prefix, fn)
+}
+
+func (m *memory) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	if m.closed {
 		return ErrClosed
 	}
-	i, _ := slices.BinarySearchFunc(m.sorted, prefix, func(e *memEntry, p []byte) int {
+	i, _ := slices.BinarySearchFunc(m.sorted, scanStart(prefix, start), func(e *memEntry, p []byte) int {
 		return bytes.Compare(e.key, p)
 	})
 	for _, e := range m.sorted[i:] {

@@ -29,6 +29,11 @@ type stateOptions struct {
 type descriptor struct {
 	name string
 	ttl  ttlConfig
+	// kind is the physical key kind of the state's entries: KindKeyedTTL
+	// when values carry the expiry header, so that the key alone says how
+	// to read the value (see SweepExpired). Every key of the state, point
+	// or prefix, is built with it.
+	kind Kind
 }
 
 // newDescriptor validates a declaration. Declarations run once, at package
@@ -42,7 +47,11 @@ func newDescriptor(typ, name string, opts []Option) descriptor {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return descriptor{name: name, ttl: o.ttl}
+	kind := KindKeyed
+	if o.ttl.enabled() {
+		kind = KindKeyedTTL
+	}
+	return descriptor{name: name, ttl: o.ttl, kind: kind}
 }
 
 func mustCodec[T any](typ, name, what string, c Codec[T]) {
@@ -54,13 +63,13 @@ func mustCodec[T any](typ, name, what string, c Codec[T]) {
 // key builds the entry's key in the store's reusable buffer (see
 // Store.appendKey): valid for point operations until the next key call.
 func (d *descriptor) key(s Scope, sub []byte) []byte {
-	return s.Store().appendKey(KindKeyed, d.name, s.Key(), sub)
+	return s.Store().appendKey(d.kind, d.name, s.Key(), sub)
 }
 
 // prefix returns a fresh key prefix of all entries of this state for the
 // current record key, for scans.
 func (d *descriptor) prefix(s Scope) []byte {
-	return EncodeKey(KindKeyed, d.name, s.Key(), nil)
+	return EncodeKey(d.kind, d.name, s.Key(), nil)
 }
 
 // load returns the payload stored under key (a key from d.key), applying

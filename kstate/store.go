@@ -211,7 +211,21 @@ func (s *Store) Discard() {
 // not CommitRecord, RollbackRecord, Apply or Discard. If fn returns
 // ErrStopScan the scan ends and Scan returns nil.
 func (s *Store) Scan(prefix []byte, fn func(k, v []byte) error) error {
-	ov := overlay{prefix: string(prefix), records: s.recordRange(prefix), node: s.epoch.seek(prefix)}
+	return s.ScanFrom(prefix, prefix, fn)
+}
+
+// ScanFrom is Scan over the keys with the prefix that are >= start, with
+// the same merge of write-sets and backend and the same rules for fn. A
+// start before the prefix's range (nil, say) scans all of it. Each level
+// seeks to start, so the keys before it cost nothing (the record
+// write-set, a handful of keys, is filtered instead).
+func (s *Store) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error {
+	from := scanStart(prefix, start)
+	// The write-sets are read up front (the record's range is copied, the
+	// epoch's skip list only grows on CommitRecord, which fn may not call),
+	// so fn's own writes do not disturb the merge: the scan goes on over
+	// the state as it was when it started.
+	ov := overlay{prefix: string(prefix), records: s.recordRange(prefix, from), node: s.epoch.seek(from)}
 	stopped := false
 	call := func(k, v []byte) error {
 		err := fn(k, v)
@@ -227,7 +241,7 @@ func (s *Store) Scan(prefix []byte, fn func(k, v []byte) error) error {
 		}
 		return call([]byte(e.key), e.val)
 	}
-	err := s.backend.Scan(prefix, func(k, v []byte) error {
+	err := s.backend.ScanFrom(prefix, from, func(k, v []byte) error {
 		for {
 			e, ok := ov.peek()
 			if !ok || e.key > string(k) {
@@ -257,17 +271,17 @@ func (s *Store) Scan(prefix []byte, fn func(k, v []byte) error) error {
 	return nil
 }
 
-// recordRange returns the record write-set's entries under prefix, sorted.
-// The record write-set holds a handful of keys, so sorting on demand is
-// cheaper than keeping it ordered.
-func (s *Store) recordRange(prefix []byte) []overlayEntry {
+// recordRange returns the record write-set's entries under prefix that are
+// >= from, sorted. The record write-set holds a handful of keys, so sorting
+// on demand is cheaper than keeping it ordered.
+func (s *Store) recordRange(prefix, from []byte) []overlayEntry {
 	if len(s.record) == 0 {
 		return nil
 	}
-	p := string(prefix)
+	p, f := string(prefix), string(from)
 	var out []overlayEntry
 	for k, v := range s.record {
-		if strings.HasPrefix(k, p) {
+		if strings.HasPrefix(k, p) && k >= f {
 			out = append(out, overlayEntry{key: k, val: v})
 		}
 	}

@@ -23,15 +23,23 @@ const (
 const ttlHeaderLen = 8
 
 // WithTTL makes values expire ttl after they were last written (or read,
-// with OnReadAndWrite), at millisecond precision, by the processing-time
-// clock of the Scope.
+// with OnReadAndWrite), at millisecond precision. The clock is the Scope's
+// processing-time clock (Scope.Now), not the records' event time.
 //
-// This is the subset of Flink's StateTtlConfig that needs no background
-// work: expired values are never returned (NeverReturnExpired) and are
-// deleted lazily, when the state is next accessed for the key. A stored
-// value with TTL is its 8-byte big-endian expiry (unix milliseconds)
-// followed by the codec's bytes. List state expires as a whole; map state
-// per entry.
+// Expired values are never returned (Flink's NeverReturnExpired). They are
+// removed in two ways: lazily, when the state is next accessed for the key,
+// and by the engine's bounded sweep once per epoch (SweepExpired), which
+// reaches the keys that are never read again. Either way the removal is a
+// delete in the write-sets, so it reaches the changelog as a tombstone and
+// the backend when the epoch commits.
+//
+// A stored value with TTL is its 8-byte big-endian expiry (unix
+// milliseconds) followed by the codec's bytes, under keys of KindKeyedTTL
+// rather than KindKeyed, so that the key says the header is there. Adding
+// WithTTL to a state that already holds entries therefore starts it empty,
+// and the old KindKeyed entries are never read or swept again; removing it
+// starts the state empty too, and the sweep removes the old entries as they
+// expire. List state expires as a whole; map state per entry.
 //
 // WithTTL panics if ttl is under a millisecond or update is not one of the
 // TTLUpdate constants.
@@ -68,12 +76,11 @@ func (d *descriptor) unwrapTTL(s Scope, key, raw []byte) ([]byte, bool, error) {
 		return raw, true, nil
 	}
 	if len(raw) < ttlHeaderLen {
-		return nil, false, d.wrap("read", fmt.Errorf("%w: %d bytes, too short for a TTL header", ErrCorrupt, len(raw)))
+		return nil, false, d.wrap("read", errShortTTL(len(raw)))
 	}
 	now := s.Now()
-	expiry := int64(binary.BigEndian.Uint64(raw))
 	payload := raw[ttlHeaderLen:]
-	if expiry <= now.UnixMilli() {
+	if ttlExpiry(raw) <= now.UnixMilli() {
 		s.Store().Delete(key)
 		return nil, false, nil
 	}
@@ -81,4 +88,14 @@ func (d *descriptor) unwrapTTL(s Scope, key, raw []byte) ([]byte, bool, error) {
 		s.Store().putOwned(key, d.ttl.wrap(now, payload))
 	}
 	return payload, true, nil
+}
+
+// ttlExpiry returns the expiry, in unix milliseconds, of a stored value with
+// TTL at least ttlHeaderLen long. A value is expired when its expiry is at
+// or before now: reads and SweepExpired share this rule, so a value a read
+// would still return is never swept.
+func ttlExpiry(raw []byte) int64 { return int64(binary.BigEndian.Uint64(raw)) }
+
+func errShortTTL(n int) error {
+	return fmt.Errorf("%w: %d bytes, too short for a TTL header", ErrCorrupt, n)
 }
