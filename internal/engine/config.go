@@ -97,6 +97,12 @@ type Config struct {
 	// holds event time back until it has data.
 	IdleTimeout time.Duration
 
+	// TTLSweepEntries bounds the background removal of expired state
+	// (kstate.WithTTL): each task examines at most this many entries with
+	// a TTL per checkpoint interval, resuming where it stopped. Default
+	// 10,000.
+	TTLSweepEntries int
+
 	MaxPollRecords int
 	Logger         *slog.Logger
 	Registry       prometheus.Registerer
@@ -139,6 +145,9 @@ func (c *Config) fill() error {
 	}
 	if c.MaxPollRecords <= 0 {
 		c.MaxPollRecords = 10000
+	}
+	if c.TTLSweepEntries <= 0 {
+		c.TTLSweepEntries = 10000
 	}
 	if c.EpochMaxKeys <= 0 {
 		c.EpochMaxKeys = 100000

@@ -206,7 +206,7 @@ func (l *loop) pollWait() time.Duration {
 
 // fireTimers fires the processing-time timers that are due, at most a
 // poll's worth per iteration, and the event-time timers idle inputs
-// released.
+// released; then it sweeps expired state.
 func (l *loop) fireTimers() error {
 	if l.coord.Phase() != barrier.Processing {
 		return nil // the final checkpoint is done: nothing may join an epoch now
@@ -214,7 +214,10 @@ func (l *loop) fireTimers() error {
 	if _, err := l.fireProcessingTimers(l.in.cfg.MaxPollRecords); err != nil {
 		return err
 	}
-	return l.refreshEventTime()
+	if err := l.refreshEventTime(); err != nil {
+		return err
+	}
+	return l.sweepTTL()
 }
 
 func (l *loop) joined() bool { return l.in.inGroup(l.sess.Client()) }

@@ -37,6 +37,10 @@ type task struct {
 
 	clock  *eventClock // event time; nil unless the job declares EventTime
 	timers taskTimers
+	// sweepCursor is where the next TTL sweep resumes (nil: the start);
+	// sweptAt when the last one ran.
+	sweepCursor []byte
+	sweptAt     time.Time
 
 	// poison holds inputs whose outputs failed permanently (see
 	// poison.go). The map belongs to the instance, so what a session

@@ -180,6 +180,38 @@ func (l *loop) fireProcessingTimers(budget int) (bool, error) {
 	return fired > 0, nil
 }
 
+// sweepTTL removes expired state (kstate.WithTTL) from each task, at most
+// Config.TTLSweepEntries entries examined per task per checkpoint interval,
+// idle or not: the deletes join the open epoch and reach the changelog as
+// tombstones when it commits.
+func (l *loop) sweepTTL() error {
+	in := l.in
+	now := in.clock.Now()
+	wall := time.Now()
+	for _, t := range l.tasks {
+		if wall.Sub(t.sweptAt) < in.cfg.Checkpoint.Interval {
+			continue
+		}
+		t.sweptAt = wall
+		next, removed, err := kstate.SweepExpired(t.store, now, t.sweepCursor, in.cfg.TTLSweepEntries)
+		if err != nil {
+			return fmt.Errorf("task %d: sweep expired state: %w", t.p, err)
+		}
+		t.sweepCursor = next
+		if removed == 0 {
+			continue
+		}
+		in.m.ttlExpired.Add(float64(removed))
+		if err := l.begin(); err != nil {
+			return err
+		}
+		if err := l.run(l.coord.Work(time.Now())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // refreshEventTime moves the watermarks that idle inputs held back, and
 // fires what that makes due.
 func (l *loop) refreshEventTime() error {
