@@ -28,6 +28,5 @@
 // between members), inject broker faults, or move the wall clock, on which
 // epochs, transactions and group sessions keep running. An event-time job's
 // timers fire as its watermark moves, which only records sent with later
-// timestamps do, so a timer registered behind the watermark holds Settle
-// until a record moves the watermark again.
+// timestamps do: Advance moves processing time, never event time.
 package sluicetest

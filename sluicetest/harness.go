@@ -367,10 +367,8 @@ func (h *Harness) Advance(d time.Duration) {
 // clock or the watermark. Then the outputs of every record sent and every
 // timer due are readable with Output, SideOutput and DeadLetters.
 //
-// An event-time timer is due once the watermark passes it. One that a
-// record registers behind the watermark stays due, without firing, until a
-// later record moves the watermark: Settle cannot return before that, and
-// fails at Options.Timeout.
+// An event-time timer is due once the watermark reaches it; one a record
+// registers at or behind the watermark fires right after that record.
 func (h *Harness) Settle() {
 	h.t.Helper()
 	if h.cur == nil {

@@ -235,3 +235,29 @@ func TestRun(t *testing.T) {
 		t.Fatalf("Run of nothing: %v", err)
 	}
 }
+
+// An event-time timer registered at or behind the watermark fires right
+// after the record that registered it (it used to wait for the next record
+// to move the watermark, and Settle with it).
+func TestEventTimerBehindWatermark(t *testing.T) {
+	job := sluice.Job{
+		Name: "echo-at", Emits: true, EventTime: true, Timestamp: sluice.KafkaTime,
+		Process: func(ctx sluice.Context, rec *sluice.Record) error {
+			ctx.Timers().RegisterEventTime(ctx.Timestamp())
+			return nil
+		},
+		OnTimer: func(ctx sluice.Context, tm sluice.Timer) error {
+			ctx.Emit(tm.Key, []byte(tm.At.UTC().Format(time.TimeOnly)))
+			return nil
+		},
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	t0 := h.Now()
+	h.Send([]byte("a"), []byte("x"), t0.Add(time.Minute))
+	h.Settle()
+	h.Send([]byte("b"), []byte("x"), t0) // a minute behind the watermark
+	h.Settle()
+	if got, want := outputs(h.Output()), "a=00:01:00, b=00:00:00"; got != want {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}

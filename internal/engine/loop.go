@@ -352,8 +352,10 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	}
 	clear(rc.out)
 	// The watermark moves after the record, and the event-time timers it
-	// passes fire before the next record (see timers.go).
-	if in.cfg.Job.EventTime && t.clock.observe(r.Topic, ts, now) {
+	// passes fire before the next record (see timers.go), as do timers the
+	// record registered at or behind the watermark.
+	if in.cfg.Job.EventTime {
+		t.clock.observe(r.Topic, ts, now)
 		return l.fireEventTimers(t)
 	}
 	return nil

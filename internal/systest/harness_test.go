@@ -59,8 +59,9 @@ func runChild() int {
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if point := env("SYSTEST_CRASH_AT"); point != "" {
 		seen := 0
+		when := crashCondition(cfg.Registry.(*prometheus.Registry), env("SYSTEST_CRASH_WHEN"))
 		cfg.Hook = func(p string) {
-			if p != point {
+			if p != point || !when() {
 				return
 			}
 			if seen++; seen > crashAfter {
@@ -88,10 +89,37 @@ const (
 	output = "out"
 )
 
+// crashCondition parses SYSTEST_CRASH_WHEN, "metric>=value": the crash
+// point counts only once the instance's metric (summed over its series)
+// reached value. Empty is always true.
+func crashCondition(reg *prometheus.Registry, spec string) func() bool {
+	if spec == "" {
+		return func() bool { return true }
+	}
+	name, v, _ := strings.Cut(spec, ">=")
+	want, _ := strconv.ParseFloat(v, 64)
+	return func() bool {
+		mfs, _ := reg.Gather()
+		sum := 0.0
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+		return sum >= want
+	}
+}
+
 func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Options {
 	j := jobs.Aggregate()
-	if job == "echo" {
+	switch job {
+	case "echo":
 		j = jobs.Echo()
+	case "rising-event":
+		j = jobs.RisingTemperature(jobs.RisingOptions{Window: 10 * time.Second, EventTime: true})
 	}
 	return sluice.Options{
 		Brokers:       []string{brokers},
@@ -385,6 +413,12 @@ func (c *child) running() bool {
 	default:
 		return true
 	}
+}
+
+// crashed reports whether the child killed itself at its crash point.
+func (c *child) crashed() bool {
+	b, _ := os.ReadFile(c.log)
+	return strings.Contains(string(b), "systest: crashing at")
 }
 
 func (c *child) dumpLog() {
