@@ -120,6 +120,8 @@ func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Opt
 		j = jobs.Echo()
 	case "rising-event":
 		j = jobs.RisingTemperature(jobs.RisingOptions{Window: 10 * time.Second, EventTime: true})
+	case "rising-processing":
+		j = jobs.RisingTemperature(jobs.RisingOptions{Window: 5 * time.Second})
 	}
 	return sluice.Options{
 		Brokers:       []string{brokers},
@@ -413,6 +415,18 @@ func (c *child) running() bool {
 	default:
 		return true
 	}
+}
+
+// logged waits until the child's log holds text; false at the deadline.
+func (c *child) logged(text string, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if b, _ := os.ReadFile(c.log); strings.Contains(string(b), text) {
+			return true
+		}
+		c.wait(50 * time.Millisecond)
+	}
+	return false
 }
 
 // crashed reports whether the child killed itself at its crash point.

@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/engine"
@@ -68,4 +72,71 @@ func TestTimerCrash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestZombieTimer pauses the owner of a processing-time timer (SIGSTOP)
+// until its session times out, lets the successor fire the timer, then
+// resumes the old owner, whose loop finds the timer due before it hears
+// that it lost the partition. Its epoch consumed nothing, so only the
+// offsets committed with it (txsink's endUnconsumed) can tell the group
+// coordinator that a member of an old generation is committing: the epoch
+// must be refused, and the alert exist once.
+func TestZombieTimer(t *testing.T) {
+	brokers := newCluster(t, 1)
+	a := newChild(t, brokers, "zombie", "a", t.TempDir(), "rising-processing", engine.ExactlyOnce)
+	b := newChild(t, brokers, "zombie", "b", t.TempDir(), "rising-processing", engine.ExactlyOnce)
+	a.start()
+	if !a.logged("task restored", 30*time.Second) {
+		a.dumpLog()
+		t.Fatal("a did not take the partition")
+	}
+	b.start()
+	// The first rise arms a's timer 5s ahead; pause a once that epoch
+	// committed, with no transaction open.
+	sendReadings(t, brokers, []string{"sensor_1,1547718200,20", "sensor_1,1547718201,21"})
+	awaitGroupOffset(t, brokers, "zombie", 2)
+	a.signal(syscall.SIGSTOP)
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 60*time.Second, check.Settled(1))
+	if err != nil || len(recs) != 1 {
+		b.dumpLog()
+		t.Fatalf("the successor's alert: %d records, %v", len(recs), err)
+	}
+	a.signal(syscall.SIGCONT)
+	if !a.logged("epoch aborted", 30*time.Second) && !a.logged("partitions released", time.Second) {
+		a.dumpLog()
+		t.Fatal("the resumed instance neither aborted an epoch nor released its partition")
+	}
+	recs, err = check.ReadCommitted(context.Background(), []string{brokers}, output, 30*time.Second, check.Settled(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 {
+		a.dumpLog()
+		t.Fatalf("%d alerts after the old owner resumed, want 1", len(recs))
+	}
+}
+
+// awaitGroupOffset waits until group's committed offsets of the input sum
+// to at least n.
+func awaitGroupOffset(t *testing.T, brokers, group string, n int64) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		offs, err := adm.FetchOffsets(context.Background(), group)
+		if err == nil {
+			var sum int64
+			offs.Each(func(o kadm.OffsetResponse) { sum += max(o.At, 0) })
+			if sum >= n {
+				return
+			}
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	t.Fatalf("group %s did not commit %d offsets", group, n)
 }
