@@ -211,11 +211,24 @@ func (l *loop) fireTimers() error {
 	if l.coord.Phase() != barrier.Processing {
 		return nil // the final checkpoint is done: nothing may join an epoch now
 	}
-	if _, err := l.fireProcessingTimers(l.in.cfg.MaxPollRecords); err != nil {
+	firedP, err := l.fireProcessingTimers(l.in.cfg.MaxPollRecords)
+	if err != nil {
 		return err
 	}
-	if err := l.refreshEventTime(); err != nil {
+	firedE, err := l.refreshEventTime()
+	if err != nil {
 		return err
+	}
+	if firedP || firedE {
+		if err := l.run(l.coord.Work(time.Now())); err != nil {
+			return err
+		}
+	}
+	if l.budgetFull {
+		l.budgetFull = false
+		if err := l.run(l.coord.RequestCheckpoint(time.Now())); err != nil {
+			return err
+		}
 	}
 	return l.sweepTTL()
 }
@@ -356,7 +369,8 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	// record registered at or behind the watermark.
 	if in.cfg.Job.EventTime {
 		t.clock.observe(r.Topic, ts, now)
-		return l.fireEventTimers(t)
+		_, err := l.fireEventTimers(t)
+		return err
 	}
 	return nil
 }

@@ -145,13 +145,12 @@ func (s *timerService) register(d kstate.TimeDomain, at time.Time) {
 }
 
 // fireEventTimers fires the task's event-time timers the watermark passed.
-func (l *loop) fireEventTimers(t *task) error {
+func (l *loop) fireEventTimers(t *task) (int, error) {
 	wm := t.clock.wm
 	if wm == noTime || wm < t.timers.next[kstate.EventTime] {
-		return nil
+		return 0, nil
 	}
-	_, err := l.fireDue(t, kstate.EventTime, wm, 0)
-	return err
+	return l.fireDue(t, kstate.EventTime, wm, 0)
 }
 
 // fireProcessingTimers fires due processing-time timers across tasks, at
@@ -213,24 +212,29 @@ func (l *loop) sweepTTL() error {
 }
 
 // refreshEventTime moves the watermarks that idle inputs held back, and
-// fires what that makes due.
-func (l *loop) refreshEventTime() error {
+// fires what that makes due; it reports whether any timer fired.
+func (l *loop) refreshEventTime() (bool, error) {
 	if !l.in.cfg.Job.EventTime {
-		return nil
+		return false, nil
 	}
 	now := l.in.clock.Now()
+	fired := false
 	for _, t := range l.tasks {
 		if t.clock.idleMatters() && t.clock.advance(now) {
-			if err := l.fireEventTimers(t); err != nil {
-				return err
+			n, err := l.fireEventTimers(t)
+			fired = fired || n > 0
+			if err != nil {
+				return fired, err
 			}
 		}
 	}
-	return nil
+	return fired, nil
 }
 
 // fireDue fires t's timers of domain d at or before upTo (unix ms), in
-// time and key order, at most limit of them when limit > 0.
+// time and key order, at most limit of them when limit > 0. The caller
+// tells the coordinator about the work (as process does for records), not
+// fireDue: an epoch must not end in the middle of a polled batch.
 func (l *loop) fireDue(t *task, d kstate.TimeDomain, upTo int64, limit int) (int, error) {
 	const batch = 512
 	fired := 0
@@ -258,11 +262,6 @@ func (l *loop) fireDue(t *task, d kstate.TimeDomain, upTo int64, limit int) (int
 				return fired, err
 			}
 			fired++
-		}
-	}
-	if fired > 0 {
-		if err := l.run(l.coord.Work(time.Now())); err != nil {
-			return fired, err
 		}
 	}
 	return fired, t.refreshNext(d)
