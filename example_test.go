@@ -13,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -42,10 +41,8 @@ func Example() {
 	inst, err := sluice.New(sluice.Options{
 		Brokers: brokers, AppID: "counter", InstanceID: "example-1", Job: job,
 		InputTopics: []string{"clicks"}, OutputTopic: "counts",
-		Backend: "memory", Guarantee: sluice.ExactlyOnce,
-		Checkpoint:         barrier.Config{Interval: 50 * time.Millisecond, Timeout: 5 * time.Second},
-		TransactionTimeout: 10 * time.Second, SessionTimeout: 6 * time.Second, RebalanceTimeout: 4 * time.Second,
-		CreateTopics: true, Logger: exampleLogger(),
+		Backend: "memory", // the defaults do the rest: exactly-once, 100ms epochs, derived timeouts
+		Logger:  exampleLogger(),
 	})
 	if err != nil {
 		fmt.Println(err)

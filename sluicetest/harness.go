@@ -237,7 +237,6 @@ func (h *Harness) options(reg *prometheus.Registry) sluice.Options {
 	o.InstanceID = instanceID
 	o.InputTopics = []string{InputTopic}
 	o.StateDir = h.dir
-	o.CreateTopics = true // the changelog
 	o.Clock = h.clock
 	o.Registry = reg
 	return o

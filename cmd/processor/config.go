@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+
+	"github.com/sluicehq/sluice/internal/engine"
 )
 
 // Config is the environment of `processor` (run, demo). Fields named Raw…
@@ -120,9 +122,7 @@ const (
 	// maxNameLen is Kafka's limit for topic names and group.instance.id.
 	maxNameLen = 249
 
-	minTransactionTimeout = 10 * time.Second
-	minRebalanceTimeout   = time.Second
-	minSessionTimeout     = time.Second
+	minSessionTimeout = time.Second
 	// maxWireTimeout is the longest timeout Kafka's int32 millisecond fields
 	// carry (session, rebalance and transaction timeouts).
 	maxWireTimeout = time.Duration(math.MaxInt32) * time.Millisecond
@@ -181,43 +181,37 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 }
 
 // TransactionTimeout is SLUICE_TRANSACTION_TIMEOUT, or when unset
-// max(10s, 10 × epoch): room for ten epochs so a slow commit or a GC pause does
-// not let the broker abort the open transaction, yet a dead instance's dangling
+// the library's default (engine.DefaultTransactionTimeout, max(10s, 10 ×
+// epoch)): room for ten epochs so a slow commit or a GC pause does not let the
+// broker abort the open transaction, yet a dead instance's dangling
 // transaction (which holds back every read_committed reader) ends quickly.
 func (c Config) TransactionTimeout() time.Duration {
 	if c.RawTransactionTimeout > 0 {
 		return c.RawTransactionTimeout
 	}
-	return max(minTransactionTimeout, 10*c.epoch())
+	return engine.DefaultTransactionTimeout(c.epoch())
 }
 
-// CheckpointTimeout is SLUICE_CHECKPOINT_TIMEOUT, or when unset the
-// transaction timeout minus one epoch: a transaction opens when its epoch
-// begins, so a checkpoint that takes longer than this would be aborted by the
-// broker anyway.
+// CheckpointTimeout is SLUICE_CHECKPOINT_TIMEOUT, or when unset the library's
+// default (engine.DefaultCheckpointTimeout: the transaction timeout minus one
+// epoch).
 func (c Config) CheckpointTimeout() time.Duration {
 	if c.RawCheckpointTimeout > 0 {
 		return c.RawCheckpointTimeout
 	}
-	return c.TransactionTimeout() - c.epoch()
+	return engine.DefaultCheckpointTimeout(c.TransactionTimeout(), c.epoch())
 }
 
-// epoch is the least time one transaction stays open: the checkpoint interval,
-// stretched by the minimum pause between checkpoints.
-func (c Config) epoch() time.Duration { return max(c.CheckpointInterval, c.MinPause) }
+func (c Config) epoch() time.Duration { return engine.Epoch(c.CheckpointInterval, c.MinPause) }
 
-// RebalanceTimeout is SLUICE_REBALANCE_TIMEOUT, or when unset 2/3 of the
-// session timeout (at least 1s). kfake's classic coordinator can wait for a
-// member that died in JoinGroup until the rebalance timeout, restarted by every
-// new JoinGroup; a rebalance timeout below the session timeout (together with
-// kgo.RequestTimeoutOverhead(5*time.Second) in the engine) was measured to keep
-// such groups moving (DESIGN §10). Real Kafka is not hurt by it: members only
-// need the rebalance timeout to finish their final epoch commit.
+// RebalanceTimeout is SLUICE_REBALANCE_TIMEOUT, or when unset the library's
+// default (engine.DefaultRebalanceTimeout: 2/3 of the session timeout, at
+// least 1s).
 func (c Config) RebalanceTimeout() time.Duration {
 	if c.RawRebalanceTimeout > 0 {
 		return c.RawRebalanceTimeout
 	}
-	return max(minRebalanceTimeout, c.SessionTimeout*2/3)
+	return engine.DefaultRebalanceTimeout(c.SessionTimeout)
 }
 
 // DLQTopic is SLUICE_DLQ_TOPIC, or "<app id>-dlq".

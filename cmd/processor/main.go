@@ -182,6 +182,15 @@ func httpHandler(reg *prometheus.Registry, inst *sluice.Instance) http.Handler {
 	return mux
 }
 
+// tolerable maps SLUICE_TOLERABLE_FAILURES onto the options, where 0 means
+// the default and a negative count none.
+func tolerable(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
 func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) sluice.Options {
 	job := builtins[cfg.Job](cfg)
 	// The built-in jobs have at most one side output, bound to
@@ -208,19 +217,19 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 			Interval:          cfg.CheckpointInterval,
 			Timeout:           cfg.CheckpointTimeout(),
 			MinPause:          cfg.MinPause,
-			TolerableFailures: cfg.TolerableFailures,
+			TolerableFailures: tolerable(cfg.TolerableFailures),
 		},
-		TransactionTimeout: cfg.TransactionTimeout(),
-		SessionTimeout:     cfg.SessionTimeout,
-		RebalanceTimeout:   cfg.RebalanceTimeout(),
-		GroupProtocol:      cfg.GroupProtocol,
-		CreateTopics:       cfg.CreateTopics,
-		LeaveOnShutdown:    cfg.LeaveOnShutdown,
-		Partitions:         int32(cfg.Partitions),
-		StateCleanupDelay:  cfg.StateCleanupDelay,
-		EpochMaxKeys:       cfg.EpochMaxKeys,
-		EpochMaxBytes:      cfg.EpochMaxBytes,
-		Logger:             log,
-		Registry:           reg,
+		TransactionTimeout:    cfg.TransactionTimeout(),
+		SessionTimeout:        cfg.SessionTimeout,
+		RebalanceTimeout:      cfg.RebalanceTimeout(),
+		GroupProtocol:         cfg.GroupProtocol,
+		DisableTopicCreation:  !cfg.CreateTopics,
+		StayInGroupOnShutdown: !cfg.LeaveOnShutdown,
+		Partitions:            int32(cfg.Partitions),
+		StateCleanupDelay:     cfg.StateCleanupDelay,
+		EpochMaxKeys:          cfg.EpochMaxKeys,
+		EpochMaxBytes:         cfg.EpochMaxBytes,
+		Logger:                log,
+		Registry:              reg,
 	}
 }

@@ -146,7 +146,7 @@ func sluiceLoop(ctx context.Context, brokers, group, job string, g sluice.Guaran
 		InputTopics: []string{input}, OutputTopic: output, StateDir: dir, Backend: "bbolt", Guarantee: g,
 		Checkpoint:         barrier.Config{Interval: interval, Timeout: 30 * time.Second, TolerableFailures: 3},
 		TransactionTimeout: time.Minute, SessionTimeout: 45 * time.Second, RebalanceTimeout: 30 * time.Second,
-		CreateTopics: true, Registry: prometheus.NewRegistry(), Logger: benchLogger(),
+		Registry: prometheus.NewRegistry(), Logger: benchLogger(),
 	})
 	if err != nil {
 		return err

@@ -140,7 +140,7 @@ func BenchmarkTimers(b *testing.B) {
 					InputTopics: []string{input}, OutputTopic: output, StateDir: b.TempDir(), Backend: "bbolt",
 					Checkpoint:         barrier.Config{Interval: 100 * time.Millisecond, Timeout: 30 * time.Second, TolerableFailures: 3},
 					TransactionTimeout: time.Minute, SessionTimeout: 45 * time.Second, RebalanceTimeout: 30 * time.Second,
-					CreateTopics: true, Registry: reg, Logger: benchLogger(),
+					Registry: reg, Logger: benchLogger(),
 				})
 				if err != nil {
 					b.Fatal(err)

@@ -58,7 +58,7 @@ const clusterName = "kafka-cluster"
 // ACLs is the least-privilege set of ACLs the configured instance needs,
 // in the order it first uses them. None is implied by another one
 // (DESCRIBE is implied by READ and WRITE, so it is not listed). CREATE is
-// needed only while a topic is missing and CreateTopics is set; the
+// needed only while a topic is missing and DisableTopicCreation is not set; the
 // transactional id only exactly-once. At-least-once needs IDEMPOTENT_WRITE on
 // the cluster only from brokers older than Kafka 2.8, where WRITE on a topic
 // does not imply it.
@@ -71,7 +71,7 @@ func (c Config) ACLs() []ACL {
 		acls = append(acls, topic(t, kmsg.ACLOperationRead, "consume the input; commit its offsets with each epoch"))
 	}
 	create := func(name string) {
-		if c.CreateTopics {
+		if !c.DisableTopicCreation {
 			acls = append(acls, topic(name, kmsg.ACLOperationCreate, "create the topic when it is missing"))
 		}
 	}

@@ -38,7 +38,6 @@ func authzConfig() Config {
 		TransactionTimeout: 10 * time.Second,
 		SessionTimeout:     6 * time.Second,
 		RebalanceTimeout:   4 * time.Second,
-		CreateTopics:       true,
 	}
 }
 
@@ -81,9 +80,9 @@ func TestConfigACLs(t *testing.T) {
 		want   []string
 	}{
 		{"exactly once, topics created", func(*Config) {}, []string{in, clCreate, clConfig, clWrite, clRead, outCr, outCfg, out, dlqCr, dlqCfg, dlq, group, txn}},
-		{"topics not created", func(c *Config) { c.CreateTopics = false }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group, txn}},
-		{"at least once", func(c *Config) { c.Guarantee = AtLeastOnce; c.CreateTopics = false }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group}},
-		{"no output, own dead-letter topic", func(c *Config) { c.OutputTopic = ""; c.DLQTopic = "bad"; c.CreateTopics = false },
+		{"topics not created", func(c *Config) { c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group, txn}},
+		{"at least once", func(c *Config) { c.Guarantee = AtLeastOnce; c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group}},
+		{"no output, own dead-letter topic", func(c *Config) { c.OutputTopic = ""; c.DLQTopic = "bad"; c.DisableTopicCreation = true },
 			[]string{in, clConfig, clWrite, clRead, `DESCRIBE_CONFIGS on topic "bad"`, `WRITE on topic "bad"`, group, txn}},
 	}
 	for _, tt := range tests {

@@ -39,30 +39,40 @@ type Config struct {
 	// (Job.SideOutputs) to a topic; every declared tag must be bound.
 	SideOutputTopics map[api.OutputTag]string
 
-	StateDir string
-	Backend  string // "bbolt" or "memory"
+	StateDir string // default "state", relative to the working directory
+	Backend  string // "bbolt" (default) or "memory"
 	// OpenBackend, if set, opens a task's backend instead of kstate.Open
 	// (same arguments): a seam for wrapping the store, for example to
 	// inject disk faults in tests.
 	OpenBackend func(kind, dir, task string) (kstate.Backend, error)
 
-	Guarantee  Guarantee
+	Guarantee Guarantee
+	// Checkpoint sets the epochs. Zero fields take the defaults the
+	// processor binary uses: Interval 100ms; Timeout the transaction
+	// timeout minus the epoch (DefaultCheckpointTimeout); MinPause none;
+	// TolerableFailures 3 (a negative value tolerates none).
 	Checkpoint barrier.Config
 
+	// TransactionTimeout is the Kafka transaction timeout; zero derives it
+	// from the epoch (DefaultTransactionTimeout). SessionTimeout defaults
+	// to 45s; RebalanceTimeout to DefaultRebalanceTimeout.
 	TransactionTimeout time.Duration
 	SessionTimeout     time.Duration
 	RebalanceTimeout   time.Duration
 	GroupProtocol      string // "classic" or "consumer"
 
-	CreateTopics bool
-	Partitions   int32 // for created output and DLQ topics; 0 = the input's
+	// DisableTopicCreation stops the instance from creating missing output,
+	// dead-letter and changelog topics at start (it then waits for them).
+	// By default it creates them; existing topics are never altered.
+	DisableTopicCreation bool
+	Partitions           int32 // for created output and DLQ topics; 0 = the input's
 
-	// LeaveOnShutdown makes a graceful stop leave the group after its
-	// final checkpoint, so its partitions move at once. A static member
-	// otherwise keeps them until its session times out (the point of
-	// static membership: a quick restart gets them back without a
-	// rebalance).
-	LeaveOnShutdown bool
+	// StayInGroupOnShutdown keeps a gracefully stopped instance in the
+	// group: as a static member it keeps its partitions until its session
+	// times out, so a quick restart gets them back without a rebalance.
+	// By default it leaves after its final checkpoint, so its partitions
+	// move at once (the processor binary's SLUICE_LEAVE_ON_SHUTDOWN=true).
+	StayInGroupOnShutdown bool
 
 	// EpochMaxKeys and EpochMaxBytes bound one task's write-set: an epoch
 	// that changes more keys, or more key and value bytes, ends early
@@ -136,7 +146,73 @@ func (c *Config) at(point string) {
 	}
 }
 
+// The timing defaults, here and nowhere else: the processor binary derives
+// the values it logs and validates with these functions too.
+const (
+	DefaultCheckpointInterval = 100 * time.Millisecond
+	DefaultSessionTimeout     = 45 * time.Second
+	DefaultTolerableFailures  = 3
+	minTransactionTimeout     = 10 * time.Second
+	minRebalanceTimeout       = time.Second
+)
+
+// Epoch is the least time one transaction stays open: the checkpoint
+// interval, stretched by the minimum pause between checkpoints.
+func Epoch(interval, minPause time.Duration) time.Duration { return max(interval, minPause) }
+
+// DefaultTransactionTimeout is max(10s, 10 × epoch): long enough that a
+// slow commit is not aborted by the broker, short enough that a crashed
+// instance's transaction does not hold readers back for long.
+func DefaultTransactionTimeout(epoch time.Duration) time.Duration {
+	return max(minTransactionTimeout, 10*epoch)
+}
+
+// DefaultCheckpointTimeout is the transaction timeout minus one epoch: a
+// transaction opens when its epoch begins, so a checkpoint that took longer
+// would be aborted by the broker anyway.
+func DefaultCheckpointTimeout(transactionTimeout, epoch time.Duration) time.Duration {
+	return transactionTimeout - epoch
+}
+
+// DefaultRebalanceTimeout is 2/3 of the session timeout, at least 1s.
+// kfake's classic coordinator can wait for a member that died in JoinGroup
+// until the rebalance timeout, restarted by every new JoinGroup; a rebalance
+// timeout below the session timeout (with kgo.RequestTimeoutOverhead(5s))
+// was measured to keep such groups moving (DESIGN §10). Real Kafka is not
+// hurt by it: members only need the rebalance timeout to finish their final
+// epoch commit.
+func DefaultRebalanceTimeout(session time.Duration) time.Duration {
+	return max(minRebalanceTimeout, session*2/3)
+}
+
+// fillTiming fills the zero timing fields with their defaults.
+func (c *Config) fillTiming() {
+	if c.Checkpoint.Interval == 0 {
+		c.Checkpoint.Interval = DefaultCheckpointInterval
+	}
+	epoch := Epoch(c.Checkpoint.Interval, c.Checkpoint.MinPause)
+	if c.TransactionTimeout == 0 {
+		c.TransactionTimeout = DefaultTransactionTimeout(epoch)
+	}
+	if c.Checkpoint.Timeout == 0 {
+		c.Checkpoint.Timeout = DefaultCheckpointTimeout(c.TransactionTimeout, epoch)
+	}
+	switch {
+	case c.Checkpoint.TolerableFailures == 0:
+		c.Checkpoint.TolerableFailures = DefaultTolerableFailures
+	case c.Checkpoint.TolerableFailures < 0:
+		c.Checkpoint.TolerableFailures = 0
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = DefaultSessionTimeout
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout(c.SessionTimeout)
+	}
+}
+
 func (c *Config) fill() error {
+	c.fillTiming()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -167,6 +243,9 @@ func (c *Config) fill() error {
 	if c.Backend == "" {
 		c.Backend = "bbolt"
 	}
+	if c.StateDir == "" {
+		c.StateDir = "state"
+	}
 	if c.DLQTopic == "" {
 		c.DLQTopic = c.AppID + "-dlq"
 	}
@@ -188,8 +267,12 @@ func (c *Config) fill() error {
 		return fmt.Errorf("engine: unknown guarantee %q", c.Guarantee)
 	case c.GroupProtocol != "classic" && c.GroupProtocol != "consumer":
 		return fmt.Errorf("engine: unknown group protocol %q", c.GroupProtocol)
-	case c.SessionTimeout <= 0 || c.RebalanceTimeout <= 0:
-		return errors.New("engine: session and rebalance timeouts must be positive")
+	case c.SessionTimeout < 0:
+		return fmt.Errorf("engine: SessionTimeout %s is negative (0 = %s)", c.SessionTimeout, DefaultSessionTimeout)
+	case c.RebalanceTimeout < 0:
+		return fmt.Errorf("engine: RebalanceTimeout %s is negative (0 = 2/3 of SessionTimeout)", c.RebalanceTimeout)
+	case c.TransactionTimeout < 0:
+		return fmt.Errorf("engine: TransactionTimeout %s is negative (0 = derived from the checkpoint interval)", c.TransactionTimeout)
 	case c.MaxOutOfOrderness < 0:
 		return fmt.Errorf("engine: MaxOutOfOrderness %s is negative", c.MaxOutOfOrderness)
 	case c.IdleTimeout < 0:

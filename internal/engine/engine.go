@@ -302,7 +302,7 @@ func (in *Instance) prepare(ctx context.Context) error {
 	if in.cfg.Partitions > 0 {
 		outParts = in.cfg.Partitions
 	}
-	info, err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, in.cfg.CreateTopics)
+	info, err := changelog.Ensure(rctx, in.adm, in.changelogTopic, parts, !in.cfg.DisableTopicCreation)
 	if err != nil {
 		if errors.Is(err, changelog.ErrTopicMismatch) || errors.Is(err, changelog.ErrTopicMissing) {
 			return &startupError{err.Error()}
@@ -369,7 +369,7 @@ func (in *Instance) ensureTopics(ctx context.Context, parts int32, topics ...str
 	if len(missing) == 0 {
 		return nil
 	}
-	if !in.cfg.CreateTopics {
+	if in.cfg.DisableTopicCreation {
 		return &startupError{fmt.Sprintf("topics %v do not exist and topic creation is off", missing)}
 	}
 	resp, err := in.adm.CreateTopics(ctx, parts, -1, nil, missing...)

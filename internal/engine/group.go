@@ -33,7 +33,7 @@ import (
 //     does implicitly; the new member then inherits its assignment.
 //   - Leaving. franz-go's Close of a static KIP-848 member sends epoch -2,
 //     which keeps the partitions reserved for a restart; leaving for good
-//     (LeaveOnShutdown) takes epoch -1, sent after that close.
+//     (unless StayInGroupOnShutdown) takes epoch -1, sent after that close.
 
 // Heartbeat epochs of KIP-848 with a meaning of their own.
 const (
@@ -219,7 +219,7 @@ func (in *Instance) replaceCrashedPredecessor(ctx context.Context) error {
 // the session's client is closed: a KIP-848 leave sent while that client
 // still heartbeats would make it rejoin.
 func (in *Instance) leave() {
-	if !in.cfg.LeaveOnShutdown {
+	if in.cfg.StayInGroupOnShutdown {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -142,8 +142,6 @@ func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Opt
 		TransactionTimeout: 10 * time.Second,
 		SessionTimeout:     6 * time.Second,
 		RebalanceTimeout:   4 * time.Second,
-		CreateTopics:       true,
-		LeaveOnShutdown:    true, // as the processor binary does by default
 		Registry:           prometheus.NewRegistry(),
 		Logger:             testLogger(),
 	}

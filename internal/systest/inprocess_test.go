@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -249,4 +250,28 @@ func waitOutputs(t *testing.T, brokers string, n int) []*kgo.Record {
 		t.Fatalf("read %d outputs, want %d", len(recs), n)
 	}
 	return recs
+}
+
+// A library user who sets only what has no default (brokers, app id,
+// instance id, job, topics; the state directory only to keep the test's
+// files in its temp dir) gets the binary's defaults: 100ms epochs, derived
+// transaction, checkpoint, session and rebalance timeouts, topics created,
+// exactly-once.
+func TestLibraryDefaults(t *testing.T) {
+	brokers := newCluster(t, 2)
+	f := newFeeder(t, brokers, 20, 7)
+	startInProcess(t, sluice.Options{
+		Brokers:     []string{brokers},
+		AppID:       "defaults",
+		InstanceID:  "i1",
+		Job:         jobs.Aggregate(),
+		InputTopics: []string{input},
+		OutputTopic: output,
+		StateDir:    t.TempDir(),
+		Logger:      testLogger(),
+	})
+	f.produce(300, 30)
+	if rep := awaitAggregate(t, brokers, f, 30*time.Second); !rep.OK() {
+		t.Fatalf("with the library's defaults: %v", rep)
+	}
 }
