@@ -35,6 +35,9 @@ type Store struct {
 	// on the hot path. Scans build their own prefixes because callbacks may
 	// do point operations while the scan still needs its prefix.
 	keyBuf []byte
+	// timerFloor is the earliest timer registered per domain since the
+	// last TakeTimerFloor.
+	timerFloor map[TimeDomain]int64
 }
 
 // NewStore returns a Store over b with empty write-sets.

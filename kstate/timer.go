@@ -66,8 +66,28 @@ func timerMillis(t time.Time) int64 { return max(t.UnixMilli(), 0) }
 // reported through Store.RecordErr.
 func RegisterTimer(s Scope, d TimeDomain, at time.Time) {
 	st := s.Store()
-	st.keyBuf = appendTimerKey(st.keyBuf[:0], mustDomain(d), timerMillis(at), s.Key())
+	ms := timerMillis(at)
+	st.keyBuf = appendTimerKey(st.keyBuf[:0], mustDomain(d), ms, s.Key())
 	st.putOwned(st.keyBuf, []byte{})
+	if st.timerFloor == nil {
+		st.timerFloor = map[TimeDomain]int64{}
+	}
+	if f, ok := st.timerFloor[d]; !ok || ms < f {
+		st.timerFloor[d] = ms
+	}
+}
+
+// TakeTimerFloor returns the earliest time (unix ms) registered for domain
+// d since the last call, and forgets it: a runtime keeps its own earliest
+// timer per domain without scanning, whichever way a timer was registered.
+// The floor counts registrations of records later rolled back too, which
+// only makes a runtime look early.
+func (s *Store) TakeTimerFloor(d TimeDomain) (int64, bool) {
+	f, ok := s.timerFloor[d]
+	if ok {
+		delete(s.timerFloor, d)
+	}
+	return f, ok
 }
 
 // DeleteTimer deletes the current record key's timer, if registered.

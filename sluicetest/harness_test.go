@@ -261,3 +261,53 @@ func TestEventTimerBehindWatermark(t *testing.T) {
 		t.Fatalf("outputs %q, want %q", got, want)
 	}
 }
+
+// A timer registered through kstate.RegisterTimer, not the Context, fires
+// too: the engine learns of registrations from the store.
+func TestTimerRegisteredThroughKstate(t *testing.T) {
+	job := sluice.Job{Name: "kstate-timer", Emits: true,
+		Process: func(ctx sluice.Context, rec *sluice.Record) error {
+			kstate.RegisterTimer(ctx, kstate.ProcessingTime, ctx.Now().Add(time.Minute))
+			return nil
+		},
+		OnTimer: func(ctx sluice.Context, tm sluice.Timer) error {
+			ctx.Emit(tm.Key, []byte("fired"))
+			return nil
+		},
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("k"), []byte("x"), time.Time{})
+	h.Settle()
+	h.Advance(2 * time.Minute)
+	h.Settle()
+	if got := outputs(h.Output()); got != "k=fired" {
+		t.Fatalf("outputs %q, want k=fired", got)
+	}
+}
+
+// An event-time timer that a processing-time timer's handler registers
+// behind the watermark fires without waiting for another record.
+func TestEventTimerFromProcessingTimer(t *testing.T) {
+	job := sluice.Job{Name: "mixed", Emits: true, EventTime: true, Timestamp: sluice.KafkaTime,
+		Process: func(ctx sluice.Context, rec *sluice.Record) error {
+			ctx.Timers().RegisterProcessingTime(ctx.Now().Add(time.Minute))
+			return nil
+		},
+		OnTimer: func(ctx sluice.Context, tm sluice.Timer) error {
+			if tm.Domain == sluice.ProcessingTime {
+				ctx.Timers().RegisterEventTime(ctx.CurrentWatermark().Add(-time.Hour))
+				return nil
+			}
+			ctx.Emit(tm.Key, []byte("event"))
+			return nil
+		},
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("k"), []byte("x"), h.Now().Add(time.Hour))
+	h.Settle()
+	h.Advance(2 * time.Minute)
+	h.Settle()
+	if got := outputs(h.Output()); got != "k=event" {
+		t.Fatalf("outputs %q, want k=event", got)
+	}
+}

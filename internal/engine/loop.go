@@ -41,6 +41,9 @@ type loop struct {
 	// bounds the replay (task.replayUntil).
 	refused bool
 	ckptAt  time.Time // when the checkpoint in flight placed its barrier
+	// aborts counts aborted epochs: process stops at an abort, since the
+	// consumer and the tasks were rewound under the batch it holds.
+	aborts uint64
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
 	// promise goroutine); brokenErr says the session must be rebuilt once
@@ -243,9 +246,10 @@ func (l *loop) process(fs kgo.Fetches) error {
 	in := l.in
 	rewind := offsets{}
 	worked := false
+	aborts := l.aborts
 	var err error
 	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
-		if err != nil || len(ftp.Records) == 0 {
+		if err != nil || len(ftp.Records) == 0 || l.aborts != aborts {
 			return
 		}
 		t := l.tasks[ftp.Partition]
@@ -276,6 +280,12 @@ func (l *loop) process(fs kgo.Fetches) error {
 			if err = l.processOne(t, r); err != nil {
 				return
 			}
+			if l.aborts != aborts {
+				// Ordering rule: nothing of a batch is processed after
+				// an abort rewound the tasks and the consumer; the
+				// rest of it is fetched again.
+				return
+			}
 			worked = true
 		}
 	})
@@ -285,7 +295,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 	if err != nil {
 		return err
 	}
-	if worked {
+	if worked && l.aborts == aborts {
 		if err := l.run(l.coord.Work(time.Now())); err != nil {
 			return err
 		}
@@ -331,6 +341,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, now, ts, rc.out[:0]
 	err := in.cfg.Job.Process(rc, rec)
+	t.noteRegistered()
 	if err == nil {
 		// A write the store refused (a key too long for bbolt, a value
 		// too large for the changelog) fails the record even if the job
@@ -691,6 +702,7 @@ func (l *loop) abort() error {
 		}
 	}
 	l.inTxn = false
+	l.aborts++
 	l.in.txnOpenedAt.Store(0)
 	l.produceErr.Store(nil)
 	refused := l.refused

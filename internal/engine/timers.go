@@ -141,7 +141,16 @@ func (s *timerService) register(d kstate.TimeDomain, at time.Time) {
 		return
 	}
 	kstate.RegisterTimer(c, d, at)
-	c.t.timers.next[d] = min(c.t.timers.next[d], max(at.UnixMilli(), 0))
+}
+
+// noteRegistered lowers the task's next times to the timers registered by
+// the record or timer just handled, through the Context or kstate alike.
+func (t *task) noteRegistered() {
+	for _, d := range timerDomains {
+		if ms, ok := t.store.TakeTimerFloor(d); ok {
+			t.timers.next[d] = min(t.timers.next[d], ms)
+		}
+	}
 }
 
 // fireEventTimers fires the task's event-time timers the watermark passed.
@@ -212,7 +221,7 @@ func (l *loop) sweepTTL() error {
 }
 
 // refreshEventTime moves the watermarks that idle inputs held back, and
-// fires what that makes due; it reports whether any timer fired.
+// fires the event-time timers due by them; it reports whether any fired.
 func (l *loop) refreshEventTime() (bool, error) {
 	if !l.in.cfg.Job.EventTime {
 		return false, nil
@@ -220,7 +229,13 @@ func (l *loop) refreshEventTime() (bool, error) {
 	now := l.in.clock.Now()
 	fired := false
 	for _, t := range l.tasks {
-		if t.clock.idleMatters() && t.clock.advance(now) {
+		// The watermark may move for idle inputs; and a processing-time
+		// timer's handler may have registered an event-time timer the
+		// watermark has already passed.
+		if t.clock.idleMatters() {
+			t.clock.advance(now)
+		}
+		if t.clock.wm != noTime && t.clock.wm >= t.timers.next[kstate.EventTime] {
 			n, err := l.fireEventTimers(t)
 			fired = fired || n > 0
 			if err != nil {
@@ -299,6 +314,7 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 	if err == nil {
 		err = t.store.RecordErr()
 	}
+	t.noteRegistered()
 	switch {
 	case err == nil:
 		t.store.CommitRecord()
