@@ -6,6 +6,7 @@
 //	processor demo     run a real job on an embedded broker, crash it, check it
 //	processor generate write integer input for the aggregate job
 //	processor broker   run an embedded single-node Kafka (kfake) for trying things out
+//	processor healthz  exit 0 if the local processor's /healthz (--ready: /readyz) answers 200
 package main
 
 import (
@@ -41,6 +42,9 @@ commands:
   broker     run an embedded single-node Kafka-protocol broker (kfake);
              flags: -addr host:port (default 127.0.0.1:9092),
              -topics name:partitions[,...] to create topics at start
+  healthz    health check for containers without a shell: GET /healthz (with
+             --ready: /readyz) on 127.0.0.1 at SLUICE_METRICS_ADDR's port;
+             exit 0 on 200, 1 otherwise (flag: --timeout, default 2s)
   help       show this text
 
 Configuration is by environment variables only; every SLUICE_* variable is
@@ -87,6 +91,8 @@ func run(args []string) int {
 		return runGenerate(environ())
 	case "broker":
 		return runBroker(args)
+	case "healthz":
+		return runHealthz(args, environ(), os.Stdout, os.Stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Print(usage)
 		return 0
