@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
-	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice/internal/testhook"
 )
 
 // Names the harness gives its cluster's topics and its instance. Side
@@ -414,7 +414,7 @@ func (h *Harness) settled(ctx context.Context) error {
 	}
 	// After the offsets: a timer that the last records made due fires in
 	// an epoch of its own, which Quiet waits for.
-	quiet, err := engine.Quiet(ctx, h.cur.in)
+	quiet, err := testhook.Quiet(ctx, h.cur.in)
 	switch {
 	case err != nil:
 		return fmt.Errorf("quiet: %w", err)
@@ -434,7 +434,7 @@ func (h *Harness) Kill() {
 	if h.cur == nil {
 		h.t.Fatalf("sluicetest: Kill: no instance is running")
 	}
-	engine.Kill(h.cur.in)
+	testhook.Kill(h.cur.in)
 	h.wait("the killed instance to stop")
 }
 

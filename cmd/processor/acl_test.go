@@ -20,19 +20,18 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 )
 
 // aclCase is one instance of TestLeastPrivilegeACLs, authenticating as its
-// own SCRAM user, whose ACLs are engine.Config.ACLs of its configuration
+// own SCRAM user, whose ACLs are sluice.Options.ACLs of its configuration
 // (the README's table) less the missing one.
 type aclCase struct {
 	aclVariant
 	name    string
 	app     string
 	env     map[string]string
-	granted []engine.ACL
-	missing *engine.ACL // nil: the instance must run
+	granted []sluice.ACL
+	missing *sluice.ACL // nil: the instance must run
 }
 
 type aclVariant struct {
@@ -233,7 +232,7 @@ func (s *superUser) expectOutput(t *testing.T, app string, inputs map[string][]i
 }
 
 // withdraw deletes one ACL of app's user.
-func (s *superUser) withdraw(t *testing.T, app string, a engine.ACL) {
+func (s *superUser) withdraw(t *testing.T, app string, a sluice.ACL) {
 	t.Helper()
 	req := kmsg.NewPtrDeleteACLsRequest()
 	f := kmsg.NewDeleteACLsRequestFilter()
@@ -256,7 +255,7 @@ func (s *superUser) withdraw(t *testing.T, app string, a engine.ACL) {
 	}
 }
 
-func expectMissing(t *testing.T, err error, want engine.ACL) {
+func expectMissing(t *testing.T, err error, want sluice.ACL) {
 	t.Helper()
 	t.Logf("stopped with: %v", err)
 	var pe *sluice.PermissionError

@@ -30,7 +30,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
-	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice"
 )
 
 // Config is the environment of `processor` (run, demo). Fields named Raw…
@@ -181,7 +181,7 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 }
 
 // TransactionTimeout is SLUICE_TRANSACTION_TIMEOUT, or when unset
-// the library's default (engine.DefaultTransactionTimeout, max(10s, 10 ×
+// the library's default (sluice.DefaultTransactionTimeout, max(10s, 10 ×
 // epoch)): room for ten epochs so a slow commit or a GC pause does not let the
 // broker abort the open transaction, yet a dead instance's dangling
 // transaction (which holds back every read_committed reader) ends quickly.
@@ -189,29 +189,29 @@ func (c Config) TransactionTimeout() time.Duration {
 	if c.RawTransactionTimeout > 0 {
 		return c.RawTransactionTimeout
 	}
-	return engine.DefaultTransactionTimeout(c.epoch())
+	return sluice.DefaultTransactionTimeout(c.epoch())
 }
 
 // CheckpointTimeout is SLUICE_CHECKPOINT_TIMEOUT, or when unset the library's
-// default (engine.DefaultCheckpointTimeout: the transaction timeout minus one
+// default (sluice.DefaultCheckpointTimeout: the transaction timeout minus one
 // epoch).
 func (c Config) CheckpointTimeout() time.Duration {
 	if c.RawCheckpointTimeout > 0 {
 		return c.RawCheckpointTimeout
 	}
-	return engine.DefaultCheckpointTimeout(c.TransactionTimeout(), c.epoch())
+	return sluice.DefaultCheckpointTimeout(c.TransactionTimeout(), c.epoch())
 }
 
-func (c Config) epoch() time.Duration { return engine.Epoch(c.CheckpointInterval, c.MinPause) }
+func (c Config) epoch() time.Duration { return sluice.Epoch(c.CheckpointInterval, c.MinPause) }
 
 // RebalanceTimeout is SLUICE_REBALANCE_TIMEOUT, or when unset the library's
-// default (engine.DefaultRebalanceTimeout: 2/3 of the session timeout, at
+// default (sluice.DefaultRebalanceTimeout: 2/3 of the session timeout, at
 // least 1s).
 func (c Config) RebalanceTimeout() time.Duration {
 	if c.RawRebalanceTimeout > 0 {
 		return c.RawRebalanceTimeout
 	}
-	return engine.DefaultRebalanceTimeout(c.SessionTimeout)
+	return sluice.DefaultRebalanceTimeout(c.SessionTimeout)
 }
 
 // DLQTopic is SLUICE_DLQ_TOPIC, or "<app id>-dlq".

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice"
 )
 
 const (
@@ -29,19 +29,19 @@ func placeholderConfig() Config {
 		InputTopics: []string{"${SLUICE_INPUT_TOPICS}"},
 		OutputTopic: "${SLUICE_OUTPUT_TOPIC}",
 		RawDLQTopic: "${SLUICE_DLQ_TOPIC}",
-		Guarantee:   string(engine.ExactlyOnce),
+		Guarantee:   string(sluice.ExactlyOnce),
 		// The default; the table says which rows it adds.
 		CreateTopics: true,
 	}
 }
 
 // renderACLTable is docs/security.md's least-privilege set: the ACLs
-// engine.Config.ACLs lists for the placeholder configuration, exactly the
+// sluice.Options.ACLs lists for the placeholder configuration, exactly the
 // function TestLeastPrivilegeACLs grants (and withdraws one by one).
 func renderACLTable() string {
 	lines := []string{"| Resource | Name | Operation | Needed to |", "|---|---|---|---|"}
 	for _, a := range engineOptions(placeholderConfig(), nil, nil).ACLs() {
-		lines = append(lines, fmt.Sprintf("| %s | `%s` | `%s` | %s |", engine.ResourceName(a.Resource), a.Name, a.Operation, a.Why))
+		lines = append(lines, fmt.Sprintf("| %s | `%s` | `%s` | %s |", sluice.ResourceName(a.Resource), a.Name, a.Operation, a.Why))
 	}
 	return strings.Join(lines, "\n")
 }
@@ -77,6 +77,6 @@ func TestREADMEACLTable(t *testing.T) {
 				t.Error("extra row: " + r)
 			}
 		}
-		t.Error("docs/security.md's ACL table differs from engine.Config.ACLs; run: go test ./cmd/processor -run README -update")
+		t.Error("docs/security.md's ACL table differs from sluice.Options.ACLs; run: go test ./cmd/processor -run README -update")
 	}
 }

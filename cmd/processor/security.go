@@ -19,7 +19,7 @@ import (
 
 // Security is how the processor reaches secured brokers: TLS and SASL.
 // Config and GenerateConfig embed it; kafkaOpts turns it into the franz-go
-// options every client gets (engine Config.ClientOpts). Secret fields are
+// options every client gets (sluice Options.ClientOpts). Secret fields are
 // never logged; files holding secrets are read when a connection
 // authenticates, so a rotated password file takes effect without a restart.
 type Security struct {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 )
 
 // chaos runs three instance processes while input arrives, and meanwhile
@@ -33,7 +33,7 @@ type chaos struct {
 }
 
 // newChaos prepares the instances; proto is their group protocol.
-func newChaos(t *testing.T, job string, g engine.Guarantee, proto string, seed uint64) *chaos {
+func newChaos(t *testing.T, job string, g sluice.Guarantee, proto string, seed uint64) *chaos {
 	brokers := newCluster(t, 6)
 	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed)}
 	for i := range 3 {
@@ -206,7 +206,7 @@ func TestChaosAggregateExactlyOnce(t *testing.T) {
 
 func chaosAggregate(t *testing.T, proto string) {
 	seed := chaosSeed(t, 21)
-	ch := newChaos(t, "aggregate", engine.ExactlyOnce, proto, seed)
+	ch := newChaos(t, "aggregate", sluice.ExactlyOnce, proto, seed)
 	ch.run(20*time.Second, 50, seed)
 	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
@@ -232,7 +232,7 @@ func chaosAggregate(t *testing.T, proto string) {
 
 func TestChaosEchoExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 22)
-	ch := newChaos(t, "echo", engine.ExactlyOnce, chaosProtocol("consumer"), seed)
+	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed)
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
@@ -245,7 +245,7 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 
 func TestChaosEchoAtLeastOnce(t *testing.T) {
 	seed := chaosSeed(t, 23)
-	ch := newChaos(t, "echo", engine.AtLeastOnce, chaosProtocol("classic"), seed)
+	ch := newChaos(t, "echo", sluice.AtLeastOnce, chaosProtocol("classic"), seed)
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if rep.Lost != 0 || rep.Wrong != 0 {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice"
 )
 
 // TestCrashPoints kills a real instance process at each step of the epoch
@@ -25,11 +25,11 @@ func TestCrashPoints(t *testing.T) {
 		point     string
 		loseState bool
 	}{
-		{"before pre-commit", engine.PointBeforePreCommit, false},
-		{"before commit", engine.PointBeforeCommit, false},
-		{"after commit before apply", engine.PointAfterCommit, false},
-		{"after apply", engine.PointAfterApply, false},
-		{"after commit, state dir lost", engine.PointAfterCommit, true},
+		{"before pre-commit", sluice.PointBeforePreCommit, false},
+		{"before commit", sluice.PointBeforeCommit, false},
+		{"after commit before apply", sluice.PointAfterCommit, false},
+		{"after apply", sluice.PointAfterApply, false},
+		{"after commit, state dir lost", sluice.PointAfterCommit, true},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -37,7 +37,7 @@ func TestCrashPoints(t *testing.T) {
 			brokers := newCluster(t, 3)
 			f := newFeeder(t, brokers, 40, uint64(10+i))
 			state := t.TempDir()
-			c := newChild(t, brokers, "crash", "i1", state, "aggregate", engine.ExactlyOnce)
+			c := newChild(t, brokers, "crash", "i1", state, "aggregate", sluice.ExactlyOnce)
 			c.start("SYSTEST_CRASH_AT="+tt.point, "SYSTEST_CRASH_AFTER=3")
 			deadline := time.Now().Add(60 * time.Second)
 			for c.running() {
@@ -73,8 +73,8 @@ func TestCrashPoints(t *testing.T) {
 func TestPausePastTransactionTimeout(t *testing.T) {
 	brokers := newCluster(t, 4)
 	f := newFeeder(t, brokers, 50, 31)
-	a := newChild(t, brokers, "pause", "a", t.TempDir(), "aggregate", engine.ExactlyOnce)
-	b := newChild(t, brokers, "pause", "b", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	a := newChild(t, brokers, "pause", "a", t.TempDir(), "aggregate", sluice.ExactlyOnce)
+	b := newChild(t, brokers, "pause", "b", t.TempDir(), "aggregate", sluice.ExactlyOnce)
 	a.start()
 	b.start()
 	f.produce(500, 0)

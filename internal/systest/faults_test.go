@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice"
 )
 
 // TestBrokerFaults injects broker faults with kfake's request controls
@@ -73,7 +73,7 @@ func TestBrokerFaults(t *testing.T) {
 			defer c.Close()
 			brokers := c.ListenAddrs()[0]
 			f := newFeeder(t, brokers, 40, uint64(60+i))
-			o := options(brokers, "faults", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+			o := options(brokers, "faults", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
 			if tt.txnTimeout > 0 {
 				o.TransactionTimeout = tt.txnTimeout
 				o.Checkpoint.Timeout = 2 * tt.txnTimeout

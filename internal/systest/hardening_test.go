@@ -21,7 +21,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -130,7 +129,7 @@ func TestAtLeastOnceFailedOutputIsNotLost(t *testing.T) {
 	c, brokers := newFaultCluster(t, input, output)
 	outID := topicID(t, brokers, output)
 	s := newSender(t, brokers)
-	o := options(brokers, "alos", "i1", t.TempDir(), "aggregate", engine.AtLeastOnce)
+	o := options(brokers, "alos", "i1", t.TempDir(), "aggregate", sluice.AtLeastOnce)
 	o.Job = counterJob()
 	o.Checkpoint.TolerableFailures = 0 // one failed checkpoint rebuilds the session
 	startInProcess(t, o)
@@ -192,9 +191,9 @@ func bigJob() sluice.Job {
 // else goes on; records batched with it are not blamed.
 func TestPermanentOutputFailureGoesToDeadLetters(t *testing.T) {
 	for _, tt := range []struct {
-		g         engine.Guarantee
+		g         sluice.Guarantee
 		tolerable int
-	}{{engine.ExactlyOnce, 3}, {engine.AtLeastOnce, 3}, {engine.ExactlyOnce, 0}} {
+	}{{sluice.ExactlyOnce, 3}, {sluice.AtLeastOnce, 3}, {sluice.ExactlyOnce, 0}} {
 		g := tt.g
 		t.Run(fmt.Sprintf("%s/tolerable=%d", g, tt.tolerable), func(t *testing.T) {
 			_, brokers := newFaultCluster(t, input)
@@ -215,7 +214,7 @@ func TestPermanentOutputFailureGoesToDeadLetters(t *testing.T) {
 			for _, r := range recs {
 				vals = append(vals, string(r.Value))
 			}
-			if g == engine.ExactlyOnce && strings.Join(vals, ",") != "1,2,3,4,5" {
+			if g == sluice.ExactlyOnce && strings.Join(vals, ",") != "1,2,3,4,5" {
 				t.Fatalf("outputs %v, want 1,2,3,4,5", vals)
 			}
 			for _, want := range []string{"1", "2", "3", "4", "5"} {
@@ -228,10 +227,10 @@ func TestPermanentOutputFailureGoesToDeadLetters(t *testing.T) {
 			for _, h := range dlq[0].Headers {
 				hdr[h.Key] = string(h.Value)
 			}
-			if string(dlq[0].Value) != "big" || hdr[engine.HeaderStage] != "emit" || !strings.Contains(hdr[engine.HeaderError], "MESSAGE_TOO_LARGE") {
+			if string(dlq[0].Value) != "big" || hdr[sluice.HeaderStage] != "emit" || !strings.Contains(hdr[sluice.HeaderError], "MESSAGE_TOO_LARGE") {
 				t.Fatalf("dead letter %q with headers %v", dlq[0].Value, hdr)
 			}
-			if g == engine.ExactlyOnce && len(dlq) != 1 {
+			if g == sluice.ExactlyOnce && len(dlq) != 1 {
 				t.Fatalf("%d dead letters, want 1", len(dlq))
 			}
 		})
@@ -264,7 +263,7 @@ func TestStaleStateFileDoesNotResurrectDeletedKeys(t *testing.T) {
 	})
 	s := newSender(t, brokers)
 	cfg := func(id, dir string) sluice.Options {
-		o := options(brokers, "stale", id, dir, "aggregate", engine.ExactlyOnce)
+		o := options(brokers, "stale", id, dir, "aggregate", sluice.ExactlyOnce)
 		o.Job = counterJob()
 		return o
 	}
@@ -302,7 +301,7 @@ func TestReleasedTaskFilesAreDeleted(t *testing.T) {
 	brokers := newCluster(t, 2)
 	f := newFeeder(t, brokers, 20, 41)
 	dirA := t.TempDir()
-	oa := options(brokers, "clean", "a", dirA, "aggregate", engine.ExactlyOnce)
+	oa := options(brokers, "clean", "a", dirA, "aggregate", sluice.ExactlyOnce)
 	oa.StateCleanupDelay = time.Millisecond
 	a := startInProcess(t, oa)
 	a.awaitReady(t)
@@ -317,7 +316,7 @@ func TestReleasedTaskFilesAreDeleted(t *testing.T) {
 	if n := len(files()); n != 2 {
 		t.Fatalf("a holds %d state files, want 2", n)
 	}
-	b := startInProcess(t, options(brokers, "clean", "b", t.TempDir(), "aggregate", engine.ExactlyOnce))
+	b := startInProcess(t, options(brokers, "clean", "b", t.TempDir(), "aggregate", sluice.ExactlyOnce))
 	b.awaitReady(t)
 	deadline := time.Now().Add(30 * time.Second)
 	for len(files()) != 1 {
@@ -340,8 +339,8 @@ func TestReleasedTaskFilesAreDeleted(t *testing.T) {
 func TestRestartDoesNotWaitOutItsDanglingTransaction(t *testing.T) {
 	brokers := newCluster(t, 2)
 	f := newFeeder(t, brokers, 20, 42)
-	c := newChild(t, brokers, "dangle", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce, "SYSTEST_TXN_TIMEOUT=60s")
-	c.start("SYSTEST_CRASH_AT="+engine.PointBeforeCommit, "SYSTEST_CRASH_AFTER=2")
+	c := newChild(t, brokers, "dangle", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce, "SYSTEST_TXN_TIMEOUT=60s")
+	c.start("SYSTEST_CRASH_AT="+sluice.PointBeforeCommit, "SYSTEST_CRASH_AFTER=2")
 	deadline := time.Now().Add(60 * time.Second)
 	for c.running() {
 		if time.Now().After(deadline) {
@@ -369,7 +368,7 @@ func TestDuplicateInstanceIDStops(t *testing.T) {
 	brokers := newCluster(t, 2)
 	f := newFeeder(t, brokers, 20, 43)
 	run := func() chan error {
-		inst, err := sluice.New(options(brokers, "dup", "same", t.TempDir(), "aggregate", engine.ExactlyOnce))
+		inst, err := sluice.New(options(brokers, "dup", "same", t.TempDir(), "aggregate", sluice.ExactlyOnce))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -389,13 +388,13 @@ func TestDuplicateInstanceIDStops(t *testing.T) {
 		f.produce(20, 0)
 		select {
 		case err := <-a:
-			if !errors.Is(err, engine.ErrDuplicateInstance) {
+			if !errors.Is(err, sluice.ErrDuplicateInstance) {
 				t.Fatalf("first instance ended with %v, want ErrDuplicateInstance", err)
 			}
 			t.Logf("stopped: %v", err)
 			return
 		case err := <-b:
-			if !errors.Is(err, engine.ErrDuplicateInstance) {
+			if !errors.Is(err, sluice.ErrDuplicateInstance) {
 				t.Fatalf("second instance ended with %v, want ErrDuplicateInstance", err)
 			}
 			t.Logf("stopped: %v", err)
@@ -413,7 +412,7 @@ func TestCorruptStateFileIsRestoredFromChangelog(t *testing.T) {
 	brokers := newCluster(t, 2)
 	f := newFeeder(t, brokers, 30, 44)
 	dir := t.TempDir()
-	p := startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", engine.ExactlyOnce))
+	p := startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(500, 0)
 	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
 		t.Fatal(rep)
@@ -427,7 +426,7 @@ func TestCorruptStateFileIsRestoredFromChangelog(t *testing.T) {
 	if err := os.Truncate(path, fi.Size()-100); err != nil {
 		t.Fatal(err)
 	}
-	startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", engine.ExactlyOnce))
+	startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(500, 0)
 	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
 		t.Fatal(rep)
@@ -458,7 +457,7 @@ func TestDiskFullStopsCleanlyAndRecovers(t *testing.T) {
 	f := newFeeder(t, brokers, 30, 45)
 	dir := t.TempDir()
 	var full atomic.Bool
-	o := options(brokers, "full", "i1", dir, "aggregate", engine.ExactlyOnce)
+	o := options(brokers, "full", "i1", dir, "aggregate", sluice.ExactlyOnce)
 	o.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
 		be, err := kstate.Open(kind, dir, task)
 		if err != nil {
@@ -486,7 +485,7 @@ func TestDiskFullStopsCleanlyAndRecovers(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("instance still running 30s after its disk filled")
 	}
-	startInProcess(t, options(brokers, "full", "i1", dir, "aggregate", engine.ExactlyOnce))
+	startInProcess(t, options(brokers, "full", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(300, 0)
 	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
 		t.Fatal(rep)

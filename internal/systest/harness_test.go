@@ -23,7 +23,6 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -42,7 +41,7 @@ func runChild() int {
 	interval, _ := time.ParseDuration(env("SYSTEST_INTERVAL"))
 	session, _ := time.ParseDuration(env("SYSTEST_SESSION"))
 	crashAfter, _ := strconv.Atoi(env("SYSTEST_CRASH_AFTER"))
-	cfg := options(env("SYSTEST_BROKERS"), env("SYSTEST_APP"), env("SYSTEST_ID"), env("SYSTEST_STATE"), env("SYSTEST_JOB"), engine.Guarantee(env("SYSTEST_GUARANTEE")))
+	cfg := options(env("SYSTEST_BROKERS"), env("SYSTEST_APP"), env("SYSTEST_ID"), env("SYSTEST_STATE"), env("SYSTEST_JOB"), sluice.Guarantee(env("SYSTEST_GUARANTEE")))
 	cfg.Checkpoint.Interval = interval
 	cfg.SessionTimeout = session
 	cfg.RebalanceTimeout = session * 2 / 3
@@ -113,7 +112,7 @@ func crashCondition(reg *prometheus.Registry, spec string) func() bool {
 	}
 }
 
-func options(brokers, app, id, state, job string, g engine.Guarantee) sluice.Options {
+func options(brokers, app, id, state, job string, g sluice.Guarantee) sluice.Options {
 	j := jobs.Aggregate()
 	switch job {
 	case "echo":
@@ -336,7 +335,7 @@ type child struct {
 	log    string
 }
 
-func newChild(t *testing.T, brokers, app, id, state, job string, g engine.Guarantee, extra ...string) *child {
+func newChild(t *testing.T, brokers, app, id, state, job string, g sluice.Guarantee, extra ...string) *child {
 	dir := os.Getenv("SYSTEST_LOG_DIR") // keep the instances' logs there
 	if dir == "" {
 		dir = t.TempDir()

@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/kstate"
 )
@@ -22,7 +21,7 @@ import (
 func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
 	brokers := newCluster(t, 4)
 	f := newFeeder(t, brokers, 50, 1)
-	startInProcess(t, options(brokers, "agg", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce))
+	startInProcess(t, options(brokers, "agg", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce))
 	for range 10 {
 		f.produce(200, 50)
 	}
@@ -41,7 +40,7 @@ func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
 	for _, h := range dlq[0].Headers {
 		hdr[h.Key] = string(h.Value)
 	}
-	if hdr[engine.HeaderStage] != "decode" || hdr[engine.HeaderTopic] != input || hdr[engine.HeaderError] == "" || hdr[engine.HeaderOffset] == "" {
+	if hdr[sluice.HeaderStage] != "decode" || hdr[sluice.HeaderTopic] != input || hdr[sluice.HeaderError] == "" || hdr[sluice.HeaderOffset] == "" {
 		t.Fatalf("dead-letter headers: %v", hdr)
 	}
 }
@@ -49,7 +48,7 @@ func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
 func TestEchoCopiesPartitionsInOrder(t *testing.T) {
 	brokers := newCluster(t, 3)
 	f := newFeeder(t, brokers, 100, 2)
-	startInProcess(t, options(brokers, "echo", "i1", t.TempDir(), "echo", engine.ExactlyOnce))
+	startInProcess(t, options(brokers, "echo", "i1", t.TempDir(), "echo", sluice.ExactlyOnce))
 	for range 5 {
 		f.produce(300, 0)
 	}
@@ -82,7 +81,7 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 	brokers := newCluster(t, 2)
 	f := newFeeder(t, brokers, 30, 3)
 	dir := t.TempDir()
-	p := startInProcess(t, options(brokers, "agg", "i1", dir, "aggregate", engine.ExactlyOnce))
+	p := startInProcess(t, options(brokers, "agg", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(1000, 0)
 	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
 		t.Fatalf("first run: %v", rep)
@@ -90,7 +89,7 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 	p.stop(t)
 
 	f.produce(500, 0)
-	cfg := options(brokers, "agg", "i1", dir, "aggregate", engine.ExactlyOnce)
+	cfg := options(brokers, "agg", "i1", dir, "aggregate", sluice.ExactlyOnce)
 	reg := prometheus.NewRegistry()
 	cfg.Registry = reg
 	p = startInProcess(t, cfg)
@@ -106,7 +105,7 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.produce(500, 0)
-	cfg = options(brokers, "agg", "i1", dir, "aggregate", engine.ExactlyOnce)
+	cfg = options(brokers, "agg", "i1", dir, "aggregate", sluice.ExactlyOnce)
 	reg = prometheus.NewRegistry()
 	cfg.Registry = reg
 	startInProcess(t, cfg)
@@ -128,7 +127,7 @@ func TestRebalanceKeepsExactlyOnce(t *testing.T) {
 			brokers := newCluster(t, 6)
 			f := newFeeder(t, brokers, 60, uint64(4+10*i))
 			start := func(id string) *inProcess {
-				cfg := options(brokers, "agg", id, t.TempDir(), "aggregate", engine.ExactlyOnce)
+				cfg := options(brokers, "agg", id, t.TempDir(), "aggregate", sluice.ExactlyOnce)
 				cfg.GroupProtocol = proto
 				return startInProcess(t, cfg)
 			}
@@ -202,7 +201,7 @@ func TestRestoreFromCompactedChangelog(t *testing.T) {
 		}
 	}
 	cfg := func(dir string) sluice.Options {
-		o := options(brokers, "ctr", "i1", dir, "aggregate", engine.ExactlyOnce)
+		o := options(brokers, "ctr", "i1", dir, "aggregate", sluice.ExactlyOnce)
 		o.Job = counterJob()
 		if os.Getenv("SYSTEST_LOG_DIR") != "" {
 			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -64,7 +63,7 @@ func values(t *testing.T, brokers, topic string, n int) []string {
 
 func TestTemperatureAlertTutorial(t *testing.T) {
 	brokers := newCluster(t, 2)
-	o := options(brokers, "alert", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o := options(brokers, "alert", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
 	o.Job = jobs.TemperatureAlert(10.0)
 	startInProcess(t, o)
 	sendReadings(t, brokers, tutorialReadings)
@@ -82,7 +81,7 @@ func TestTemperatureAlertTutorial(t *testing.T) {
 
 func TestTemperatureSplitTutorial(t *testing.T) {
 	brokers := newCluster(t, 2)
-	o := options(brokers, "split", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o := options(brokers, "split", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
 	o.Job = jobs.TemperatureSplit()
 	o.SideOutputTopics = map[sluice.OutputTag]string{jobs.LowTemperatures: "low"}
 	startInProcess(t, o)
@@ -109,7 +108,7 @@ func TestTemperatureSplitTutorial(t *testing.T) {
 
 // A side output the job does not bind is refused before any I/O.
 func TestUnboundSideOutputIsRefused(t *testing.T) {
-	o := options("127.0.0.1:1", "split", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o := options("127.0.0.1:1", "split", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
 	o.Job = jobs.TemperatureSplit()
 	if _, err := sluice.New(o); err == nil || !strings.Contains(err.Error(), `"low"`) {
 		t.Fatalf("New with an unbound side output: %v", err)
@@ -139,7 +138,7 @@ var risingReadings = []string{
 
 func TestRisingTemperatureEventTime(t *testing.T) {
 	brokers := newCluster(t, 1)
-	o := options(brokers, "rising", "i1", t.TempDir(), "aggregate", engine.ExactlyOnce)
+	o := options(brokers, "rising", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
 	o.Job = jobs.RisingTemperature(jobs.RisingOptions{Window: 10 * time.Second, EventTime: true, LateOutput: true})
 	o.SideOutputTopics = map[sluice.OutputTag]string{jobs.Late: "late"}
 	startInProcess(t, o)

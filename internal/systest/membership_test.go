@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice"
 )
 
 // TestStaticMemberRestartsAndLeaves checks static membership under both
@@ -26,7 +26,7 @@ func TestStaticMemberRestartsAndLeaves(t *testing.T) {
 			app := "static-" + proto
 			kids := make([]*child, 2)
 			for j := range kids {
-				kids[j] = newChild(t, brokers, app, fmt.Sprintf("i%d", j+1), t.TempDir(), "aggregate", engine.ExactlyOnce,
+				kids[j] = newChild(t, brokers, app, fmt.Sprintf("i%d", j+1), t.TempDir(), "aggregate", sluice.ExactlyOnce,
 					"SYSTEST_GROUP_PROTOCOL="+proto, "SYSTEST_SESSION=4m", "SYSTEST_REBALANCE=4s")
 				kids[j].start()
 			}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 )
 
 // TestMidBatchAbort guards against an epoch ending, and aborting, in the
@@ -53,7 +52,7 @@ func TestMidBatchAbort(t *testing.T) {
 		}
 		return resp, nil, true
 	})
-	o := options(brokers, "midfetch", "i1", t.TempDir(), "echo", engine.ExactlyOnce)
+	o := options(brokers, "midfetch", "i1", t.TempDir(), "echo", sluice.ExactlyOnce)
 	o.Job = sluice.Job{
 		Name: "timer-per-record", Emits: true, EventTime: true, Timestamp: sluice.KafkaTime,
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {

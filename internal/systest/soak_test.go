@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/sluicehq/sluice/internal/engine"
+	"github.com/sluicehq/sluice"
 )
 
 // TestSoak is `make soak`: the chaos run (SIGKILL with and without the
@@ -43,7 +43,7 @@ func TestSoak(t *testing.T) {
 		state := filepath.Join(t.TempDir(), "state")
 		id := fmt.Sprintf("i%d", i+1)
 		ch.states = append(ch.states, state)
-		ch.children = append(ch.children, newChild(t, brokers, "soak", id, state, "aggregate", engine.ExactlyOnce, "SYSTEST_INTERVAL=200ms"))
+		ch.children = append(ch.children, newChild(t, brokers, "soak", id, state, "aggregate", sluice.ExactlyOnce, "SYSTEST_INTERVAL=200ms"))
 	}
 
 	stop := make(chan struct{})

@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/internal/engine"
 )
 
 // TestTimerCrash kills a real instance process (SIGKILL from its own hook)
@@ -32,16 +32,16 @@ func TestTimerCrash(t *testing.T) {
 	}{
 		// Both readings are in a committed epoch: the timer is registered
 		// in Kafka, not yet in the backend.
-		{"registered, before apply", engine.PointAfterCommit, "sluice_records_in_total>=2"},
-		{"registered, after apply", engine.PointAfterApply, "sluice_timers>=1"},
-		{"fired, before apply", engine.PointAfterCommit, "sluice_timers_fired_total>=1"},
-		{"fired, after apply", engine.PointAfterApply, "sluice_timers_fired_total>=1"},
+		{"registered, before apply", sluice.PointAfterCommit, "sluice_records_in_total>=2"},
+		{"registered, after apply", sluice.PointAfterApply, "sluice_timers>=1"},
+		{"fired, before apply", sluice.PointAfterCommit, "sluice_timers_fired_total>=1"},
+		{"fired, after apply", sluice.PointAfterApply, "sluice_timers_fired_total>=1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			brokers := newCluster(t, 1)
-			c := newChild(t, brokers, "timers", "i1", t.TempDir(), "rising-event", engine.ExactlyOnce)
+			c := newChild(t, brokers, "timers", "i1", t.TempDir(), "rising-event", sluice.ExactlyOnce)
 			c.start("SYSTEST_CRASH_AT="+tt.point, "SYSTEST_CRASH_WHEN="+tt.when)
 			sendReadings(t, brokers, []string{"sensor_1,1547718200,20", "sensor_1,1547718201,21"})
 			fired := strings.HasPrefix(tt.name, "fired")
@@ -83,8 +83,8 @@ func TestTimerCrash(t *testing.T) {
 // must be refused, and the alert exist once.
 func TestZombieTimer(t *testing.T) {
 	brokers := newCluster(t, 1)
-	a := newChild(t, brokers, "zombie", "a", t.TempDir(), "rising-processing", engine.ExactlyOnce)
-	b := newChild(t, brokers, "zombie", "b", t.TempDir(), "rising-processing", engine.ExactlyOnce)
+	a := newChild(t, brokers, "zombie", "a", t.TempDir(), "rising-processing", sluice.ExactlyOnce)
+	b := newChild(t, brokers, "zombie", "b", t.TempDir(), "rising-processing", sluice.ExactlyOnce)
 	a.start()
 	if !a.logged("task restored", 30*time.Second) {
 		a.dumpLog()

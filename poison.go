@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"context"
@@ -191,7 +191,7 @@ func (l *loop) deadLetterEmit(t *task, ref inputRef, dl *kgo.Record, ps *poison)
 		dl.Key, dl.Value = nil, nil
 		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderTruncated, Value: []byte("key and value left out: the dead-letter topic refused them")})
 	case ps.dlqFailed > 1:
-		return fmt.Errorf("engine: task %d offset %d: the dead-letter topic %s refuses even a record without key and value: %w", t.p, ref.offset, l.in.cfg.DLQTopic, ps.err)
+		return fmt.Errorf("sluice: task %d offset %d: the dead-letter topic %s refuses even a record without key and value: %w", t.p, ref.offset, l.in.cfg.DLQTopic, ps.err)
 	}
 	l.produceFor(t, ref, dl, true)
 	t.dlq.Inc()

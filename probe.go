@@ -1,35 +1,41 @@
-package engine
+package sluice
 
 import (
 	"context"
 	"errors"
 
 	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/internal/testhook"
 	"github.com/sluicehq/sluice/kstate"
 )
 
 // What a test harness (sluicetest) needs from a running instance, and
-// nothing a user of package sluice can reach: these are functions of this
-// internal package, not methods of Instance.
+// nothing a user of package sluice can reach: unexported, handed to
+// sluicetest through internal/testhook.
 
-// errKilled ends a session that Kill stopped.
-var errKilled = errors.New("engine: killed")
+func init() {
+	testhook.Kill = func(in any) { kill(in.(*Instance)) }
+	testhook.Quiet = func(ctx context.Context, in any) (bool, error) { return quiet(ctx, in.(*Instance)) }
+}
 
-// Kill stops in as a crash would, at its loop's next iteration: no final
+// errKilled ends a session that kill stopped.
+var errKilled = errors.New("sluice: killed")
+
+// kill stops in as a crash would, at its loop's next iteration: no final
 // checkpoint, no leaving the group, the open epoch's transaction left to
 // the broker (the next instance with the same id fences it). Run then
 // returns nil.
-func Kill(in *Instance) {
+func kill(in *Instance) {
 	in.killed.Store(true)
 	in.wakeLoop()
 }
 
-// Quiet reports whether in has nothing in flight: it is in its group, every
+// quiet reports whether in has nothing in flight: it is in its group, every
 // assigned task is restored and running, no epoch is open, and no timer is
 // due by its clock or watermark. Together with group offsets committed up to
 // the inputs' ends, it says that everything sent so far has committed. The
 // loop answers between iterations; ctx bounds the wait.
-func Quiet(ctx context.Context, in *Instance) (bool, error) {
+func quiet(ctx context.Context, in *Instance) (bool, error) {
 	reply := make(chan bool, 1)
 	select {
 	case in.probes <- reply:
@@ -50,14 +56,14 @@ func (l *loop) answerProbes() {
 	for {
 		select {
 		case reply := <-l.in.probes:
-			reply <- l.quiet()
+			reply <- l.isQuiet()
 		default:
 			return
 		}
 	}
 }
 
-func (l *loop) quiet() bool {
+func (l *loop) isQuiet() bool {
 	if len(l.restoring) > 0 || !l.joined() || l.inTxn || l.coord.Phase() != barrier.Processing {
 		return false
 	}

@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"errors"
@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/barrier"
-	"github.com/sluicehq/sluice/internal/api"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -18,34 +17,60 @@ import (
 type Guarantee string
 
 const (
+	// ExactlyOnce commits each epoch's outputs, state changes and input
+	// offsets in one Kafka transaction (the default).
 	ExactlyOnce Guarantee = "exactly_once"
+	// AtLeastOnce flushes outputs and state changes, then commits offsets,
+	// without a transaction: a crash replays the epoch.
 	AtLeastOnce Guarantee = "at_least_once"
 )
 
-// Config is everything an instance needs; the library never reads the
-// environment (cmd/processor turns env variables into a Config).
-type Config struct {
-	Brokers    []string
-	ClientOpts []kgo.Opt // extra client options (TLS, SASL) for every client
+// Options configures an instance. Brokers, AppID, InstanceID, Job,
+// InputTopics and (for a job that emits) OutputTopic are required; every
+// other field has a default, the one the processor binary uses, and New
+// reports a bad value naming the field. The library never reads the
+// environment (cmd/processor maps env variables onto Options).
+type Options struct {
+	// Brokers are the seed brokers, host:port. Required.
+	Brokers []string
+	// ClientOpts are extra franz-go options (TLS, SASL) for every client
+	// the instance makes.
+	ClientOpts []kgo.Opt
 
-	AppID      string
+	// AppID is the consumer group id and the prefix of the transactional
+	// id and of the internal topics (<AppID>-changelog, <AppID>-dlq).
+	// Required.
+	AppID string
+	// InstanceID is this instance's stable identity: its static group
+	// membership (group.instance.id) and its transactional id. Give every
+	// replica its own and keep it across restarts. Required.
 	InstanceID string
-	Job        api.Job
+	// Job is what the instance runs; New validates it (Job.Validate).
+	Job Job
 
+	// InputTopics are the topics the job reads; one for now. Required.
 	InputTopics []string
+	// OutputTopic is where Context.Emit writes; required when Job.Emits.
 	OutputTopic string
-	DLQTopic    string
+	// DLQTopic receives the records and timers the job fails on, with
+	// headers saying why. Default <AppID>-dlq.
+	DLQTopic string
 	// SideOutputTopics binds each of the job's side outputs
 	// (Job.SideOutputs) to a topic; every declared tag must be bound.
-	SideOutputTopics map[api.OutputTag]string
+	SideOutputTopics map[OutputTag]string
 
-	StateDir string // default "state", relative to the working directory
-	Backend  string // "bbolt" (default) or "memory"
+	// StateDir holds one bbolt file per task. Default "state", relative to
+	// the working directory.
+	StateDir string
+	// Backend is "bbolt" (default: on disk, survives restarts) or
+	// "memory" (rebuilt from the changelog at every start).
+	Backend string
 	// OpenBackend, if set, opens a task's backend instead of kstate.Open
 	// (same arguments): a seam for wrapping the store, for example to
 	// inject disk faults in tests.
 	OpenBackend func(kind, dir, task string) (kstate.Backend, error)
 
+	// Guarantee is ExactlyOnce (default) or AtLeastOnce.
 	Guarantee Guarantee
 	// Checkpoint sets the epochs. Zero fields take the defaults the
 	// processor binary uses: Interval 100ms; Timeout the transaction
@@ -59,13 +84,18 @@ type Config struct {
 	TransactionTimeout time.Duration
 	SessionTimeout     time.Duration
 	RebalanceTimeout   time.Duration
-	GroupProtocol      string // "classic" or "consumer"
+	// GroupProtocol is "classic" (default: JoinGroup/SyncGroup, any
+	// broker) or "consumer" (KIP-848, Kafka 4.0+).
+	GroupProtocol string
 
 	// DisableTopicCreation stops the instance from creating missing output,
 	// dead-letter and changelog topics at start (it then waits for them).
 	// By default it creates them; existing topics are never altered.
 	DisableTopicCreation bool
-	Partitions           int32 // for created output and DLQ topics; 0 = the input's
+	// Partitions is the partition count of the output and DLQ topics the
+	// instance creates; default the input's. The changelog always gets the
+	// input's.
+	Partitions int32
 
 	// StayInGroupOnShutdown keeps a gracefully stopped instance in the
 	// group: as a static member it keeps its partitions until its session
@@ -113,9 +143,14 @@ type Config struct {
 	// 10,000.
 	TTLSweepEntries int
 
+	// MaxPollRecords bounds one poll, and the processing-time timers fired
+	// per loop iteration. Default 10,000.
 	MaxPollRecords int
-	Logger         *slog.Logger
-	Registry       prometheus.Registerer
+	// Logger receives the instance's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Registry receives the instance's metrics. Default a private
+	// registry: pass your own to export them.
+	Registry prometheus.Registerer
 
 	// Hook, if set, is called on the loop goroutine at each step of the
 	// epoch protocol named by the Point constants: for tracing, and for
@@ -123,7 +158,7 @@ type Config struct {
 	Hook func(point string)
 }
 
-// Clock tells the processing time; see Config.Clock.
+// Clock tells the processing time; see Options.Clock.
 type Clock interface {
 	Now() time.Time
 }
@@ -132,7 +167,7 @@ type wallClock struct{}
 
 func (wallClock) Now() time.Time { return time.Now() }
 
-// Steps of the epoch protocol passed to Config.Hook.
+// Steps of the epoch protocol passed to Options.Hook.
 const (
 	PointBeforePreCommit = "before-precommit" // barrier placed, nothing of the epoch produced to the changelog
 	PointBeforeCommit    = "before-commit"    // changelog and markers produced, EndTxn not sent
@@ -140,7 +175,7 @@ const (
 	PointAfterApply      = "after-apply"      // every task applied the epoch
 )
 
-func (c *Config) at(point string) {
+func (c *Options) at(point string) {
 	if c.Hook != nil {
 		c.Hook(point)
 	}
@@ -186,7 +221,7 @@ func DefaultRebalanceTimeout(session time.Duration) time.Duration {
 }
 
 // fillTiming fills the zero timing fields with their defaults.
-func (c *Config) fillTiming() {
+func (c *Options) fillTiming() {
 	if c.Checkpoint.Interval == 0 {
 		c.Checkpoint.Interval = DefaultCheckpointInterval
 	}
@@ -211,7 +246,7 @@ func (c *Config) fillTiming() {
 	}
 }
 
-func (c *Config) fill() error {
+func (c *Options) fill() error {
 	c.fillTiming()
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -254,43 +289,43 @@ func (c *Config) fill() error {
 	}
 	switch {
 	case len(c.Brokers) == 0:
-		return errors.New("engine: no brokers")
+		return errors.New("sluice: Options.Brokers is empty: give at least one seed broker, host:port")
 	case c.AppID == "":
-		return errors.New("engine: no app id")
+		return errors.New("sluice: Options.AppID is empty: it names the consumer group and the internal topics")
 	case c.InstanceID == "":
-		return errors.New("engine: no instance id")
+		return errors.New("sluice: Options.InstanceID is empty: give each replica a stable id")
 	case len(c.InputTopics) == 0:
-		return errors.New("engine: no input topics")
+		return errors.New("sluice: Options.InputTopics is empty")
 	case c.Job.Emits && c.OutputTopic == "":
-		return fmt.Errorf("engine: job %s emits but no output topic is set", c.Job.Name)
+		return fmt.Errorf("sluice: Options.OutputTopic is empty, and job %s emits", c.Job.Name)
 	case c.Guarantee != ExactlyOnce && c.Guarantee != AtLeastOnce:
-		return fmt.Errorf("engine: unknown guarantee %q", c.Guarantee)
+		return fmt.Errorf("sluice: Options.Guarantee %q: want exactly_once or at_least_once", c.Guarantee)
 	case c.GroupProtocol != "classic" && c.GroupProtocol != "consumer":
-		return fmt.Errorf("engine: unknown group protocol %q", c.GroupProtocol)
+		return fmt.Errorf("sluice: Options.GroupProtocol %q: want classic or consumer", c.GroupProtocol)
 	case c.SessionTimeout < 0:
-		return fmt.Errorf("engine: SessionTimeout %s is negative (0 = %s)", c.SessionTimeout, DefaultSessionTimeout)
+		return fmt.Errorf("sluice: Options.SessionTimeout %s is negative (0 = %s)", c.SessionTimeout, DefaultSessionTimeout)
 	case c.RebalanceTimeout < 0:
-		return fmt.Errorf("engine: RebalanceTimeout %s is negative (0 = 2/3 of SessionTimeout)", c.RebalanceTimeout)
+		return fmt.Errorf("sluice: Options.RebalanceTimeout %s is negative (0 = 2/3 of SessionTimeout)", c.RebalanceTimeout)
 	case c.TransactionTimeout < 0:
-		return fmt.Errorf("engine: TransactionTimeout %s is negative (0 = derived from the checkpoint interval)", c.TransactionTimeout)
+		return fmt.Errorf("sluice: Options.TransactionTimeout %s is negative (0 = derived from the checkpoint interval)", c.TransactionTimeout)
 	case c.MaxOutOfOrderness < 0:
-		return fmt.Errorf("engine: MaxOutOfOrderness %s is negative", c.MaxOutOfOrderness)
+		return fmt.Errorf("sluice: Options.MaxOutOfOrderness %s is negative", c.MaxOutOfOrderness)
 	case c.IdleTimeout < 0:
-		return fmt.Errorf("engine: IdleTimeout %s is negative", c.IdleTimeout)
+		return fmt.Errorf("sluice: Options.IdleTimeout %s is negative", c.IdleTimeout)
 	}
 	if err := c.Job.Validate(); err != nil {
 		return err
 	}
 	for _, tag := range c.Job.SideOutputs {
 		if c.SideOutputTopics[tag] == "" {
-			return fmt.Errorf("engine: job %s writes to side output %q, which SideOutputTopics does not bind to a topic", c.Job.Name, tag)
+			return fmt.Errorf("sluice: job %s writes to side output %q, which Options.SideOutputTopics does not bind to a topic", c.Job.Name, tag)
 		}
 	}
 	if err := c.Checkpoint.Validate(); err != nil {
 		return err
 	}
 	if c.Guarantee == ExactlyOnce && c.TransactionTimeout <= c.Checkpoint.Interval {
-		return fmt.Errorf("engine: transaction timeout %s must exceed the checkpoint interval %s", c.TransactionTimeout, c.Checkpoint.Interval)
+		return fmt.Errorf("sluice: Options.TransactionTimeout %s must exceed Options.Checkpoint.Interval %s", c.TransactionTimeout, c.Checkpoint.Interval)
 	}
 	return nil
 }
@@ -298,4 +333,4 @@ func (c *Config) fill() error {
 // transactionalID is stable across restarts of an instance, so a restarted
 // instance fences its predecessor and aborts its dangling transaction at
 // once (InitProducerID bumps the epoch).
-func (c *Config) transactionalID() string { return c.AppID + "-" + c.InstanceID }
+func (c *Options) transactionalID() string { return c.AppID + "-" + c.InstanceID }

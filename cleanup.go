@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"os"
@@ -9,7 +9,7 @@ import (
 )
 
 // State files of tasks this instance does not own are deleted once they
-// have been left alone for Config.StateCleanupDelay (Kafka Streams'
+// have been left alone for Options.StateCleanupDelay (Kafka Streams'
 // state.cleanup.delay.ms). A partition that comes back soon after a
 // rebalance restores from its file and reads only the changelog tail; one
 // that stays away has its file removed, so no stale file lingers to be

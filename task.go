@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
-	"github.com/sluicehq/sluice/internal/api"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -250,7 +249,7 @@ func (t *task) apply(in *Instance) error {
 	return nil
 }
 
-// recordContext is the api.Context of the record being processed; one per
+// recordContext is the Context of the record being processed; one per
 // task, reused for every record.
 type recordContext struct {
 	ctx context.Context
@@ -271,15 +270,15 @@ func (c *recordContext) OutputTopic() string         { return c.in.cfg.OutputTop
 func (c *recordContext) Timestamp() time.Time        { return c.ts }
 func (c *recordContext) CurrentWatermark() time.Time { return c.t.watermark() }
 
-func (c *recordContext) Emit(key, value []byte, headers ...api.Header) {
+func (c *recordContext) Emit(key, value []byte, headers ...Header) {
 	c.EmitTo(c.in.cfg.OutputTopic, key, value, headers...)
 }
 
-func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...api.Header) {
+func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...Header) {
 	c.out = append(c.out, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: kgoHeaders(headers)})
 }
 
-func (c *recordContext) Output(tag api.OutputTag, key, value []byte, headers ...api.Header) {
+func (c *recordContext) Output(tag OutputTag, key, value []byte, headers ...Header) {
 	topic, ok := c.in.cfg.SideOutputTopics[tag]
 	if !ok {
 		// Undeclared and unbound: the record fails (dead letter) rather
@@ -290,11 +289,11 @@ func (c *recordContext) Output(tag api.OutputTag, key, value []byte, headers ...
 	c.EmitTo(topic, key, value, headers...)
 }
 
-func (c *recordContext) EmitToPartition(topic string, partition int32, key, value []byte, headers ...api.Header) {
+func (c *recordContext) EmitToPartition(topic string, partition int32, key, value []byte, headers ...Header) {
 	c.out = append(c.out, &kgo.Record{Topic: topic, Partition: partition, Context: explicitCtx, Key: key, Value: value, Headers: kgoHeaders(headers)})
 }
 
-func kgoHeaders(hs []api.Header) []kgo.RecordHeader {
+func kgoHeaders(hs []Header) []kgo.RecordHeader {
 	if len(hs) == 0 {
 		return nil
 	}
@@ -305,15 +304,15 @@ func kgoHeaders(hs []api.Header) []kgo.RecordHeader {
 	return out
 }
 
-func apiRecord(r *kgo.Record) *api.Record {
-	var hs []api.Header
+func apiRecord(r *kgo.Record) *Record {
+	var hs []Header
 	if len(r.Headers) > 0 {
-		hs = make([]api.Header, len(r.Headers))
+		hs = make([]Header, len(r.Headers))
 		for i, h := range r.Headers {
-			hs[i] = api.Header{Key: h.Key, Value: h.Value}
+			hs[i] = Header{Key: h.Key, Value: h.Value}
 		}
 	}
-	return &api.Record{Key: r.Key, Value: r.Value, Headers: hs, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp}
+	return &Record{Key: r.Key, Value: r.Value, Headers: hs, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp}
 }
 
 // Dead-letter headers say where a record came from and why it failed.

@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // Instance is one processor instance: a member of the app's consumer group
 // running a task per assigned input partition.
 type Instance struct {
-	cfg            Config
+	cfg            Options
 	log            *slog.Logger
 	m              *metrics
 	changelogTopic string
@@ -62,7 +62,7 @@ type Instance struct {
 	killed atomic.Bool    // see Kill
 	probes chan chan bool // see Quiet
 
-	clock Clock // processing time (Config.Clock or the wall clock)
+	clock Clock // processing time (Options.Clock or the wall clock)
 
 	// poison is what sessions learned of inputs whose outputs can never be
 	// produced, per task; only the goroutine running sessions touches it.
@@ -84,7 +84,7 @@ var errSessionBroken = errors.New("session broken")
 
 // New validates cfg and builds an instance. Nothing touches the network
 // until Run.
-func New(cfg Config) (*Instance, error) {
+func New(cfg Options) (*Instance, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func New(cfg Config) (*Instance, error) {
 		// A task owns partition p of every input topic; the group
 		// balancer would have to assign equal partition numbers
 		// together, which cooperative-sticky does not promise.
-		return nil, errors.New("engine: more than one input topic needs a co-partitioning assignor, which Sluice does not have yet")
+		return nil, errors.New("sluice: more than one input topic needs a co-partitioning assignor, which Sluice does not have yet")
 	}
 	in := &Instance{
 		cfg:            cfg,
@@ -118,7 +118,7 @@ func New(cfg Config) (*Instance, error) {
 func (in *Instance) Ready() bool { return in.ready.Load() }
 
 // now is the wall clock of the instance, for what runs on real time
-// whatever Config.Clock says: staleness of state files, their cleanup,
+// whatever Options.Clock says: staleness of state files, their cleanup,
 // fencing windows. Jobs see in.clock.
 func (in *Instance) now() time.Time { return time.Now() }
 
@@ -215,11 +215,11 @@ func (in *Instance) checkStateDir() error {
 	}
 	dir := in.stateDir()
 	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return fmt.Errorf("engine: state dir %s cannot be created: %w", dir, err)
+		return fmt.Errorf("sluice: state dir %s cannot be created: %w", dir, err)
 	}
 	f, err := os.CreateTemp(dir, ".probe-*")
 	if err != nil {
-		return fmt.Errorf("engine: state dir %s is not writable: %w", dir, err)
+		return fmt.Errorf("sluice: state dir %s is not writable: %w", dir, err)
 	}
 	f.Close()
 	return os.Remove(f.Name())
@@ -232,7 +232,7 @@ func (in *Instance) connect(ctx context.Context) error {
 	// a topic just created would look empty that long.
 	cl, err := kgo.NewClient(append(in.baseOpts(), kgo.MetadataMinAge(100*time.Millisecond))...)
 	if err != nil {
-		return fmt.Errorf("engine: client: %w", err)
+		return fmt.Errorf("sluice: client: %w", err)
 	}
 	in.admCl, in.adm = cl, kadm.NewClient(cl)
 	backoff := 250 * time.Millisecond

@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"bytes"
@@ -10,7 +10,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sluicehq/sluice/internal/api"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -28,7 +27,7 @@ import (
 //   - Event-time timers fire after the record that moved the watermark past
 //     them, before the next record, all of them: the order of records and
 //     timers is then the same on every replay. Processing-time timers fire
-//     between polls, at most Config.MaxPollRecords per iteration, so a burst
+//     between polls, at most Options.MaxPollRecords per iteration, so a burst
 //     of them does not starve the input.
 //   - Nothing is scanned while no timer is due: each task keeps the
 //     earliest time registered per domain (a lower bound: a deleted timer
@@ -116,7 +115,7 @@ func (t *task) countApplied(dirty []kstate.Mutation) error {
 // handing it out allocates nothing.
 type timerService recordContext
 
-func (c *recordContext) Timers() api.Timers { return (*timerService)(c) }
+func (c *recordContext) Timers() Timers { return (*timerService)(c) }
 
 func (s *timerService) RegisterEventTime(at time.Time) { s.register(kstate.EventTime, at) }
 func (s *timerService) RegisterProcessingTime(at time.Time) {
@@ -189,7 +188,7 @@ func (l *loop) fireProcessingTimers(budget int) (bool, error) {
 }
 
 // sweepTTL removes expired state (kstate.WithTTL) from each task, at most
-// Config.TTLSweepEntries entries examined per task per checkpoint interval,
+// Options.TTLSweepEntries entries examined per task per checkpoint interval,
 // idle or not: the deletes join the open epoch and reach the changelog as
 // tombstones when it commits.
 func (l *loop) sweepTTL() error {
@@ -327,7 +326,7 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 			}
 		}
 		t.recordsOut.Add(float64(len(rc.out)))
-	case api.IsFatal(err):
+	case IsFatal(err):
 		t.store.RollbackRecord()
 		return fmt.Errorf("job %s: task %d: %s timer at %s: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)
 	default:

@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Authorization. An instance needs exactly the ACLs Config.ACLs lists (the
+// Authorization. An instance needs exactly the ACLs Options.ACLs lists (the
 // least-privilege set of docs/security.md is rendered from it). A refusal by the
 // brokers' authorizer, or of the instance's credentials, is final: no retry
 // grants an ACL or fixes a password, so Run stops with a *PermissionError or
@@ -62,7 +62,7 @@ const clusterName = "kafka-cluster"
 // transactional id only exactly-once. At-least-once needs IDEMPOTENT_WRITE on
 // the cluster only from brokers older than Kafka 2.8, where WRITE on a topic
 // does not imply it.
-func (c Config) ACLs() []ACL {
+func (c Options) ACLs() []ACL {
 	topic := func(name string, op kmsg.ACLOperation, why string) ACL {
 		return ACL{Resource: kmsg.ACLResourceTypeTopic, Name: name, Operation: op, Why: why}
 	}
@@ -171,7 +171,7 @@ func (in *Instance) refusal(err error) (final error, topicRefused bool) {
 	return nil, false
 }
 
-// needed is the ACL of Config.ACLs for the resource and operation, with its
+// needed is the ACL of Options.ACLs for the resource and operation, with its
 // reason, or a bare one if the list does not have it.
 func (in *Instance) needed(rt kmsg.ACLResourceType, name string, op kmsg.ACLOperation) ACL {
 	for _, a := range in.cfg.ACLs() {
@@ -250,7 +250,7 @@ func (in *Instance) pollDenied(ctx context.Context, fs kgo.Fetches) error {
 }
 
 // diagnose returns a *PermissionError or *AuthError for the first ACL of
-// Config.ACLs the brokers do not grant, as far as they tell (checkAccess),
+// Options.ACLs the brokers do not grant, as far as they tell (checkAccess),
 // or nil.
 func (in *Instance) diagnose(ctx context.Context) error {
 	// Its own bound: ctx may be a request's that has just run out.
@@ -267,7 +267,7 @@ func (in *Instance) diagnose(ctx context.Context) error {
 	return nil
 }
 
-// checkAccess asks the brokers whether they grant every ACL of Config.ACLs,
+// checkAccess asks the brokers whether they grant every ACL of Options.ACLs,
 // and returns a *PermissionError for the first one they do not, nil when
 // they grant all they can tell about, or the error of a request that failed.
 //

@@ -1,7 +1,4 @@
-// Package api holds the types a job sees: the record, the processing
-// context and the job declaration. The root package sluice re-exports them;
-// they live here so the engine can use them without an import cycle.
-package api
+package sluice
 
 import (
 	"context"

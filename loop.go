@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/barrier"
-	"github.com/sluicehq/sluice/internal/api"
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/txsink"
 )
@@ -33,7 +32,7 @@ type loop struct {
 	restoring map[int32]*restoreJob
 	inTxn     bool
 	// budgetFull: a task's write-set reached the epoch budget
-	// (Config.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
+	// (Options.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
 	sweptAt    time.Time // last sweep of released tasks' state files
 	// refused: the epoch's commit fails because of a poison input (a
@@ -83,7 +82,7 @@ func (in *Instance) runSession(ctx context.Context) error {
 		case errors.Is(err, kerr.InvalidTransactionTimeout):
 			// Final: the broker refuses the timeout itself (the start-up
 			// check is skipped without DESCRIBE_CONFIGS on the cluster).
-			return fmt.Errorf("engine: SLUICE_TRANSACTION_TIMEOUT=%s is refused by the broker (above its transaction.max.timeout.ms): %w", in.cfg.TransactionTimeout, err)
+			return fmt.Errorf("sluice: SLUICE_TRANSACTION_TIMEOUT=%s is refused by the broker (above its transaction.max.timeout.ms): %w", in.cfg.TransactionTimeout, err)
 		default:
 			return fmt.Errorf("%w: %w", errSessionBroken, err)
 		}
@@ -328,7 +327,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	if in.cfg.Job.Timestamp != nil {
 		var err error
 		if ts, err = in.cfg.Job.Timestamp(rec); err != nil {
-			if api.IsFatal(err) {
+			if IsFatal(err) {
 				return fmt.Errorf("job %s: task %d offset %d: timestamp: %w", in.cfg.Job.Name, t.p, r.Offset, err)
 			}
 			l.produceFor(t, ref, in.deadLetter(r, err, "timestamp"), true)
@@ -360,13 +359,13 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 			}
 		}
 		t.recordsOut.Add(float64(len(rc.out)))
-	case api.IsFatal(err):
+	case IsFatal(err):
 		t.store.RollbackRecord()
 		return fmt.Errorf("job %s: task %d offset %d: %w", in.cfg.Job.Name, t.p, r.Offset, err)
 	default:
 		t.store.RollbackRecord()
 		stage := "process"
-		var de *api.DecodeError
+		var de *DecodeError
 		if errors.As(err, &de) {
 			stage = "decode"
 		}
@@ -387,7 +386,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 }
 
 // noteBudget ends the epoch early once a task's write-set reaches the
-// epoch budget (Config.EpochMaxKeys, EpochMaxBytes).
+// epoch budget (Options.EpochMaxKeys, EpochMaxBytes).
 func (l *loop) noteBudget(t *task) {
 	if t.store.DirtyLen() >= l.in.cfg.EpochMaxKeys || t.store.DirtyBytes() >= l.in.cfg.EpochMaxBytes {
 		l.budgetFull = true
@@ -486,7 +485,7 @@ func (l *loop) run(act barrier.Action) error {
 			return fmt.Errorf("%w: %w", errSessionBroken, act.Err)
 
 		default:
-			return fmt.Errorf("engine: unknown barrier action %v", act.Kind)
+			return fmt.Errorf("sluice: unknown barrier action %v", act.Kind)
 		}
 	}
 }
@@ -552,7 +551,7 @@ func (l *loop) commit() barrier.Action {
 		// Everything was flushed and checked above, so nothing can
 		// fail here; if something did, Kafka holds an epoch with a
 		// record missing, and only an operator can judge it.
-		l.fatal = fmt.Errorf("engine: a record failed after the flush but the transaction committed: %w", *perr)
+		l.fatal = fmt.Errorf("sluice: a record failed after the flush but the transaction committed: %w", *perr)
 		l.coord.CommitDone(time.Now())
 		return l.coord.ApplyFailed(l.fatal, time.Now())
 	}

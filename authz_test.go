@@ -1,4 +1,4 @@
-package engine
+package sluice
 
 import (
 	"context"
@@ -18,16 +18,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/barrier"
-	"github.com/sluicehq/sluice/internal/api"
 	"github.com/sluicehq/sluice/txsink"
 )
 
-func authzConfig() Config {
-	return Config{
+func authzConfig() Options {
+	return Options{
 		Brokers:     []string{"127.0.0.1:9092"},
 		AppID:       "app",
 		InstanceID:  "i1",
-		Job:         api.Job{Name: "job", Emits: true, Process: func(api.Context, *api.Record) error { return nil }},
+		Job:         Job{Name: "job", Emits: true, Process: func(Context, *Record) error { return nil }},
 		InputTopics: []string{"in"},
 		OutputTopic: "out",
 		Guarantee:   ExactlyOnce,
@@ -76,13 +75,13 @@ func TestConfigACLs(t *testing.T) {
 	)
 	tests := []struct {
 		name   string
-		modify func(*Config)
+		modify func(*Options)
 		want   []string
 	}{
-		{"exactly once, topics created", func(*Config) {}, []string{in, clCreate, clConfig, clWrite, clRead, outCr, outCfg, out, dlqCr, dlqCfg, dlq, group, txn}},
-		{"topics not created", func(c *Config) { c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group, txn}},
-		{"at least once", func(c *Config) { c.Guarantee = AtLeastOnce; c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group}},
-		{"no output, own dead-letter topic", func(c *Config) { c.OutputTopic = ""; c.DLQTopic = "bad"; c.DisableTopicCreation = true },
+		{"exactly once, topics created", func(*Options) {}, []string{in, clCreate, clConfig, clWrite, clRead, outCr, outCfg, out, dlqCr, dlqCfg, dlq, group, txn}},
+		{"topics not created", func(c *Options) { c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group, txn}},
+		{"at least once", func(c *Options) { c.Guarantee = AtLeastOnce; c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group}},
+		{"no output, own dead-letter topic", func(c *Options) { c.OutputTopic = ""; c.DLQTopic = "bad"; c.DisableTopicCreation = true },
 			[]string{in, clConfig, clWrite, clRead, `DESCRIBE_CONFIGS on topic "bad"`, `WRITE on topic "bad"`, group, txn}},
 	}
 	for _, tt := range tests {
