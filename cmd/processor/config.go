@@ -79,6 +79,9 @@ type GenerateConfig struct {
 	Topic   string   `env:"SLUICE_GENERATE_TOPIC,required,notEmpty" expect:"a Kafka topic name" desc:"generate: topic to write the generated records to."`
 	Rate    int      `env:"SLUICE_GENERATE_RATE" envDefault:"1000" desc:"generate: records per second. Must be > 0."`
 	Keys    int      `env:"SLUICE_GENERATE_KEYS" envDefault:"1000" desc:"generate: number of distinct record keys. Must be > 0."`
+	// MetricsAddr serves /healthz and /readyz for `processor healthz`, so a
+	// generator container has a health check too.
+	MetricsAddr string `env:"SLUICE_METRICS_ADDR" envDefault:":9090" expect:"a listen address such as :9090 or 127.0.0.1:9090" desc:"Listen address for /metrics, /healthz and /readyz."`
 	Security
 }
 

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -15,13 +18,18 @@ import (
 // runGenerate writes base-10 integers keyed by "key-N" to a topic at a
 // steady rate until SIGTERM: input for the aggregate job.
 func runGenerate(envm map[string]string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return generate(ctx, envm)
+}
+
+// generate is runGenerate until ctx ends.
+func generate(ctx context.Context, envm map[string]string) int {
 	cfg, err := loadGenerateConfig(envm)
 	if err != nil {
 		return configFail(err)
 	}
 	log := newLogger(0)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	opts, err := cfg.kafkaOpts()
 	if err != nil {
 		log.Error("generate", "err", err)
@@ -36,6 +44,26 @@ func runGenerate(envm map[string]string) int {
 		return 1
 	}
 	defer cl.Close()
+	// /healthz while the process runs; /readyz once a produce succeeded,
+	// which says the brokers are reachable and the topic exists.
+	var produced atomic.Bool
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		log.Error("generate", "err", fmt.Errorf("SLUICE_METRICS_ADDR=%s: %w", cfg.MetricsAddr, err))
+		return 1
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !produced.Load() {
+			http.Error(w, "not ready: no record produced yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -55,6 +83,9 @@ func runGenerate(envm map[string]string) int {
 			cl.Produce(ctx, &kgo.Record{Topic: cfg.Topic, Key: []byte(key), Value: []byte(val)}, func(_ *kgo.Record, err error) {
 				if err != nil && ctx.Err() == nil {
 					log.Warn("generate: produce failed", "err", err)
+				}
+				if err == nil {
+					produced.Store(true)
 				}
 			})
 			sent++

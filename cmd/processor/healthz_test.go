@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -206,5 +207,44 @@ func TestHealthzEndToEnd(t *testing.T) {
 	s.stop(t)
 	if code, _, errs := healthz([]string{"--ready"}, metrics); code != 1 || !strings.Contains(errs, "connection refused") {
 		t.Errorf("healthz --ready after the instance stopped: exit %d, %q; want 1", code, errs)
+	}
+}
+
+// processor generate serves /healthz, and /readyz once a record went out,
+// so its container has a health check like the processors'.
+func TestHealthzGenerator(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "numbers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	metrics := freeAddr(t)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := make(chan int, 1)
+	go func() {
+		done <- generate(ctx, map[string]string{
+			"SLUICE_BROKERS": c.ListenAddrs()[0], "SLUICE_GENERATE_TOPIC": "numbers",
+			"SLUICE_GENERATE_RATE": "100", "SLUICE_METRICS_ADDR": metrics,
+		})
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, _, errs := healthz([]string{"--ready"}, metrics)
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("generate never turned ready: %s", errs)
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("generate exited with %d", code)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	stop()
+	if code := <-done; code != 0 {
+		t.Fatalf("generate exited with %d when stopped", code)
 	}
 }
