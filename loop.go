@@ -349,16 +349,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	}
 	switch {
 	case err == nil:
-		t.store.CommitRecord()
-		l.noteBudget(t)
-		if ps != nil {
-			l.produceAlone(t, ref, ps, rc.out)
-		} else {
-			for _, o := range rc.out {
-				l.produceFor(t, ref, o, false)
-			}
-		}
-		t.recordsOut.Add(float64(len(rc.out)))
+		l.commitHandled(t, ref, ps, rc.out)
 	case IsFatal(err):
 		t.store.RollbackRecord()
 		return fmt.Errorf("job %s: task %d offset %d: %w", in.cfg.Job.Name, t.p, r.Offset, err)
@@ -383,6 +374,21 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 		return err
 	}
 	return nil
+}
+
+// commitHandled folds the writes of a record or timer that succeeded into
+// the epoch and produces its outputs (alone, for a suspect: see poison.go).
+func (l *loop) commitHandled(t *task, ref inputRef, ps *poison, out []*kgo.Record) {
+	t.store.CommitRecord()
+	l.noteBudget(t)
+	if ps != nil {
+		l.produceAlone(t, ref, ps, out)
+	} else {
+		for _, o := range out {
+			l.produceFor(t, ref, o, false)
+		}
+	}
+	t.recordsOut.Add(float64(len(out)))
 }
 
 // noteBudget ends the epoch early once a task's write-set reaches the

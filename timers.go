@@ -316,16 +316,7 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 	t.noteRegistered()
 	switch {
 	case err == nil:
-		t.store.CommitRecord()
-		l.noteBudget(t)
-		if ps != nil {
-			l.produceAlone(t, ref, ps, rc.out)
-		} else {
-			for _, o := range rc.out {
-				l.produceFor(t, ref, o, false)
-			}
-		}
-		t.recordsOut.Add(float64(len(rc.out)))
+		l.commitHandled(t, ref, ps, rc.out)
 	case IsFatal(err):
 		t.store.RollbackRecord()
 		return fmt.Errorf("job %s: task %d: %s timer at %s: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)
