@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/check"
+)
+
+// The seed jobs as the binary runs them, configured by environment alone:
+// rising-temperature in event time with a late side output, and
+// temperature-alert on the tutorial's readings.
+func TestSeedJobsFromTheEnvironment(t *testing.T) {
+	tests := []struct {
+		job      string
+		env      map[string]string
+		readings []string
+		want     map[string][]string // topic → values, sorted
+	}{
+		{
+			job: "rising-temperature",
+			env: map[string]string{"SLUICE_TIME": "event", "SLUICE_SIDE_OUTPUT_TOPIC": "late"},
+			readings: []string{
+				"sensor_1,1547718200,20", "sensor_1,1547718201,21", "sensor_2,1547718202,20",
+				"sensor_1,1547718205,22", "sensor_2,1547718206,21", "sensor_2,1547718207,21",
+				"sensor_1,1547718209,23", "sensor_1,1547718211,24", "sensor_3,1547718100,5",
+			},
+			want: map[string][]string{
+				"out":  {`{"id":"sensor_1","rising_for":"10s"}`},
+				"late": {"sensor_3,1547718100,5"},
+			},
+		},
+		{
+			job: "temperature-alert",
+			env: map[string]string{},
+			readings: []string{
+				"sensor_1,1547718199,35.8", "sensor_6,1547718201,15.4", "sensor_7,1547718202,19.9",
+				"sensor_10,1547718205,52.6", "sensor_1,1547718206,32.4", "sensor_6,1547718207,9.9",
+				"sensor_1,1547718208,42.4", "sensor_10,1547718209,22.5", "sensor_6,1547718210,19.9",
+				"sensor_7,1547718202,30",
+			},
+			want: map[string][]string{"out": {
+				`{"id":"sensor_10","last":52.6,"current":22.5}`,
+				`{"id":"sensor_1","last":32.4,"current":42.4}`,
+				`{"id":"sensor_7","last":19.9,"current":30}`,
+			}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.job, func(t *testing.T) {
+			// One partition: event time is per task.
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "temperatures"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			brokers := c.ListenAddrs()[0]
+			env := map[string]string{
+				"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": tt.job, "SLUICE_JOB": tt.job, "SLUICE_INSTANCE_ID": "i1",
+				"SLUICE_INPUT_TOPICS": "temperatures", "SLUICE_OUTPUT_TOPIC": "out", "SLUICE_STATE_DIR": t.TempDir(),
+				"SLUICE_METRICS_ADDR": freeAddr(t), "SLUICE_SESSION_TIMEOUT": "6s",
+			}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			s := startServe(t, env)
+			s.awaitReady(t)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			for _, r := range tt.readings {
+				id, _, _ := strings.Cut(r, ",")
+				if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "temperatures", Key: []byte(id), Value: []byte(r)}).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for topic, want := range tt.want {
+				recs, err := check.ReadCommitted(context.Background(), []string{brokers}, topic, 20*time.Second, check.Settled(len(want)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for _, r := range recs {
+					got = append(got, string(r.Value))
+				}
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("%s: %q, want %q", topic, got, want)
+				}
+			}
+			s.stop(t)
+		})
+	}
+}
