@@ -26,8 +26,9 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-# Incompatible changes to the exported API since .ci/api-baseline that
-# .ci/api-breaks.txt does not list (docs/library.md).
+# Incompatible changes to the exported API since the baseline in .ci/api
+# (the API of .ci/api-baseline's commit) that .ci/api-breaks.txt does not
+# list (docs/library.md).
 apicheck:
 	.ci/apicheck
 
