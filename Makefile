@@ -1,7 +1,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: build test demo bench lint docker soak
+.PHONY: build test demo bench lint apicheck docker soak
 
 build:
 	$(GO) build -o bin/processor ./cmd/processor
@@ -25,6 +25,12 @@ bench:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+
+# Incompatible changes to the exported API since the baseline in .ci/api
+# (the API of .ci/api-baseline's commit) that .ci/api-breaks.txt does not
+# list (docs/library.md).
+apicheck:
+	.ci/apicheck
 
 docker:
 	docker build -t sluice/processor:dev .
