@@ -1,7 +1,8 @@
 package main
 
 // Configuration of the processor binary. Every variable is a field of Config
-// (or of GenerateConfig for `processor generate`), read with caarlos0/env from
+// (or of GenerateConfig for `processor generate`, SavepointConfig for
+// `processor savepoint`), read with caarlos0/env from
 // an explicit map so tests never touch the process environment. The struct
 // tags are the single source of the README's configuration reference:
 //
@@ -37,7 +38,7 @@ import (
 // hold a variable as given, 0 or "" meaning derived: use the method of the
 // same name without Raw for the value in effect.
 type Config struct {
-	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run and generate" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate and savepoint" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
 	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split or rising-temperature (the seed job wordcount is not built yet)."`
 	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topic. One topic for now: several co-partitioned topics need a co-partitioning assignor, which is not built yet, so more than one stops the instance at start."`
@@ -82,6 +83,15 @@ type GenerateConfig struct {
 	// MetricsAddr serves /healthz and /readyz for `processor healthz`, so a
 	// generator container has a health check too.
 	MetricsAddr string `env:"SLUICE_METRICS_ADDR" envDefault:":9090" expect:"a listen address such as :9090 or 127.0.0.1:9090" desc:"Listen address for /metrics, /healthz and /readyz."`
+	Security
+}
+
+// SavepointConfig is the environment of `processor savepoint`, which copies
+// an application's state from its changelog to a savepoint directory.
+type SavepointConfig struct {
+	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
+	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path or file://path (s3:// and other object stores are not supported yet)" desc:"savepoint: directory under which processor savepoint writes each new savepoint, in a subdirectory named after the app id and the UTC time; a path or file://path. Object storage (s3://) is not supported yet."`
 	Security
 }
 
@@ -181,6 +191,38 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 		return GenerateConfig{}, v.err
 	}
 	return g, nil
+}
+
+// loadSavepointConfig reads and validates SavepointConfig from environ;
+// Dir becomes a local path (file:// removed).
+func loadSavepointConfig(environ map[string]string) (SavepointConfig, error) {
+	var c SavepointConfig
+	if err := parseEnv(&c, environ); err != nil {
+		return SavepointConfig{}, err
+	}
+	c.Brokers = trimList(c.Brokers)
+	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
+	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
+	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
+	dir, scheme := savepointPath(c.Dir)
+	v.check("SLUICE_SAVEPOINT_DIR", scheme == "" || scheme == "file", fmt.Sprintf("a directory path or file://path (%s:// is not supported yet: savepoints to object storage are not built)", scheme))
+	v.check("SLUICE_SAVEPOINT_DIR", dir != "", "a directory path or file://path")
+	c.Security.validate(&v)
+	if v.err != nil {
+		return SavepointConfig{}, v.err
+	}
+	c.Dir = dir
+	return c, nil
+}
+
+// savepointPath splits a SLUICE_SAVEPOINT_DIR into its local path and its
+// URL scheme ("" for a plain path).
+func savepointPath(s string) (path, scheme string) {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok || strings.ContainsAny(scheme, "/\\") {
+		return s, ""
+	}
+	return rest, strings.ToLower(scheme)
 }
 
 // TransactionTimeout is SLUICE_TRANSACTION_TIMEOUT, or when unset
@@ -352,7 +394,7 @@ func (v *validation) check(name string, ok bool, expected string) {
 	v.err = newConfigError(v.cfg.Type(), name, value, expected)
 }
 
-// parseEnv fills dst (a *Config or *GenerateConfig) from environ and maps
+// parseEnv fills dst (a *Config, *GenerateConfig or *SavepointConfig) from environ and maps
 // caarlos0/env's errors to a *ConfigError for the first failing variable.
 func parseEnv(dst any, environ map[string]string) error {
 	if environ == nil {
@@ -422,11 +464,12 @@ type envVar struct {
 }
 
 // envReference lists every variable of Config, then those of GenerateConfig
-// not already listed, in field order: the README's configuration table.
+// and SavepointConfig not already listed, in field order: the README's
+// configuration table.
 func envReference() []envVar {
 	var rows []envVar
 	seen := map[string]bool{}
-	for _, t := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[GenerateConfig]()} {
+	for _, t := range []reflect.Type{reflect.TypeFor[Config](), reflect.TypeFor[GenerateConfig](), reflect.TypeFor[SavepointConfig]()} {
 		for _, f := range reflect.VisibleFields(t) {
 			name := envName(f)
 			if name == "" || seen[name] {

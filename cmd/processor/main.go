@@ -5,6 +5,7 @@
 //	processor [run]    run the job named by SLUICE_JOB (the default)
 //	processor demo     run a real job on an embedded broker, crash it, check it
 //	processor generate write integer input for the aggregate job
+//	processor savepoint copy the app's state from its changelog to SLUICE_SAVEPOINT_DIR
 //	processor broker   run an embedded single-node Kafka (kfake) for trying things out
 //	processor healthz  exit 0 if the local processor's /healthz (--ready: /readyz) answers 200
 package main
@@ -39,6 +40,9 @@ commands:
              kill one mid-run, restart it, and check the output exactly once
              (flags: -keep keeps it running; -inputs N; -partitions N; -rate N)
   generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
+  savepoint  copy the state of SLUICE_APP_ID from its changelog (each task at
+             its last committed epoch) to a new directory under
+             SLUICE_SAVEPOINT_DIR, and print that directory's path last
   broker     run an embedded single-node Kafka-protocol broker (kfake);
              flags: -addr host:port (default 127.0.0.1:9092),
              -topics name:partitions[,...] to create topics at start
@@ -89,6 +93,8 @@ func run(args []string) int {
 		return runDemo(args)
 	case "generate":
 		return runGenerate(environ())
+	case "savepoint":
+		return runSavepoint(environ())
 	case "broker":
 		return runBroker(args)
 	case "healthz":

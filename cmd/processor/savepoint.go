@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/savepoint"
+)
+
+// runSavepoint takes a savepoint of SLUICE_APP_ID from its changelog.
+func runSavepoint(envm map[string]string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return takeSavepoint(ctx, envm, os.Stdout, os.Stderr)
+}
+
+// takeSavepoint is `processor savepoint` with its streams: the savepoint's
+// path is the last line of stdout; progress (JSON log lines) and errors go
+// to stderr. It returns the exit status: 0, 1 on a failure, 2 on a bad
+// variable.
+func takeSavepoint(ctx context.Context, envm map[string]string, stdout, stderr io.Writer) int {
+	cfg, err := loadSavepointConfig(envm)
+	if err != nil {
+		fmt.Fprintln(stderr, "processor:", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	for _, w := range cfg.warnings() {
+		log.Warn(w)
+	}
+	dir, err := writeSavepoint(ctx, log, cfg)
+	if err != nil {
+		log.Error("savepoint failed", "err", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, dir)
+	return 0
+}
+
+// writeSavepoint copies every changelog partition of the app, up to its
+// last epoch marker, into a new savepoint directory and returns its path.
+//
+// Each task's cut is its last committed epoch: changelog.Restore reads
+// read_committed and applies nothing past the last marker, so the state
+// and the offsets in the savepoint agree task by task while instances keep
+// running. The tasks' cuts are independent epochs, not one moment of the
+// whole app (stopping with a savepoint, which gives that, is not built).
+//
+// Each partition is restored into a bbolt file in a temporary directory,
+// then scanned in key order into its data file: memory stays bounded by the
+// restore's batch whatever the state's size, where the memory backend
+// would hold a whole task. The temporary file is removed after each task.
+func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) (string, error) {
+	opts, err := cfg.kafkaOpts()
+	if err != nil {
+		return "", err
+	}
+	opts = append(opts, kgo.SeedBrokers(cfg.Brokers...))
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	topic := changelog.TopicName(cfg.AppID)
+	partitions, err := changelogPartitions(ctx, adm, topic)
+	if err != nil {
+		return "", err
+	}
+	root, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return "", fmt.Errorf("SLUICE_SAVEPOINT_DIR: %w", err)
+	}
+	created := time.Now().UTC()
+	dir := filepath.Join(root, cfg.AppID+"-"+created.Format("20060102T150405.000Z"))
+	w, err := savepoint.Create(dir, savepoint.Manifest{AppID: cfg.AppID, Created: created, ChangelogTopic: topic})
+	if err != nil {
+		return "", err
+	}
+	scratch, err := os.MkdirTemp("", "sluice-savepoint-")
+	if err == nil {
+		defer os.RemoveAll(scratch)
+		var inputs []string
+		for p := range partitions {
+			var t []string
+			if t, err = savepointTask(ctx, log, adm, opts, w, scratch, topic, p); err != nil {
+				break
+			}
+			for _, name := range t {
+				if !slices.Contains(inputs, name) {
+					inputs = append(inputs, name)
+				}
+			}
+		}
+		if err == nil {
+			slices.Sort(inputs)
+			w.SetInputs(inputsOf(inputs, partitions))
+			_, err = w.Commit()
+		}
+	}
+	if err != nil {
+		// Without its manifest the directory is no savepoint: leave
+		// nothing that looks like one.
+		os.RemoveAll(dir)
+		return "", err
+	}
+	log.Info("savepoint written", "dir", dir, "tasks", partitions)
+	return dir, nil
+}
+
+func inputsOf(topics []string, partitions int32) []savepoint.Input {
+	in := make([]savepoint.Input, 0, len(topics))
+	for _, t := range topics {
+		in = append(in, savepoint.Input{Topic: t, Partitions: partitions})
+	}
+	return in
+}
+
+// savepointTask restores changelog partition p into a scratch bbolt file
+// and writes it as the savepoint's task p. It returns the input topics its
+// last marker names.
+func savepointTask(ctx context.Context, log *slog.Logger, adm *kadm.Client, opts []kgo.Opt, w *savepoint.Writer, scratch, topic string, p int32) ([]string, error) {
+	task := fmt.Sprintf("task-%d", p)
+	be, err := kstate.OpenBolt(kstate.BoltPath(scratch, task))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		be.Close()
+		os.Remove(kstate.BoltPath(scratch, task))
+	}()
+	res, err := changelog.Restore(ctx, changelog.RestoreParams{
+		Admin:      adm,
+		ClientOpts: opts,
+		Topic:      topic,
+		Partition:  p,
+		// No Group: the savepoint's cut is the last marker, whatever
+		// the group committed since; checking the group against it
+		// would chase a running app's newer epochs.
+		Apply: be.Apply,
+		Logf:  func(msg string, args ...any) { log.Info(msg, args...) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("task %d: %w", p, err)
+	}
+	cut := savepoint.Cut{Partition: p}
+	if m := res.Last; m != nil {
+		cut.Epoch, cut.Offsets, cut.Watermark = m.Epoch, m.Offsets, m.Watermark
+	}
+	t, err := w.WriteTask(ctx, cut, be)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("task saved", "task", p, "epoch", t.Epoch, "records_read", res.Records, "keys_written", t.Keys, "bytes", t.Bytes)
+	topics := make([]string, 0, len(cut.Offsets))
+	for name := range cut.Offsets {
+		topics = append(topics, name)
+	}
+	return topics, nil
+}
+
+// errNoChangelog is returned (wrapped) when the app has no changelog topic:
+// it never ran, or SLUICE_APP_ID names another app.
+var errNoChangelog = errors.New("no changelog topic")
+
+func changelogPartitions(ctx context.Context, adm *kadm.Client, topic string) (int32, error) {
+	details, err := adm.ListTopics(ctx) // all topics: naming a missing one makes the client retry it for seconds
+	if err != nil {
+		return 0, fmt.Errorf("list topics: %w", err)
+	}
+	d, ok := details[topic]
+	if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+		return 0, fmt.Errorf("%w %s: has an instance of SLUICE_APP_ID run yet?", errNoChangelog, topic)
+	}
+	if d.Err != nil {
+		return 0, fmt.Errorf("describe %s: %w", topic, d.Err)
+	}
+	return int32(len(d.Partitions)), nil
+}

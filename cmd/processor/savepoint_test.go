@@ -1,0 +1,345 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	bin "encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/savepoint"
+)
+
+// inputLog is every record produced to "in", by partition, in offset
+// order, as the broker acknowledged it.
+type inputLog struct {
+	mu   sync.Mutex
+	recs map[int32][]*kgo.Record
+	n    int
+}
+
+func (l *inputLog) produce(t *testing.T, cl *kgo.Client, rng *rand.Rand, count int) {
+	var recs []*kgo.Record
+	for range count {
+		key := "k" + strconv.Itoa(rng.IntN(37))
+		recs = append(recs, &kgo.Record{Topic: "in", Key: []byte(key), Value: []byte(strconv.Itoa(rng.IntN(2001) - 1000))})
+	}
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Error(err)
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.recs == nil {
+		l.recs = map[int32][]*kgo.Record{}
+	}
+	for _, r := range recs {
+		l.recs[r.Partition] = append(l.recs[r.Partition], r)
+	}
+	l.n += count
+}
+
+// below is the aggregate of every key of partition p over the records
+// with an offset below end: the state a task holds once it has read them.
+func (l *inputLog) below(p int32, end int64) map[string]jobs.Aggregation {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	aggs := map[string]jobs.Aggregation{}
+	for _, r := range l.recs[p] {
+		if r.Offset >= end {
+			continue
+		}
+		v, _ := strconv.ParseInt(string(r.Value), 10, 64)
+		a, ok := aggs[string(r.Key)]
+		if !ok {
+			a = jobs.Aggregation{Min: v, Max: v}
+		}
+		a.Count++
+		a.Sum += v
+		a.Min, a.Max = min(a.Min, v), max(a.Max, v)
+		aggs[string(r.Key)] = a
+	}
+	return aggs
+}
+
+func savepointCluster(t *testing.T) (string, *kgo.Client) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in", "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()[0]
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return brokers, cl
+}
+
+func aggregateEnv(t *testing.T, brokers, app string) map[string]string {
+	return map[string]string{
+		"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": app, "SLUICE_JOB": "aggregate", "SLUICE_INSTANCE_ID": "i1",
+		"SLUICE_INPUT_TOPICS": "in", "SLUICE_OUTPUT_TOPIC": "out", "SLUICE_STATE_DIR": t.TempDir(),
+		"SLUICE_METRICS_ADDR": freeAddr(t), "SLUICE_SESSION_TIMEOUT": "6s",
+	}
+}
+
+// awaitOutputs waits until the output topic holds n committed records.
+func awaitOutputs(t *testing.T, brokers string, n int) {
+	t.Helper()
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, "out", 30*time.Second,
+		func(r []*kgo.Record) bool { return len(r) >= n })
+	if err != nil || len(recs) < n {
+		t.Fatalf("outputs: %d of %d (%v)", len(recs), n, err)
+	}
+}
+
+// save runs `processor savepoint` in-process and opens what it printed.
+func save(t *testing.T, brokers, app string) *savepoint.Savepoint {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	env := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": app, "SLUICE_SAVEPOINT_DIR": "file://" + t.TempDir()}
+	if code := takeSavepoint(context.Background(), env, &stdout, &stderr); code != 0 {
+		t.Fatalf("savepoint exited %d; stderr:\n%s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	dir := lines[len(lines)-1]
+	if !strings.HasPrefix(filepath.Base(dir), app+"-") {
+		t.Fatalf("savepoint at %q, want a directory named after %s", dir, app)
+	}
+	if n := strings.Count(stderr.String(), `"msg":"task saved"`); n != 4 {
+		t.Errorf("stderr reports %d tasks saved, want 4:\n%s", n, stderr.String())
+	}
+	sp, err := savepoint.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
+// checkTasks checks that every task's state in sp is the aggregate of its
+// partition's input below the offset of its cut, and returns the keys'
+// aggregates.
+func checkTasks(t *testing.T, sp *savepoint.Savepoint, in *inputLog) map[string]jobs.Aggregation {
+	t.Helper()
+	m := sp.Manifest
+	if m.Format != 1 || m.ChangelogTopic != changelog.TopicName(m.AppID) || fmt.Sprint(m.Inputs) != "[{in 4}]" || len(m.Tasks) != 4 {
+		t.Fatalf("manifest: %+v", m)
+	}
+	if fmt.Sprint(m.States) != "[{aggregate keyed unknown}]" {
+		t.Errorf("states: %+v", m.States)
+	}
+	all := map[string]jobs.Aggregation{}
+	for p, task := range m.Tasks {
+		if task.Partition != int32(p) {
+			t.Fatalf("task %d is partition %d", p, task.Partition)
+		}
+		got := map[string]jobs.Aggregation{}
+		err := sp.Scan(task, func(k, v []byte) error {
+			key, err := kstate.DecodeKey(k)
+			if err != nil {
+				return err
+			}
+			if key.Kind != kstate.KindKeyed || key.Name != "aggregate" || len(v) != 32 {
+				return fmt.Errorf("unexpected entry %+v = %x", key, v)
+			}
+			f := func(i int) int64 { return int64(bin.BigEndian.Uint64(v[8*i:])) }
+			got[string(key.UserKey)] = jobs.Aggregation{Count: f(0), Sum: f(1), Min: f(2), Max: f(3)}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("task %d: %v", p, err)
+		}
+		want := in.below(int32(p), task.Offsets["in"])
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("task %d at offset %d:\n got  %v\n want %v", p, task.Offsets["in"], got, want)
+		}
+		if task.Keys != int64(len(want)) {
+			t.Errorf("task %d: manifest says %d keys, want %d", p, task.Keys, len(want))
+		}
+		for k, a := range got {
+			all[k] = a
+		}
+	}
+	return all
+}
+
+// lastMarkers reads the changelog read_committed and returns each
+// partition's last epoch marker.
+func lastMarkers(t *testing.T, brokers, app string) map[int32]changelog.Marker {
+	t.Helper()
+	topic := changelog.TopicName(app)
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, topic, 2*time.Second, func([]*kgo.Record) bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[int32]changelog.Marker{}
+	for _, r := range recs {
+		if changelog.IsMarker(r.Key) {
+			m, err := changelog.DecodeMarker(r.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last[r.Partition] = m
+		}
+	}
+	return last
+}
+
+// A savepoint of a stopped app holds every key's aggregate of all input,
+// and each task's cut is the changelog's last marker.
+func TestSavepointOfAggregate(t *testing.T) {
+	brokers, cl := savepointCluster(t)
+	inst := startServe(t, aggregateEnv(t, brokers, "sp"))
+	inst.awaitReady(t)
+	var in inputLog
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 5 {
+		in.produce(t, cl, rng, 300)
+	}
+	awaitOutputs(t, brokers, in.n)
+	inst.stop(t) // the savepoint needs no instance
+
+	sp := save(t, brokers, "sp")
+	aggs := checkTasks(t, sp, &in)
+	// Every key, with the aggregate of all its input: each task's cut is
+	// past all of it.
+	want := map[string]jobs.Aggregation{}
+	for p := range int32(4) {
+		for k, a := range in.below(p, 1<<62) {
+			want[k] = a
+		}
+	}
+	if fmt.Sprint(aggs) != fmt.Sprint(want) {
+		t.Fatalf("aggregates:\n got  %v\n want %v", aggs, want)
+	}
+	markers := lastMarkers(t, brokers, "sp")
+	for _, task := range sp.Manifest.Tasks {
+		m := markers[task.Partition]
+		if task.Epoch != m.Epoch || fmt.Sprint(task.Offsets) != fmt.Sprint(m.Offsets) || task.Watermark != nil {
+			t.Errorf("task %d: epoch %d offsets %v watermark %v; last marker: epoch %d offsets %v",
+				task.Partition, task.Epoch, task.Offsets, task.Watermark, m.Epoch, m.Offsets)
+		}
+		if n := int64(len(in.recs[task.Partition])); task.Offsets["in"] != n {
+			t.Errorf("task %d cut at input offset %d, want %d (all its input)", task.Partition, task.Offsets["in"], n)
+		}
+	}
+}
+
+// A savepoint taken while the app keeps processing new input is consistent
+// task by task: each task's state is exactly its input below its cut.
+func TestSavepointWhileRunning(t *testing.T) {
+	brokers, cl := savepointCluster(t)
+	inst := startServe(t, aggregateEnv(t, brokers, "live"))
+	inst.awaitReady(t)
+	var in inputLog
+	rng := rand.New(rand.NewPCG(3, 4))
+	in.produce(t, cl, rng, 500)
+	awaitOutputs(t, brokers, in.n)
+
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewPCG(5, 6))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			in.produce(t, cl, rng, 50)
+		}
+	}()
+	sp := save(t, brokers, "live")
+	close(stop)
+	<-done
+	checkTasks(t, sp, &in)
+	total := int64(0)
+	for _, task := range sp.Manifest.Tasks {
+		total += task.Offsets["in"]
+	}
+	t.Logf("cuts cover %d of %d inputs", total, in.n)
+	if total < 500 {
+		t.Fatalf("the tasks' cuts cover %d inputs, fewer than the 500 committed before", total)
+	}
+	inst.stop(t)
+}
+
+func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
+	good := map[string]string{"SLUICE_BROKERS": "127.0.0.1:1", "SLUICE_APP_ID": "app", "SLUICE_SAVEPOINT_DIR": t.TempDir()}
+	tests := []struct {
+		name, variable, value string
+	}{
+		{"object storage", "SLUICE_SAVEPOINT_DIR", "s3://bucket/prefix"},
+		{"missing dir", "SLUICE_SAVEPOINT_DIR", ""},
+		{"empty file URL", "SLUICE_SAVEPOINT_DIR", "file://"},
+		{"missing brokers", "SLUICE_BROKERS", ""},
+		{"bad app id", "SLUICE_APP_ID", "no/slash"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{}
+			for k, v := range good {
+				env[k] = v
+			}
+			delete(env, tt.variable)
+			if tt.value != "" {
+				env[tt.variable] = tt.value
+			}
+			var stdout, stderr bytes.Buffer
+			if code := takeSavepoint(context.Background(), env, &stdout, &stderr); code != 2 {
+				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			if len(lines) != 1 || !strings.Contains(lines[0], tt.variable) || stdout.Len() != 0 {
+				t.Fatalf("stderr %q, stdout %q: want one line naming %s", stderr.String(), stdout.String(), tt.variable)
+			}
+			if tt.value == "s3://bucket/prefix" && !strings.Contains(lines[0], "not supported yet") {
+				t.Fatalf("stderr %q: want it to say s3:// is not supported yet", lines[0])
+			}
+		})
+	}
+	// The binary's wiring: `processor savepoint` exits 2 the same way.
+	cmd := exec.Command(binary, "savepoint")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_SAVEPOINT_DIR=s3://bucket/prefix"}
+	out, err := cmd.CombinedOutput()
+	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 || !strings.Contains(string(out), "SLUICE_SAVEPOINT_DIR") {
+		t.Fatalf("processor savepoint: %v, output %q", err, out)
+	}
+}
+
+// An app that never ran has no changelog: exit 1, saying so, and no
+// savepoint directory left behind.
+func TestSavepointWithoutChangelogFails(t *testing.T) {
+	brokers, _ := savepointCluster(t)
+	root := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	env := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": "never-ran", "SLUICE_SAVEPOINT_DIR": root}
+	if code := takeSavepoint(context.Background(), env, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "no changelog topic") {
+		t.Fatalf("exit %d, stderr %s", code, stderr.String())
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 || stdout.Len() != 0 {
+		t.Fatalf("left %v in the savepoint dir, printed %q", entries, stdout.String())
+	}
+}

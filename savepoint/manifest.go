@@ -1,0 +1,155 @@
+package savepoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// FormatVersion is the version of the manifest and data file layout this
+// package writes and reads.
+const FormatVersion = 1
+
+// ManifestName is the manifest's file name in a savepoint directory.
+const ManifestName = "manifest.json"
+
+// CodecUnknown is a state's codec when the savepoint was taken from Kafka
+// alone: the changelog holds codec bytes, not the codec's name.
+const CodecUnknown = "unknown"
+
+// Errors of Open, Verify and Scan.
+var (
+	// ErrIncomplete is returned (wrapped) by Open for a directory without a
+	// manifest: a savepoint still being written, or one whose writer died.
+	ErrIncomplete = errors.New("savepoint: incomplete (no manifest)")
+	// ErrFormat is returned (wrapped) for a manifest or data file this
+	// package cannot read: another format version, bad magic, a truncated
+	// or malformed entry, keys out of order, a key count that disagrees.
+	ErrFormat = errors.New("savepoint: bad format")
+	// ErrChecksum is returned (wrapped) when a data file's size or SHA-256
+	// differs from the manifest's: the file was changed or damaged.
+	ErrChecksum = errors.New("savepoint: data file checksum mismatch")
+)
+
+// Manifest describes a savepoint. It is the JSON document manifest.json.
+type Manifest struct {
+	Format int    `json:"format"`
+	AppID  string `json:"app_id"`
+	// Job is the job's name, "" when not known: a savepoint taken from
+	// Kafka alone does not know it (the changelog does not record it).
+	Job            string    `json:"job"`
+	Created        time.Time `json:"created"`
+	ChangelogTopic string    `json:"changelog_topic"`
+	// Inputs are the input topics named in the tasks' epoch markers.
+	Inputs []Input `json:"inputs"`
+	// States are the state names found in the entries, with their kinds.
+	States []State `json:"states"`
+	// Tasks are ordered by partition.
+	Tasks []Task `json:"tasks"`
+}
+
+// Input is an input topic and its partition count when the savepoint was
+// taken (that of the changelog, which always has the input's count).
+type Input struct {
+	Topic      string `json:"topic"`
+	Partitions int32  `json:"partitions"`
+}
+
+// State is one state found in the savepoint. Codec is CodecUnknown when
+// taken from Kafka: a restore can then check names and kinds, not codecs.
+type State struct {
+	Name  string `json:"name"`
+	Kind  string `json:"kind"` // kstate.Kind's String: keyed, keyed-ttl, timer, operator
+	Codec string `json:"codec"`
+}
+
+// Task is one task's part of the savepoint: its cut (the last committed
+// epoch) and its data file.
+type Task struct {
+	Partition int32            `json:"partition"`
+	Epoch     uint64           `json:"epoch"`
+	Offsets   map[string]int64 `json:"offsets"`
+	// Watermark is the event-time watermark in unix milliseconds, nil when
+	// the task has none.
+	Watermark *int64 `json:"watermark"`
+	Keys      int64  `json:"keys"`
+	File      string `json:"file"`
+	Bytes     int64  `json:"bytes"`
+	SHA256    string `json:"sha256"` // lower-case hex
+}
+
+// WatermarkTime is the task's watermark as a time, zero when it has none.
+func (t Task) WatermarkTime() time.Time {
+	if t.Watermark == nil {
+		return time.Time{}
+	}
+	return time.UnixMilli(*t.Watermark)
+}
+
+// writeManifest writes m as dir/manifest.json atomically: to a temporary
+// file, synced, renamed, and the directory synced, so that after a crash the
+// manifest either is whole or is not there.
+func writeManifest(dir string, m Manifest) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("savepoint: encode manifest: %w", err)
+	}
+	tmp := filepath.Join(dir, ManifestName+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, ManifestName))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("savepoint: write manifest: %w", err)
+	}
+	return nil
+}
+
+func readManifest(dir string) (Manifest, error) {
+	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if errors.Is(err, os.ErrNotExist) {
+		return Manifest{}, fmt.Errorf("%w: %s", ErrIncomplete, dir)
+	}
+	if err != nil {
+		return Manifest{}, fmt.Errorf("savepoint: %w", err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Manifest{}, fmt.Errorf("%w: manifest of %s: %v", ErrFormat, dir, err)
+	}
+	if m.Format != FormatVersion {
+		return Manifest{}, fmt.Errorf("%w: manifest of %s has format %d, this release reads %d", ErrFormat, dir, m.Format, FormatVersion)
+	}
+	for _, t := range m.Tasks {
+		if t.File != filepath.Base(t.File) || t.File == "." || t.File == ".." || t.File == ManifestName {
+			return Manifest{}, fmt.Errorf("%w: manifest of %s names data file %q outside the savepoint", ErrFormat, dir, t.File)
+		}
+	}
+	return m, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
