@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -184,23 +185,32 @@ func checkTasks(t *testing.T, sp *savepoint.Savepoint, in *inputLog) map[string]
 	return all
 }
 
-// lastMarkers reads the changelog read_committed and returns each
-// partition's last epoch marker.
-func lastMarkers(t *testing.T, brokers, app string) map[int32]changelog.Marker {
+// lastMarkers returns each changelog partition's last epoch marker, read as
+// a restore reads it (read_committed, up to the last marker, waiting out open
+// transactions): no idle timeout to guess.
+func lastMarkers(t *testing.T, brokers, app string, partitions int32) map[int32]changelog.Marker {
 	t.Helper()
-	topic := changelog.TopicName(app)
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, topic, 2*time.Second, func([]*kgo.Record) bool { return false })
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	last := map[int32]changelog.Marker{}
-	for _, r := range recs {
-		if changelog.IsMarker(r.Key) {
-			m, err := changelog.DecodeMarker(r.Value)
-			if err != nil {
-				t.Fatal(err)
-			}
-			last[r.Partition] = m
+	for p := range partitions {
+		res, err := changelog.Restore(ctx, changelog.RestoreParams{
+			Admin:      kadm.NewClient(cl),
+			ClientOpts: []kgo.Opt{kgo.SeedBrokers(brokers)},
+			Topic:      changelog.TopicName(app),
+			Partition:  p,
+			Apply:      func([]kstate.Mutation, kstate.Meta) error { return nil },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Last != nil {
+			last[p] = *res.Last
 		}
 	}
 	return last
@@ -233,7 +243,7 @@ func TestSavepointOfAggregate(t *testing.T) {
 	if fmt.Sprint(aggs) != fmt.Sprint(want) {
 		t.Fatalf("aggregates:\n got  %v\n want %v", aggs, want)
 	}
-	markers := lastMarkers(t, brokers, "sp")
+	markers := lastMarkers(t, brokers, "sp", 4)
 	for _, task := range sp.Manifest.Tasks {
 		m := markers[task.Partition]
 		if task.Epoch != m.Epoch || fmt.Sprint(task.Offsets) != fmt.Sprint(m.Offsets) || task.Watermark != nil {
