@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -551,8 +552,15 @@ func readEnvFile(t *testing.T, path string) map[string]string {
 // not in docker-compose.yml, the Dockerfile or configs/.
 func TestConfigNamesInDeployFiles(t *testing.T) {
 	files := []string{"../../docker-compose.yml", "../../Dockerfile"}
-	more, _ := filepath.Glob("../../configs/*")
-	files = append(files, more...)
+	err := filepath.WalkDir("../../configs", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			files = append(files, path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	name := regexp.MustCompile(`\bSLUICE_[A-Z0-9_]*[A-Z0-9]\b`)
 	known := knownVars()
 	for _, f := range files {
