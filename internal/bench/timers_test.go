@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -91,17 +92,9 @@ func committedSum(adm *kadm.Client, group string) int64 {
 	return sum
 }
 
-// gaugeSum sums a metric's series in reg.
+// gaugeSum sums a gauge's series in reg.
 func gaugeSum(reg *prometheus.Registry, name string) float64 {
-	mfs, _ := reg.Gather()
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
+	sum, _ := check.MetricSum(reg, name)
 	return sum
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -230,4 +231,20 @@ func OpenTransactions(ctx context.Context, brokers []string, topics ...string) (
 		}
 	})
 	return open, ferr
+}
+
+// MetricSum sums the values of every series of the counter or gauge name in
+// reg (0 when it has none).
+func MetricSum(reg prometheus.Gatherer, name string) (float64, error) {
+	mfs, err := reg.Gather()
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum, err
 }

@@ -98,16 +98,7 @@ func crashCondition(reg *prometheus.Registry, spec string) func() bool {
 	name, v, _ := strings.Cut(spec, ">=")
 	want, _ := strconv.ParseFloat(v, 64)
 	return func() bool {
-		mfs, _ := reg.Gather()
-		sum := 0.0
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-		}
+		sum, _ := check.MetricSum(reg, name)
 		return sum >= want
 	}
 }

@@ -60,17 +60,9 @@ func TestEchoCopiesPartitionsInOrder(t *testing.T) {
 // restoreDone sums sluice_restore_records_done over tasks.
 func restoreDone(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	sum, err := check.MetricSum(reg, "sluice_restore_records_done")
 	if err != nil {
 		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == "sluice_restore_records_done" {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue()
-			}
-		}
 	}
 	return sum
 }

@@ -37,20 +37,7 @@ func TestMidBatchAbort(t *testing.T) {
 		if !armed.CompareAndSwap(true, false) {
 			return nil, nil, false
 		}
-		req := kr.(*kmsg.TxnOffsetCommitRequest)
-		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.RebalanceInProgress.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return txnOffsetCommitError(kr, kerr.RebalanceInProgress), nil, true
 	})
 	o := options(brokers, "midfetch", "i1", t.TempDir(), "echo", sluice.ExactlyOnce)
 	o.Job = sluice.Job{
