@@ -35,9 +35,10 @@ type Store struct {
 	// on the hot path. Scans build their own prefixes because callbacks may
 	// do point operations while the scan still needs its prefix.
 	keyBuf []byte
-	// timerFloor is the earliest timer registered per domain since the
-	// last TakeTimerFloor.
-	timerFloor map[TimeDomain]int64
+	// timerFloor is the earliest timer registered per domain (indexed by
+	// TimeDomain) since the last TakeTimerFloor: an array, as the engine
+	// takes it after every record.
+	timerFloor [3]timerFloor
 }
 
 // NewStore returns a Store over b with empty write-sets.

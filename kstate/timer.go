@@ -69,12 +69,16 @@ func RegisterTimer(s Scope, d TimeDomain, at time.Time) {
 	ms := timerMillis(at)
 	st.keyBuf = appendTimerKey(st.keyBuf[:0], mustDomain(d), ms, s.Key())
 	st.putOwned(st.keyBuf, []byte{})
-	if st.timerFloor == nil {
-		st.timerFloor = map[TimeDomain]int64{}
+	if f := &st.timerFloor[d]; !f.set || ms < f.ms {
+		*f = timerFloor{ms: ms, set: true}
 	}
-	if f, ok := st.timerFloor[d]; !ok || ms < f {
-		st.timerFloor[d] = ms
-	}
+}
+
+// timerFloor is the earliest time registered in a domain since the last
+// TakeTimerFloor.
+type timerFloor struct {
+	ms  int64
+	set bool
 }
 
 // TakeTimerFloor returns the earliest time (unix ms) registered for domain
@@ -83,11 +87,9 @@ func RegisterTimer(s Scope, d TimeDomain, at time.Time) {
 // The floor counts registrations of records later rolled back too, which
 // only makes a runtime look early.
 func (s *Store) TakeTimerFloor(d TimeDomain) (int64, bool) {
-	f, ok := s.timerFloor[d]
-	if ok {
-		delete(s.timerFloor, d)
-	}
-	return f, ok
+	f := s.timerFloor[mustDomain(d)]
+	s.timerFloor[d] = timerFloor{}
+	return f.ms, f.set
 }
 
 // DeleteTimer deletes the current record key's timer, if registered.
