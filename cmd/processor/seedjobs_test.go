@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/tutorial"
 )
 
 // The seed jobs as the binary runs them, configured by environment alone:
@@ -37,19 +38,10 @@ func TestSeedJobsFromTheEnvironment(t *testing.T) {
 			},
 		},
 		{
-			job: "temperature-alert",
-			env: map[string]string{},
-			readings: []string{
-				"sensor_1,1547718199,35.8", "sensor_6,1547718201,15.4", "sensor_7,1547718202,19.9",
-				"sensor_10,1547718205,52.6", "sensor_1,1547718206,32.4", "sensor_6,1547718207,9.9",
-				"sensor_1,1547718208,42.4", "sensor_10,1547718209,22.5", "sensor_6,1547718210,19.9",
-				"sensor_7,1547718202,30",
-			},
-			want: map[string][]string{"out": {
-				`{"id":"sensor_10","last":52.6,"current":22.5}`,
-				`{"id":"sensor_1","last":32.4,"current":42.4}`,
-				`{"id":"sensor_7","last":19.9,"current":30}`,
-			}},
+			job:      "temperature-alert",
+			env:      map[string]string{},
+			readings: tutorial.Readings,
+			want:     map[string][]string{"out": tutorial.AlertValues()},
 		},
 	}
 	for _, tt := range tests {

@@ -11,25 +11,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/tutorial"
 	"github.com/sluicehq/sluice/jobs"
 )
-
-// tutorialReadings are ten readings in the Flink tutorial's format, keyed
-// by sensor id: at a threshold of 10 they hold exactly three alerts
-// (sensor_1 32.4 → 42.4, sensor_10 52.6 → 22.5, sensor_7 19.9 → 30) and a
-// change of 9.9 → 19.9 that is not one.
-var tutorialReadings = []string{
-	"sensor_1,1547718199,35.8",
-	"sensor_6,1547718201,15.4",
-	"sensor_7,1547718202,19.9",
-	"sensor_10,1547718205,52.6",
-	"sensor_1,1547718206,32.4",
-	"sensor_6,1547718207,9.9",
-	"sensor_1,1547718208,42.4",
-	"sensor_10,1547718209,22.5",
-	"sensor_6,1547718210,19.9",
-	"sensor_7,1547718202,30",
-}
 
 func sendReadings(t *testing.T, brokers string, readings []string) {
 	t.Helper()
@@ -66,13 +50,9 @@ func TestTemperatureAlertTutorial(t *testing.T) {
 	o := options(brokers, "alert", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
 	o.Job = jobs.TemperatureAlert(10.0)
 	startInProcess(t, o)
-	sendReadings(t, brokers, tutorialReadings)
+	sendReadings(t, brokers, tutorial.Readings)
 	got := values(t, brokers, output, 3)
-	want := []string{
-		`{"id":"sensor_10","last":52.6,"current":22.5}`,
-		`{"id":"sensor_1","last":32.4,"current":42.4}`,
-		`{"id":"sensor_7","last":19.9,"current":30}`,
-	}
+	want := tutorial.AlertValues()
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("alerts:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -85,11 +65,11 @@ func TestTemperatureSplitTutorial(t *testing.T) {
 	o.Job = jobs.TemperatureSplit()
 	o.SideOutputTopics = map[sluice.OutputTag]string{jobs.LowTemperatures: "low"}
 	startInProcess(t, o)
-	sendReadings(t, brokers, append(slices.Clone(tutorialReadings), "sensor_9,1547718211,not-a-number"))
+	sendReadings(t, brokers, append(slices.Clone(tutorial.Readings), "sensor_9,1547718211,not-a-number"))
 	high := values(t, brokers, output, 5)
 	low := values(t, brokers, "low", 5)
 	var wantHigh, wantLow []string
-	for _, r := range tutorialReadings {
+	for _, r := range tutorial.Readings {
 		if reading, _ := jobs.ParseReading([]byte(r)); reading.Temperature >= 30 {
 			wantHigh = append(wantHigh, r)
 		} else {
