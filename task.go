@@ -95,8 +95,9 @@ func newTask(in *Instance, p int32, be kstate.Backend, meta kstate.Meta) (*task,
 
 // publishTime sets the task's timer and watermark gauges.
 func (t *task) publishTime(in *Instance) {
+	st := t.store.Backend().Stats()
 	for _, d := range timerDomains {
-		in.m.timers.WithLabelValues(t.label, domainLabel(d)).Set(float64(t.timers.count[d]))
+		in.m.timers.WithLabelValues(t.label, domainLabel(d)).Set(float64(st.Timers(d)))
 	}
 	if t.clock != nil && t.clock.wm != noTime {
 		in.m.watermarkLag.WithLabelValues(t.label).Set(in.clock.Now().Sub(t.clock.watermark()).Seconds())
@@ -226,9 +227,6 @@ func (t *task) apply(in *Instance) error {
 		return nil
 	}
 	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now(), Watermark: t.watermark()}
-	if err := t.countApplied(t.dirty); err != nil {
-		return fmt.Errorf("task %d: count timers of epoch %d: %w", t.p, meta.Epoch, err)
-	}
 	if err := t.store.Apply(t.dirty, meta); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}

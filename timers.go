@@ -1,10 +1,8 @@
 package sluice
 
 import (
-	"bytes"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"time"
 
@@ -39,10 +37,10 @@ var timerDomains = [...]kstate.TimeDomain{kstate.EventTime, kstate.ProcessingTim
 // never is the next-timer time of a domain with no timer.
 const never = math.MaxInt64
 
-// taskTimers is what a task knows about its timers without scanning.
+// taskTimers is what a task knows about its timers without scanning (the
+// committed count per domain is the backend's Stats).
 type taskTimers struct {
-	next  [3]int64 // per domain: earliest registered time, unix ms (a lower bound), or never
-	count [3]int64 // per domain: timers in the committed store, for sluice_timers
+	next [3]int64 // per domain: earliest registered time, unix ms (a lower bound), or never
 }
 
 func domainLabel(d kstate.TimeDomain) string {
@@ -52,24 +50,11 @@ func domainLabel(d kstate.TimeDomain) string {
 	return "processing"
 }
 
-// loadTimers counts a task's committed timers and finds the earliest per
-// domain: one scan of the timer keys when the task starts.
+// loadTimers finds the earliest timer per domain when the task starts.
 func (t *task) loadTimers() error {
 	for _, d := range timerDomains {
-		t.timers.next[d], t.timers.count[d] = never, 0
-		err := t.store.Backend().Scan(kstate.TimerPrefix(d), func(k, _ []byte) error {
-			if t.timers.count[d] == 0 {
-				tm, err := kstate.DecodeTimer(k)
-				if err != nil {
-					return err
-				}
-				t.timers.next[d] = tm.At.UnixMilli()
-			}
-			t.timers.count[d]++
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("task %d: load %s timers: %w", t.p, d, err)
+		if err := t.refreshNext(d); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -85,28 +70,6 @@ func (t *task) refreshNext(d kstate.TimeDomain) error {
 	t.timers.next[d] = never
 	if ok {
 		t.timers.next[d] = tm.At.UnixMilli()
-	}
-	return nil
-}
-
-// countApplied adjusts the timer counts by the timer keys of the epoch's
-// changes, read against the backend before they are applied to it.
-func (t *task) countApplied(dirty []kstate.Mutation) error {
-	for _, d := range timerDomains {
-		prefix := kstate.TimerPrefix(d)
-		i, _ := slices.BinarySearchFunc(dirty, prefix, func(m kstate.Mutation, p []byte) int { return bytes.Compare(m.Key, p) })
-		for ; i < len(dirty) && bytes.HasPrefix(dirty[i].Key, prefix); i++ {
-			_, had, err := t.store.Backend().Get(dirty[i].Key)
-			if err != nil {
-				return err
-			}
-			switch has := dirty[i].Value != nil; {
-			case has && !had:
-				t.timers.count[d]++
-			case !has && had:
-				t.timers.count[d]--
-			}
-		}
 	}
 	return nil
 }

@@ -59,6 +59,29 @@ func (m Meta) Clone() Meta {
 type Stats struct {
 	Keys  int64 // exact number of entries
 	Bytes int64 // sum of key and value lengths (logical size, not file size)
+	// EventTimers and ProcessingTimers count the timer entries of each
+	// domain (see Timer), exactly: Apply sees whether each key existed
+	// anyway, so a runtime gets its timer gauges without reading.
+	EventTimers, ProcessingTimers int64
+}
+
+// Timers returns the timer count of domain d.
+func (s Stats) Timers(d TimeDomain) int64 {
+	if d == EventTime {
+		return s.EventTimers
+	}
+	return s.ProcessingTimers
+}
+
+// count adds n entries of key (n is 1 or -1) to the timer counts if key
+// is a timer's.
+func (s *Stats) count(key []byte, n int64) {
+	switch timerDomainOf(key) {
+	case EventTime:
+		s.EventTimers += n
+	case ProcessingTime:
+		s.ProcessingTimers += n
+	}
 }
 
 // Backend is one task's durable key-value store: the state a Store overlays.

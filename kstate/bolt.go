@@ -113,8 +113,16 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 			return err
 		}
 		if raw := mb.Get(statsKey); raw != nil {
-			b.stats, err = decodeStats(raw)
-			return err
+			var timers bool
+			if b.stats, timers, err = decodeStats(raw); err != nil || timers {
+				return err
+			}
+			// Written before timers were counted: count them once.
+			c := st.Cursor()
+			for k, _ := c.Seek(timerKindPrefix); k != nil && bytes.HasPrefix(k, timerKindPrefix); k, _ = c.Next() {
+				b.stats.count(k, 1)
+			}
+			return mb.Put(statsKey, encodeStats(b.stats))
 		}
 		// No stats yet: a fresh file, or one written before stats were kept.
 		// Count once and persist so every later open is O(1).
@@ -122,6 +130,7 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			b.stats.Keys++
 			b.stats.Bytes += int64(len(k) + len(v))
+			b.stats.count(k, 1)
 		}
 		return mb.Put(statsKey, encodeStats(b.stats))
 	})
@@ -252,6 +261,7 @@ func (b *boltBackend) Apply(muts []Mutation, meta Meta) error {
 				}
 				stats.Keys--
 				stats.Bytes -= int64(len(m.Key) + len(old))
+				stats.count(m.Key, -1)
 			case m.Value == nil:
 			default:
 				if exists {
@@ -259,6 +269,7 @@ func (b *boltBackend) Apply(muts []Mutation, meta Meta) error {
 				} else {
 					stats.Keys++
 					stats.Bytes += int64(len(m.Key) + len(m.Value))
+					stats.count(m.Key, 1)
 				}
 				if err := st.Put(m.Key, m.Value); err != nil {
 					return err

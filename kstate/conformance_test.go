@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/kstate/kstatetest"
@@ -136,6 +137,7 @@ var backendCases = []conformanceCase{
 	{"Backend/ApplyRejectsBadKeysAtomically", testBackendApplyBadKeys},
 	{"Backend/MetaRoundTrip", testBackendMeta},
 	{"Backend/StatsExact", testBackendStats},
+	{"Backend/StatsTimers", testBackendTimerStats},
 	{"Backend/ReopenPreservesDataAndMeta", testBackendReopen},
 	{"Backend/ConcurrentReadersDuringApply", testBackendConcurrentReaders},
 	{"Backend/Closed", testBackendClosed},
@@ -413,6 +415,43 @@ func testBackendStats(t *testing.T, kind string) {
 		if got := b.Stats(); got.Keys != s.keys || got.Bytes != s.byt {
 			t.Fatalf("%s: Stats = %+v, want {Keys:%d Bytes:%d}", s.name, got, s.keys, s.byt)
 		}
+	}
+}
+
+// Stats counts timer entries per domain through inserts, overwrites and
+// deletes, and across a reopen.
+func testBackendTimerStats(t *testing.T, kind string) {
+	dir := t.TempDir()
+	b := kstatetest.MustOpenDir(t, kind, dir)
+	timer := func(d kstate.TimeDomain, s int64, key string) []byte {
+		return kstate.TimerKey(kstate.Timer{Domain: d, At: time.Unix(s, 0), Key: []byte(key)})
+	}
+	e1, e2, p1 := timer(kstate.EventTime, 1, "a"), timer(kstate.EventTime, 2, "a"), timer(kstate.ProcessingTime, 1, "a")
+	steps := []struct {
+		name            string
+		muts            []kstate.Mutation
+		event, processing int64
+	}{
+		{"register", []kstate.Mutation{{Key: e1, Value: []byte{}}, {Key: e2, Value: []byte{}}, {Key: p1, Value: []byte{}}, put("x", "1")}, 2, 1},
+		{"register again", []kstate.Mutation{{Key: e1, Value: []byte{}}}, 2, 1},
+		{"fire", []kstate.Mutation{{Key: e1}, {Key: p1}, del("x")}, 1, 0},
+		{"delete missing", []kstate.Mutation{{Key: p1}}, 1, 0},
+	}
+	for _, s := range steps {
+		mustApply(t, b, kstate.Meta{}, s.muts...)
+		if got := b.Stats(); got.EventTimers != s.event || got.ProcessingTimers != s.processing || got.Timers(kstate.EventTime) != s.event {
+			t.Fatalf("%s: Stats = %+v, want %d event and %d processing timers", s.name, got, s.event, s.processing)
+		}
+	}
+	if kind == kstate.MemoryBackend {
+		return
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = kstatetest.MustOpenDir(t, kind, dir)
+	if got := b.Stats(); got.EventTimers != 1 || got.ProcessingTimers != 0 {
+		t.Fatalf("after reopen: Stats = %+v", got)
 	}
 }
 

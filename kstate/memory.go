@@ -21,6 +21,7 @@ type memory struct {
 	sorted []*memEntry // ascending by key
 	meta   Meta
 	bytes  int64
+	timers Stats // the timer counts only
 }
 
 type memEntry struct {
@@ -94,6 +95,7 @@ func (m *memory) Apply(muts []Mutation, meta Meta) error {
 			e.removed = true
 			delete(m.index, string(mut.Key))
 			m.bytes -= int64(len(e.key) + len(e.val))
+			m.timers.count(e.key, -1)
 			removed++
 		case mut.Value == nil:
 		case exists:
@@ -105,6 +107,7 @@ func (m *memory) Apply(muts []Mutation, meta Meta) error {
 			e = &memEntry{key: bytes.Clone(mut.Key), val: append([]byte{}, mut.Value...)}
 			m.index[string(e.key)] = e
 			m.bytes += int64(len(e.key) + len(e.val))
+			m.timers.count(e.key, 1)
 			added = append(added, e)
 		}
 	}
@@ -148,7 +151,7 @@ func (m *memory) Meta() (Meta, error) {
 func (m *memory) Stats() Stats {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return Stats{Keys: int64(len(m.index)), Bytes: m.bytes}
+	return Stats{Keys: int64(len(m.index)), Bytes: m.bytes, EventTimers: m.timers.EventTimers, ProcessingTimers: m.timers.ProcessingTimers}
 }
 
 func (m *memory) Close() error {

@@ -125,15 +125,25 @@ func decodeMeta(b []byte) (Meta, error) {
 	return m, nil
 }
 
+// encodeStats returns [uvarint keys][uvarint bytes][uvarint event
+// timers][uvarint processing timers].
 func encodeStats(s Stats) []byte {
 	b := binary.AppendUvarint(nil, uint64(s.Keys))
-	return binary.AppendUvarint(b, uint64(s.Bytes))
+	b = binary.AppendUvarint(b, uint64(s.Bytes))
+	b = binary.AppendUvarint(b, uint64(s.EventTimers))
+	return binary.AppendUvarint(b, uint64(s.ProcessingTimers))
 }
 
-func decodeStats(b []byte) (Stats, error) {
+// decodeStats decodes encodeStats, or the older form without the timer
+// counts: timers reports whether they were there.
+func decodeStats(b []byte) (s Stats, timers bool, err error) {
 	r := byteReader{b: b, what: "stats"}
-	s := Stats{Keys: int64(r.uvarint()), Bytes: int64(r.uvarint())}
-	return s, r.err
+	s = Stats{Keys: int64(r.uvarint()), Bytes: int64(r.uvarint())}
+	if r.err == nil && len(r.b) > 0 {
+		s.EventTimers, s.ProcessingTimers = int64(r.uvarint()), int64(r.uvarint())
+		timers = true
+	}
+	return s, timers, r.err
 }
 
 // byteReader decodes varint fields and remembers the first error, so decoders

@@ -1,6 +1,7 @@
 package kstate
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"time"
@@ -58,6 +59,18 @@ func appendTimerKey(dst []byte, d TimeDomain, ms int64, key []byte) []byte {
 
 // timerPrefixLen is the length of EncodeKey(KindTimer, "", nil, nil).
 const timerPrefixLen = 4
+
+// timerKindPrefix is EncodeKey(KindTimer, "", nil, nil).
+var timerKindPrefix = AppendKey(nil, KindTimer, "", nil, nil)
+
+// timerDomainOf returns the domain of a timer's physical key, 0 for any
+// other key.
+func timerDomainOf(key []byte) TimeDomain {
+	if len(key) <= timerPrefixLen || !bytes.HasPrefix(key, timerKindPrefix) {
+		return 0
+	}
+	return TimeDomain(key[timerPrefixLen])
+}
 
 func timerMillis(t time.Time) int64 { return max(t.UnixMilli(), 0) }
 
