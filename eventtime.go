@@ -58,7 +58,9 @@ func (c *eventClock) observe(topic string, ts time.Time, now time.Time) bool {
 	if m, ok := c.max[topic]; !ok || ms > m {
 		c.max[topic] = ms
 	}
-	c.seen[topic] = now
+	if c.idleMatters() {
+		c.seen[topic] = now // only idleness reads it: no map write per record otherwise
+	}
 	return c.advance(now)
 }
 
@@ -67,7 +69,7 @@ func (c *eventClock) observe(topic string, ts time.Time, now time.Time) bool {
 func (c *eventClock) advance(now time.Time) bool {
 	low, active := int64(math.MaxInt64), false
 	for _, t := range c.topics {
-		if c.idle > 0 && now.Sub(c.seen[t]) >= c.idle {
+		if c.idleMatters() && now.Sub(c.seen[t]) >= c.idle {
 			continue
 		}
 		m, ok := c.max[t]

@@ -36,7 +36,7 @@ func TestEventClock(t *testing.T) {
 			{"b", 2, 12, 8}, {"a", 20, 13, 8}, {"b", 15, 14, 15},
 		}},
 		{"idle does nothing for one topic", []string{"a"}, 0, time.Second, []step{
-			{"a", 5, 0, 5}, {"", 0, 100, 5},
+			{"a", 5, 0, 5}, {"", 0, 100, 5}, {"a", 8, 200, 8},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
