@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -59,10 +60,8 @@ func awaitCommitted(b *testing.B, brokers, group string, n int) (firstAt time.Ti
 	adm := kadm.NewClient(cl)
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
-		offs, err := adm.FetchOffsets(context.Background(), group)
+		sum, err := check.CommittedSum(context.Background(), adm, group)
 		if err == nil {
-			var sum int64
-			offs.Each(func(o kadm.OffsetResponse) { sum += max(o.At, 0) })
 			if sum > 0 && firstAt.IsZero() {
 				firstAt, firstSum = time.Now(), sum
 			}

@@ -248,3 +248,15 @@ func MetricSum(reg prometheus.Gatherer, name string) (float64, error) {
 	}
 	return sum, err
 }
+
+// CommittedSum is the sum of group's committed offsets over every
+// partition: how many input records its members have committed past.
+func CommittedSum(ctx context.Context, adm *kadm.Client, group string) (int64, error) {
+	offs, err := adm.FetchOffsets(ctx, group)
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	offs.Each(func(o kadm.OffsetResponse) { sum += max(o.At, 0) })
+	return sum, nil
+}

@@ -128,13 +128,8 @@ func awaitGroupOffset(t *testing.T, brokers, group string, n int64) {
 	adm := kadm.NewClient(cl)
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		offs, err := adm.FetchOffsets(context.Background(), group)
-		if err == nil {
-			var sum int64
-			offs.Each(func(o kadm.OffsetResponse) { sum += max(o.At, 0) })
-			if sum >= n {
-				return
-			}
+		if sum, err := check.CommittedSum(context.Background(), adm, group); err == nil && sum >= n {
+			return
 		}
 		<-time.After(20 * time.Millisecond)
 	}
