@@ -428,8 +428,8 @@ func testBackendTimerStats(t *testing.T, kind string) {
 	}
 	e1, e2, p1 := timer(kstate.EventTime, 1, "a"), timer(kstate.EventTime, 2, "a"), timer(kstate.ProcessingTime, 1, "a")
 	steps := []struct {
-		name            string
-		muts            []kstate.Mutation
+		name              string
+		muts              []kstate.Mutation
 		event, processing int64
 	}{
 		{"register", []kstate.Mutation{{Key: e1, Value: []byte{}}, {Key: e2, Value: []byte{}}, {Key: p1, Value: []byte{}}, put("x", "1")}, 2, 1},
