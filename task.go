@@ -208,7 +208,7 @@ func (t *task) pending() bool { return t.dirty != nil || t.advanced }
 
 // produceMarker produces the epoch's marker with the next input offsets.
 func (t *task) produceMarker(in *Instance, produce func(*kgo.Record)) {
-	value := changelog.EncodeMarker(changelog.Marker{Epoch: t.epoch + 1, Offsets: t.next, Watermark: t.watermark()})
+	value := changelog.EncodeMarker(changelog.Marker{Epoch: t.epoch + 1, Offsets: t.next, Watermark: t.watermark(), Job: in.cfg.Job.Name})
 	t.marker = &kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: changelog.MarkerKey, Value: value, Headers: t.epochHeader()}
 	produce(t.marker)
 	in.m.changelogRecords.Inc()

@@ -14,10 +14,12 @@ import (
 // on every changelog record, for debugging and tooling.
 const EpochHeader = "sluice.epoch"
 
-// Marker value formats: 2 adds the watermark; 1 is still read.
+// Marker value formats: 3 adds the job's name and the sink transaction; 2
+// the watermark; 1 and 2 are still read.
 const (
 	markerFormatV1 byte = 1
-	markerFormat   byte = 2
+	markerFormatV2 byte = 2
+	markerFormat   byte = 3
 )
 
 // MarkerKey is the key of every epoch marker.
@@ -37,6 +39,14 @@ type Marker struct {
 	// when it has none): a restore from the changelog alone resumes event
 	// time where the committed outputs left it.
 	Watermark time.Time
+	// Job is the name of the job that wrote the epoch ("" in markers of
+	// format 2 and older), so that a savepoint taken from Kafka alone
+	// knows whose state it holds.
+	Job string
+	// SinkTxn identifies the epoch's transaction in an outside sink
+	// (txsink), "" when the epoch wrote nothing there: committing the
+	// marker is what decides that transaction's fate.
+	SinkTxn string
 }
 
 // IsMarker reports whether a changelog key is an epoch marker's.
@@ -46,7 +56,8 @@ func IsMarker(key []byte) bool {
 
 // EncodeMarker encodes m: [format][uvarint epoch][uvarint n] then n times
 // [uvarint len][topic][varint offset], topics sorted so equal markers encode
-// equally, then [flags: bit 0 watermark][varint watermark, unix ms, if set].
+// equally, then [flags: bit 0 watermark][varint watermark, unix ms, if set],
+// then [uvarint len][job][uvarint len][sink transaction].
 func EncodeMarker(m Marker) []byte {
 	topics := make([]string, 0, len(m.Offsets))
 	for t := range m.Offsets {
@@ -63,15 +74,32 @@ func EncodeMarker(m Marker) []byte {
 		b = binary.AppendVarint(b, m.Offsets[t])
 	}
 	if m.Watermark.IsZero() {
-		return append(b, 0)
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		b = binary.AppendVarint(b, m.Watermark.UnixMilli())
 	}
-	b = append(b, 1)
-	return binary.AppendVarint(b, m.Watermark.UnixMilli())
+	b = appendString(b, m.Job)
+	return appendString(b, m.SinkTxn)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// readString decodes appendString's form from b, returning the rest.
+func readString(b []byte, what string) (string, []byte, error) {
+	l, n := binary.Uvarint(b)
+	if n <= 0 || l > uint64(len(b)-n) {
+		return "", nil, fmt.Errorf("%w: %s", ErrBadMarker, what)
+	}
+	return string(b[n : n+int(l)]), b[n+int(l):], nil
 }
 
 // DecodeMarker decodes a marker value, strictly.
 func DecodeMarker(b []byte) (Marker, error) {
-	if len(b) == 0 || (b[0] != markerFormat && b[0] != markerFormatV1) {
+	if len(b) == 0 || b[0] < markerFormatV1 || b[0] > markerFormat {
 		return Marker{}, fmt.Errorf("%w: unknown format", ErrBadMarker)
 	}
 	format := b[0]
@@ -104,7 +132,7 @@ func DecodeMarker(b []byte) (Marker, error) {
 		}
 		m.Offsets[topic] = off
 	}
-	if format >= markerFormat {
+	if format >= markerFormatV2 {
 		if len(b) == 0 || b[0] > 1 {
 			return Marker{}, fmt.Errorf("%w: flags", ErrBadMarker)
 		}
@@ -117,6 +145,15 @@ func DecodeMarker(b []byte) (Marker, error) {
 			}
 			m.Watermark = time.UnixMilli(wm)
 			b = b[n:]
+		}
+	}
+	if format >= markerFormat {
+		var err error
+		if m.Job, b, err = readString(b, "job"); err != nil {
+			return Marker{}, err
+		}
+		if m.SinkTxn, b, err = readString(b, "sink transaction"); err != nil {
+			return Marker{}, err
 		}
 	}
 	if len(b) != 0 {
