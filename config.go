@@ -147,6 +147,20 @@ type Options struct {
 	// per loop iteration. Default 10,000.
 	MaxPollRecords int
 	// Logger receives the instance's logs. Default slog.Default().
+	// RestoreFrom is a savepoint to seed the app's tasks from (the
+	// location `processor savepoint` printed): each task whose changelog
+	// holds no epoch marker yet starts from its part of the savepoint, its
+	// keys placed by the input partitioner over the current partition
+	// count (docs/savepoints.md). Tasks that already have a marker ignore
+	// it, so it may stay set. Run refuses (*RestoreError) a savepoint of
+	// another job, or with state the job does not declare in Job.States.
+	RestoreFrom string
+	// AllowNonRestoredState restores from RestoreFrom even when it holds
+	// state the job does not declare (or timers for a job without OnTimer,
+	// or offsets of an input it no longer reads): that state is dropped,
+	// as Flink's --allowNonRestoredState does.
+	AllowNonRestoredState bool
+
 	Logger *slog.Logger
 	// Registry receives the instance's metrics. Default a private
 	// registry: pass your own to export them.

@@ -34,6 +34,12 @@ type Instance struct {
 	admCl *kgo.Client
 	sasl  *saslWatch // on every client: credentials refused by closing the connection
 
+	// seed is the savepoint new tasks are seeded from (Options.RestoreFrom),
+	// opened and checked by Run before it connects; partitions is the
+	// input's partition count, read at start.
+	seed       *seedSource
+	partitions int32
+
 	// kip848 says the group runs the consumer protocol: asked for, and
 	// offered by the brokers. Set by prepareGroup before any session.
 	kip848 bool
@@ -159,6 +165,13 @@ func (in *Instance) Run(ctx context.Context) error {
 	if err := in.checkStateDir(); err != nil {
 		return err
 	}
+	if in.cfg.RestoreFrom != "" {
+		seed, err := in.openSeed()
+		if err != nil {
+			return err
+		}
+		in.seed = seed
+	}
 	start := time.Now()
 	if err := in.connect(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -250,7 +263,8 @@ func (in *Instance) connect(ctx context.Context) error {
 			return ctx.Err()
 		}
 		var fatal *startupError
-		if errors.As(err, &fatal) {
+		var refused *RestoreError
+		if errors.As(err, &fatal) || errors.As(err, &refused) {
 			cl.Close()
 			return err
 		}
@@ -297,6 +311,12 @@ func (in *Instance) prepare(ctx context.Context) error {
 			return &startupError{fmt.Sprintf("input topics are not co-partitioned: %s has %d partitions, expected %d", t, n, parts)}
 		}
 		parts = n
+	}
+	in.partitions = parts
+	if in.seed != nil {
+		if err := in.seed.checkPartitions(in.cfg.RestoreFrom, parts); err != nil {
+			return err
+		}
 	}
 	outParts := parts
 	if in.cfg.Partitions > 0 {

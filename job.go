@@ -145,6 +145,12 @@ type Job struct {
 	// bound to a topic when the instance is configured.
 	SideOutputs []OutputTag
 
+	// States names the job's state (the names its kstate descriptors were
+	// declared with). A restore from a savepoint (Options.RestoreFrom)
+	// refuses a savepoint holding state of other names, as Flink refuses
+	// state it cannot map; a job that lists none is not checked.
+	States []string
+
 	// OnTimer handles the timers the job registers (Context.Timers); a job
 	// that registers none leaves it nil.
 	OnTimer TimerFunc

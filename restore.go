@@ -24,7 +24,7 @@ func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 		if err != nil {
 			return restoreResult{p: p, err: err}
 		}
-		res, err := in.restoreStore(ctx, p, be, meta)
+		res, err := in.restoreSeeded(ctx, p, be, meta)
 		if err == nil {
 			meta, err = be.Meta()
 		}
@@ -43,6 +43,28 @@ func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 		in.log.Warn("local state cannot be completed from the changelog; restoring the task from scratch", "task", p, "err", err)
 		fresh = true
 	}
+}
+
+// restoreSeeded is restoreStore for an app that seeds new tasks from a
+// savepoint (seed.go): a task whose changelog turns out to hold no marker is
+// seeded, then restored from what the seeding wrote.
+func (in *Instance) restoreSeeded(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta) (changelog.Result, error) {
+	seeding := in.seed != nil && len(meta.Offsets) == 0 && !meta.Partial
+	if seeding {
+		// Ordering rule: earlier seeders are fenced before the
+		// changelog is read.
+		if err := in.fenceSeeders(ctx, p); err != nil {
+			return changelog.Result{}, err
+		}
+	}
+	res, err := in.restoreStore(ctx, p, be, meta)
+	if err != nil || !seeding || res.Last != nil {
+		return res, err
+	}
+	if err := in.seedTask(ctx, p, res.Orphans); err != nil {
+		return res, err
+	}
+	return in.restoreStore(ctx, p, be, meta)
 }
 
 // stateDir holds the app's task files: task-NNNN.db (see taskOfFile).

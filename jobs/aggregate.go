@@ -59,8 +59,9 @@ func (a Aggregation) appendJSON(b []byte) []byte {
 // touching state.
 func Aggregate() sluice.Job {
 	return sluice.Job{
-		Name:  "aggregate",
-		Emits: true,
+		Name:   "aggregate",
+		States: []string{aggregation.Name()},
+		Emits:  true,
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			v, err := strconv.ParseInt(string(rec.Value), 10, 64)
 			if err != nil {

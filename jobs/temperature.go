@@ -79,8 +79,9 @@ type Alert struct {
 // 42.4 - 32.4 is exactly 10 and 19.9 - 9.9 is 9.999999999999998.
 func TemperatureAlert(threshold float64) sluice.Job {
 	return sluice.Job{
-		Name:  "temperature-alert",
-		Emits: true,
+		Name:   "temperature-alert",
+		States: []string{lastTemperature.Name()},
+		Emits:  true,
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			r, err := ParseReading(rec.Value)
 			if err != nil {
@@ -175,8 +176,9 @@ type Rising struct {
 func RisingTemperature(o RisingOptions) sluice.Job {
 	domain := sluice.ProcessingTime
 	job := sluice.Job{
-		Name:  "rising-temperature",
-		Emits: true,
+		Name:   "rising-temperature",
+		States: []string{lastTemperature.Name(), risingTimer.Name()},
+		Emits:  true,
 	}
 	if o.EventTime {
 		domain = sluice.EventTime

@@ -71,6 +71,10 @@ func Create(dir string, m Manifest) (*Writer, error) {
 	return &Writer{dir: dir, m: m, states: map[State]bool{}}, nil
 }
 
+// SetJob sets the manifest's job name, for a writer that learns it from the
+// tasks' epoch markers.
+func (w *Writer) SetJob(name string) { w.m.Job = name }
+
 // SetInputs sets the manifest's input topics, for a writer that learns them
 // from the tasks it writes.
 func (w *Writer) SetInputs(in []Input) { w.m.Inputs = in }

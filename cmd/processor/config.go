@@ -69,6 +69,8 @@ type Config struct {
 	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the output and DLQ topics the processor creates. 0 = that of the input topic. The changelog always has the input's count. Must be >= 0."`
 	StateCleanupDelay     time.Duration `env:"SLUICE_STATE_CLEANUP_DELAY" envDefault:"10m" desc:"How long the state file of a task this instance no longer owns is kept before it is deleted (Kafka Streams' state.cleanup.delay.ms). A partition back within it restores from its file. Must be > 0."`
 	EpochMaxKeys          int           `env:"SLUICE_EPOCH_MAX_KEYS" envDefault:"100000" desc:"An epoch that changes more keys than this in one task ends early, so its write-set (held in memory until the commit) and its transaction stay bounded. Must be > 0."`
+	RestoreFrom           string        `env:"SLUICE_RESTORE_FROM" docDefault:"unset" expect:"a savepoint location as processor savepoint prints it" desc:"Seed a new app id from this savepoint: each task whose changelog has no epoch marker yet starts from its part of the savepoint (keys placed by the current partition count, so the input may have gained partitions), then processing resumes at the savepoint's offsets. Tasks that already started ignore it, so it may stay set. A savepoint of another job, or with state the job does not have, stops the instance at start (exit 2). See docs/savepoints.md."`
+	AllowNonRestoredState bool          `env:"SLUICE_ALLOW_NON_RESTORED_STATE" envDefault:"false" desc:"true: restore from SLUICE_RESTORE_FROM even when the savepoint holds state the job no longer has (it is dropped), as Flink's --allowNonRestoredState."`
 	EpochMaxBytes         int           `env:"SLUICE_EPOCH_MAX_BYTES" envDefault:"67108864" desc:"Likewise for the key and value bytes one task changes in an epoch (default 64 MiB). Must be > 0."`
 	Security
 }
@@ -358,6 +360,10 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_TIME", slices.Contains(timeDomains, c.TimeDomain), oneOf(timeDomains))
 	v.check("SLUICE_MAX_OUT_OF_ORDERNESS", c.MaxOutOfOrderness >= 0, "a Go duration of 0 or more")
 	v.check("SLUICE_IDLE_TIMEOUT", c.IdleTimeout >= 0, "a Go duration of 0 or more")
+	if c.RestoreFrom != "" {
+		path, scheme := savepointPath(c.RestoreFrom)
+		v.check("SLUICE_RESTORE_FROM", (scheme == "" || scheme == "file") && path != "", "a savepoint location as processor savepoint prints it: a directory path or file://path")
+	}
 	if job.SideOutput || c.SideOutputTopic != "" {
 		v.check("SLUICE_SIDE_OUTPUT_TOPIC", validTopic(c.SideOutputTopic), topic+writtenBy(job))
 	}

@@ -139,6 +139,11 @@ func runProcessor(envm map[string]string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := serve(ctx, log, cfg); err != nil {
+		if re := (*sluice.RestoreError)(nil); errors.As(err, &re) {
+			// A savepoint that does not fit the job is a configuration
+			// error: one line, like a bad variable.
+			return configFail(fmt.Errorf("SLUICE_RESTORE_FROM: %s", re.Reason))
+		}
 		log.Error("processor stopped", "err", err)
 		return 1
 	}
@@ -241,6 +246,8 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		StateCleanupDelay:     cfg.StateCleanupDelay,
 		EpochMaxKeys:          cfg.EpochMaxKeys,
 		EpochMaxBytes:         cfg.EpochMaxBytes,
+		RestoreFrom:           cfg.RestoreFrom,
+		AllowNonRestoredState: cfg.AllowNonRestoredState,
 		Logger:                log,
 		Registry:              reg,
 	}

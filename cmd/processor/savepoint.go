@@ -96,12 +96,23 @@ func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) 
 	if err == nil {
 		defer os.RemoveAll(scratch)
 		var inputs []string
+		job := ""
 		for p := range partitions {
-			var t []string
-			if t, err = savepointTask(ctx, log, adm, opts, w, scratch, topic, p); err != nil {
+			var m *changelog.Marker
+			if m, err = savepointTask(ctx, log, adm, opts, w, scratch, topic, p); err != nil {
 				break
 			}
-			for _, name := range t {
+			if m == nil {
+				continue
+			}
+			if m.Job != "" && job != "" && m.Job != job {
+				err = fmt.Errorf("the tasks' epoch markers name two jobs, %q and %q: was the app restarted with another job mid-way?", job, m.Job)
+				break
+			}
+			if m.Job != "" {
+				job = m.Job
+			}
+			for name := range m.Offsets {
 				if !slices.Contains(inputs, name) {
 					inputs = append(inputs, name)
 				}
@@ -109,6 +120,7 @@ func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) 
 		}
 		if err == nil {
 			slices.Sort(inputs)
+			w.SetJob(job)
 			w.SetInputs(inputsOf(inputs, partitions))
 			_, err = w.Commit()
 		}
@@ -132,9 +144,9 @@ func inputsOf(topics []string, partitions int32) []savepoint.Input {
 }
 
 // savepointTask restores changelog partition p into a scratch bbolt file
-// and writes it as the savepoint's task p. It returns the input topics its
-// last marker names.
-func savepointTask(ctx context.Context, log *slog.Logger, adm *kadm.Client, opts []kgo.Opt, w *savepoint.Writer, scratch, topic string, p int32) ([]string, error) {
+// and writes it as the savepoint's task p. It returns the task's last
+// marker, nil when it has none.
+func savepointTask(ctx context.Context, log *slog.Logger, adm *kadm.Client, opts []kgo.Opt, w *savepoint.Writer, scratch, topic string, p int32) (*changelog.Marker, error) {
 	task := fmt.Sprintf("task-%d", p)
 	be, err := kstate.OpenBolt(kstate.BoltPath(scratch, task))
 	if err != nil {
@@ -167,11 +179,7 @@ func savepointTask(ctx context.Context, log *slog.Logger, adm *kadm.Client, opts
 		return nil, err
 	}
 	log.Info("task saved", "task", p, "epoch", t.Epoch, "records_read", res.Records, "keys_written", t.Keys, "bytes", t.Bytes)
-	topics := make([]string, 0, len(cut.Offsets))
-	for name := range cut.Offsets {
-		topics = append(topics, name)
-	}
-	return topics, nil
+	return res.Last, nil
 }
 
 // errNoChangelog is returned (wrapped) when the app has no changelog topic:

@@ -1,0 +1,359 @@
+package sluice
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/savepoint"
+	"github.com/sluicehq/sluice/txsink"
+)
+
+// Seeding a new app from a savepoint (Options.RestoreFrom).
+//
+// A task whose changelog partition holds no epoch marker is seeded before
+// its ordinary restore: its part of the savepoint goes to its changelog
+// partition in transactions of its own, the last of which ends with a marker
+// carrying the savepoint's offsets, epoch and watermark. The ordinary
+// restore then reads it like any changelog, into whichever backend the
+// instance runs (which is how a savepoint switches backends), and
+// processing resumes at the marker's offsets.
+//
+// Ordering rules:
+//   - A task whose changelog has a marker is never seeded: restoring twice,
+//     or leaving SLUICE_RESTORE_FROM set, seeds nothing more.
+//   - The seeding transactional id of the partition (<app>-restore-<p>) is
+//     fenced before the changelog is read: a previous owner still seeding
+//     (paused, or revoked but not yet told) can commit nothing after this
+//     read, so the decision "no marker" stays true until this seeding
+//     writes its own.
+//   - Entries an unfinished seeding left (committed, with no marker after
+//     them) are orphans: each gets a tombstone before the savepoint's
+//     entries, so that nothing but the savepoint survives compaction.
+//   - The marker goes in the last transaction, after every entry: a crash
+//     before it leaves orphans for the next attempt, never a marker over
+//     half the state.
+
+// Seeding transactions stay well inside the transaction timeout and the
+// broker's memory: a large task is written in several.
+const (
+	seedTxnRecords = 20000
+	seedTxnBytes   = 16 << 20
+)
+
+// RestoreError says why Options.RestoreFrom cannot seed this app: a
+// savepoint of another job, state the job does not declare, offsets of an
+// input it no longer reads, fewer partitions than the savepoint has. Run
+// returns it before connecting; the binary prints it as its one line.
+type RestoreError struct {
+	Location string // Options.RestoreFrom
+	Reason   string
+}
+
+func (e *RestoreError) Error() string {
+	return fmt.Sprintf("restore from savepoint %s: %s", e.Location, e.Reason)
+}
+
+// seedSource is the savepoint an app seeds its tasks from, checked against
+// the job once at start.
+type seedSource struct {
+	sp   *savepoint.Savepoint
+	drop map[string]bool // state names dropped (AllowNonRestoredState)
+	// dropTimers: the savepoint has timers and the job no OnTimer.
+	dropTimers bool
+	inputs     map[string]bool // the savepoint's input topics that the app still reads
+}
+
+// openSeed opens and verifies Options.RestoreFrom and checks it against the
+// job. Mismatches are a *RestoreError, unless AllowNonRestoredState lets the
+// state in question be dropped.
+func (in *Instance) openSeed() (*seedSource, error) {
+	loc := in.cfg.RestoreFrom
+	sp, err := savepoint.Open(strings.TrimPrefix(loc, "file://"))
+	if err != nil {
+		return nil, &RestoreError{loc, err.Error()}
+	}
+	if err := sp.Verify(); err != nil {
+		return nil, &RestoreError{loc, err.Error()}
+	}
+	m := sp.Manifest
+	job := in.cfg.Job
+	if m.Job != "" && m.Job != job.Name {
+		return nil, &RestoreError{loc, fmt.Sprintf("it holds the state of job %q, this instance runs job %q", m.Job, job.Name)}
+	}
+	src := &seedSource{sp: sp, drop: map[string]bool{}, inputs: map[string]bool{}}
+	var unknown []string
+	for _, s := range m.States {
+		switch {
+		case s.Kind == kstate.KindTimer.String():
+			if job.OnTimer == nil {
+				src.dropTimers = true
+				unknown = append(unknown, "timers (the job has no OnTimer)")
+			}
+		case len(job.States) > 0 && !slices.Contains(job.States, s.Name):
+			src.drop[s.Name] = true
+			unknown = append(unknown, fmt.Sprintf("%s state %q", s.Kind, s.Name))
+		}
+	}
+	for _, t := range m.Inputs {
+		if slices.Contains(in.cfg.InputTopics, t.Topic) {
+			src.inputs[t.Topic] = true
+		} else {
+			unknown = append(unknown, fmt.Sprintf("offsets of input topic %q", t.Topic))
+		}
+	}
+	if len(unknown) > 0 {
+		what := strings.Join(unknown, ", ")
+		if !in.cfg.AllowNonRestoredState {
+			return nil, &RestoreError{loc, fmt.Sprintf("it holds %s, which job %q does not declare (its states: %s; inputs: %s); SLUICE_ALLOW_NON_RESTORED_STATE=true drops them",
+				what, job.Name, strings.Join(job.States, ", "), strings.Join(in.cfg.InputTopics, ", "))}
+		}
+		in.log.Warn("restoring without state the job does not declare", "savepoint", loc, "dropped", what)
+	}
+	if len(job.States) == 0 && len(m.States) > 0 {
+		in.log.Warn("the job declares no States: the savepoint's state names are not checked against it", "savepoint", loc, "job", job.Name)
+	}
+	return src, nil
+}
+
+// checkPartitions refuses a savepoint of more partitions than the input has:
+// the offsets of its extra partitions would have no task.
+func (s *seedSource) checkPartitions(loc string, parts int32) error {
+	if n := int32(len(s.sp.Manifest.Tasks)); n > parts {
+		return &RestoreError{loc, fmt.Sprintf("it has %d tasks, the input has %d partitions: a savepoint restores into as many partitions or more", n, parts)}
+	}
+	return nil
+}
+
+// seedID is the transactional id that seeds partition p.
+func (in *Instance) seedID(p int32) string {
+	return fmt.Sprintf("%s-restore-%d", in.cfg.AppID, p)
+}
+
+// fenceSeeders fences every earlier seeder of partition p (see the ordering
+// rules above). Called before the task's changelog is read.
+func (in *Instance) fenceSeeders(ctx context.Context, p int32) error {
+	return txsink.Fence(ctx, in.admCl, in.seedID(p), in.cfg.TransactionTimeout)
+}
+
+// seedTask writes task p's part of the savepoint to its changelog
+// partition, after a tombstone for each orphan an unfinished seeding left.
+func (in *Instance) seedTask(ctx context.Context, p int32, orphans [][]byte) error {
+	start := time.Now()
+	cut, err := in.seed.cut(ctx, in, p)
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(append(in.baseOpts(),
+		kgo.TransactionalID(in.seedID(p)),
+		kgo.TransactionTimeout(in.cfg.TransactionTimeout),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchMaxBytes(int32(in.batchMax)),
+		kgo.ProducerLinger(0),
+	)...)
+	if err != nil {
+		return fmt.Errorf("seed task %d: client: %w", p, err)
+	}
+	defer cl.Close()
+	w := seedWriter{ctx: ctx, cl: cl, topic: in.changelogTopic, p: p, header: changelog.EncodeEpoch(cut.Epoch)}
+	for _, k := range orphans {
+		w.add(k, nil)
+	}
+	var keys int64
+	err = in.seed.scan(p, int32(in.partitions), func(k, v []byte) error {
+		keys++
+		return w.add(k, v)
+	})
+	if err == nil {
+		err = w.add(changelog.MarkerKey, changelog.EncodeMarker(cut))
+	}
+	if err == nil {
+		err = w.commit()
+	}
+	if err != nil {
+		w.abort()
+		return fmt.Errorf("seed task %d from savepoint: %w", p, err)
+	}
+	in.log.Info("task seeded from savepoint", "task", p, "savepoint", in.cfg.RestoreFrom, "keys", keys, "orphans", len(orphans),
+		"epoch", cut.Epoch, "offsets", cut.Offsets, "transactions", w.txns, "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
+}
+
+// cut is the marker that ends task p's seeding. Without a rescale it is the
+// savepoint task's own cut. After a rescale, an old partition keeps its
+// offsets (the partitions that existed keep their numbers and records),
+// a new one starts at its log start; the epoch is the largest of the
+// savepoint, and the watermark the least, so that no timer fires early.
+func (s *seedSource) cut(ctx context.Context, in *Instance, p int32) (changelog.Marker, error) {
+	m := changelog.Marker{Job: in.cfg.Job.Name, Offsets: map[string]int64{}}
+	tasks := s.sp.Manifest.Tasks
+	rescaled := int32(len(tasks)) != in.partitions
+	for _, t := range tasks {
+		if t.Partition == p {
+			for topic, off := range t.Offsets {
+				if s.inputs[topic] {
+					m.Offsets[topic] = off
+				}
+			}
+			if !rescaled {
+				m.Epoch, m.Watermark = t.Epoch, t.WatermarkTime()
+			}
+		}
+		if rescaled {
+			m.Epoch = max(m.Epoch, t.Epoch)
+			if wm := t.WatermarkTime(); !wm.IsZero() && (m.Watermark.IsZero() || wm.Before(m.Watermark)) {
+				m.Watermark = wm
+			}
+		}
+	}
+	var missing []string
+	for _, topic := range in.cfg.InputTopics {
+		if _, ok := m.Offsets[topic]; !ok {
+			missing = append(missing, topic)
+		}
+	}
+	if len(missing) > 0 {
+		// New partitions and new input topics start where their log
+		// does, as a new app's would.
+		starts, err := in.adm.ListStartOffsets(ctx, missing...)
+		if err != nil {
+			return m, fmt.Errorf("seed task %d: list start offsets: %w", p, err)
+		}
+		for _, topic := range missing {
+			o, ok := starts.Lookup(topic, p)
+			if !ok || o.Err != nil {
+				return m, fmt.Errorf("seed task %d: start offset of %s/%d: %v", p, topic, p, o.Err)
+			}
+			m.Offsets[topic] = o.Offset
+		}
+	}
+	return m, nil
+}
+
+// scan calls fn with every savepoint entry that belongs to task p of parts,
+// in the order of the savepoint's data files. Without a rescale that is
+// task p's own file. After one, every file is read and an entry goes where
+// the input partitioner (Kafka's default, murmur2 over the record key) now
+// sends its key; operator state goes to every task (union semantics), and
+// the state of the empty key stays with its partition number.
+func (s *seedSource) scan(p, parts int32, fn func(k, v []byte) error) error {
+	tasks := s.sp.Manifest.Tasks
+	rescaled := int32(len(tasks)) != parts
+	byKey := kgo.StickyKeyPartitioner(nil).ForTopic("")
+	probe := &kgo.Record{}
+	for _, t := range tasks {
+		if !rescaled && t.Partition != p {
+			continue
+		}
+		err := s.sp.Scan(t, func(k, v []byte) error {
+			key, err := kstate.DecodeKey(k)
+			if err != nil {
+				return err
+			}
+			if s.drop[key.Name] && key.Kind != kstate.KindTimer || s.dropTimers && key.Kind == kstate.KindTimer {
+				return nil
+			}
+			if rescaled && key.Kind != kstate.KindOperator {
+				owner := t.Partition
+				if len(key.UserKey) > 0 {
+					probe.Key = key.UserKey
+					owner = int32(byKey.Partition(probe, int(parts)))
+				}
+				if owner != p {
+					return nil
+				}
+			}
+			return fn(k, v)
+		})
+		if err != nil {
+			return fmt.Errorf("savepoint task %d: %w", t.Partition, err)
+		}
+	}
+	return nil
+}
+
+// seedWriter writes one task's seeding to its changelog partition in
+// transactions bounded by seedTxnRecords and seedTxnBytes.
+type seedWriter struct {
+	ctx    context.Context
+	cl     *kgo.Client
+	topic  string
+	p      int32
+	header []byte
+
+	open    bool
+	records int
+	bytes   int
+	txns    int
+	failed  atomic.Pointer[error] // the open transaction's first failed produce
+}
+
+func (w *seedWriter) add(k, v []byte) error {
+	if !w.open {
+		if err := w.cl.BeginTransaction(); err != nil {
+			return err
+		}
+		w.open, w.records, w.bytes = true, 0, 0
+	}
+	// The caller's bytes are valid only during the call; a nil value
+	// stays nil: it is a tombstone.
+	rec := &kgo.Record{Topic: w.topic, Partition: w.p, Key: slices.Clone(k),
+		Headers: []kgo.RecordHeader{{Key: changelog.EpochHeader, Value: w.header}}}
+	if v != nil {
+		rec.Value = slices.Clone(v)
+	}
+	// Never cancelled: a record failed by its own context is not sent,
+	// and the flush below must see every record's outcome.
+	w.cl.Produce(context.Background(), rec, func(_ *kgo.Record, err error) {
+		if err != nil {
+			w.failed.CompareAndSwap(nil, &err)
+		}
+	})
+	w.records++
+	w.bytes += len(k) + len(v)
+	if w.records >= seedTxnRecords || w.bytes >= seedTxnBytes {
+		return w.commit()
+	}
+	return nil
+}
+
+// commit ends the open transaction once every record in it is
+// acknowledged; a record that failed aborts it instead.
+func (w *seedWriter) commit() error {
+	if !w.open {
+		return nil
+	}
+	if err := w.cl.Flush(w.ctx); err != nil {
+		return err
+	}
+	if perr := w.failed.Load(); perr != nil {
+		return fmt.Errorf("produce to %s/%d: %w", w.topic, w.p, *perr)
+	}
+	w.open = false
+	if err := w.cl.EndTransaction(w.ctx, kgo.TryCommit); err != nil {
+		return err
+	}
+	w.txns++
+	return nil
+}
+
+// abort ends an open transaction without committing it. Closing the client
+// would leave it to the transaction timeout, or to the next seeder's fence.
+func (w *seedWriter) abort() {
+	if !w.open {
+		return
+	}
+	w.open = false
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.cl.AbortBufferedRecords(ctx); err == nil {
+		w.cl.EndTransaction(ctx, kgo.TryAbort)
+	}
+}
