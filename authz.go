@@ -82,6 +82,9 @@ func (c Options) ACLs() []ACL {
 		topic(changelogTopic, kmsg.ACLOperationWrite, "write each epoch's state changes and markers"),
 		topic(changelogTopic, kmsg.ACLOperationRead, "restore state"),
 	)
+	controlTopic := c.AppID + "-control"
+	create(controlTopic)
+	acls = append(acls, topic(controlTopic, kmsg.ACLOperationRead, "follow stop requests (processor savepoint --stop)"))
 	dlq := c.DLQTopic
 	if dlq == "" {
 		dlq = c.AppID + "-dlq"

@@ -64,6 +64,8 @@ func TestConfigACLs(t *testing.T) {
 		clConfig = `DESCRIBE_CONFIGS on topic "app-changelog"`
 		clWrite  = `WRITE on topic "app-changelog"`
 		clRead   = `READ on topic "app-changelog"`
+		ctCr     = `CREATE on topic "app-control"`
+		ctRead   = `READ on topic "app-control"`
 		outCr    = `CREATE on topic "out"`
 		outCfg   = `DESCRIBE_CONFIGS on topic "out"`
 		out      = `WRITE on topic "out"`
@@ -78,11 +80,11 @@ func TestConfigACLs(t *testing.T) {
 		modify func(*Options)
 		want   []string
 	}{
-		{"exactly once, topics created", func(*Options) {}, []string{in, clCreate, clConfig, clWrite, clRead, outCr, outCfg, out, dlqCr, dlqCfg, dlq, group, txn}},
-		{"topics not created", func(c *Options) { c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group, txn}},
-		{"at least once", func(c *Options) { c.Guarantee = AtLeastOnce; c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, outCfg, out, dlqCfg, dlq, group}},
+		{"exactly once, topics created", func(*Options) {}, []string{in, clCreate, clConfig, clWrite, clRead, ctCr, ctRead, outCr, outCfg, out, dlqCr, dlqCfg, dlq, group, txn}},
+		{"topics not created", func(c *Options) { c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, ctRead, outCfg, out, dlqCfg, dlq, group, txn}},
+		{"at least once", func(c *Options) { c.Guarantee = AtLeastOnce; c.DisableTopicCreation = true }, []string{in, clConfig, clWrite, clRead, ctRead, outCfg, out, dlqCfg, dlq, group}},
 		{"no output, own dead-letter topic", func(c *Options) { c.OutputTopic = ""; c.DLQTopic = "bad"; c.DisableTopicCreation = true },
-			[]string{in, clConfig, clWrite, clRead, `DESCRIBE_CONFIGS on topic "bad"`, `WRITE on topic "bad"`, group, txn}},
+			[]string{in, clConfig, clWrite, clRead, ctRead, `DESCRIBE_CONFIGS on topic "bad"`, `WRITE on topic "bad"`, group, txn}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/control"
 	"github.com/sluicehq/sluice/txsink"
 )
 
@@ -39,6 +40,8 @@ type Instance struct {
 	// input's partition count, read at start.
 	seed       *seedSource
 	partitions int32
+	// hasControl: the app's control topic exists (control.go).
+	hasControl bool
 
 	// kip848 says the group runs the consumer protocol: asked for, and
 	// offered by the brokers. Set by prepareGroup before any session.
@@ -181,15 +184,37 @@ func (in *Instance) Run(ctx context.Context) error {
 	}
 	in.log.Info("connected", "took", time.Since(start).Round(time.Millisecond).String(), "changelog", in.changelogTopic)
 	defer in.admCl.Close()
+	ctl, err := in.followControl(ctx)
+	if err != nil {
+		return err
+	}
+	defer ctl.close()
+	err = ctl.await(ctx, false, func(s control.State) {
+		in.log.Info("the app is stopped (processor savepoint --stop); waiting for processor resume before joining the group", "request", s.ID, "since", s.At)
+	})
+	if err != nil {
+		return nil
+	}
+	// A stop request ends the sessions as a shutdown does.
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var stopRequested atomic.Bool
+	go func() {
+		if ctl.await(runCtx, true, nil) == nil {
+			in.log.Info("stop requested: taking a final checkpoint and leaving the group")
+			stopRequested.Store(true)
+			stopRun()
+		}
+	}()
 	backoff := 250 * time.Millisecond
 	var fenced []time.Time // ends of recently fenced sessions
 	for {
-		err := in.runSession(ctx)
+		err := in.runSession(runCtx)
 		if errors.Is(err, errKilled) {
 			return nil
 		}
-		if ctx.Err() != nil {
-			in.leave()
+		if runCtx.Err() != nil {
+			in.leave(stopRequested.Load())
 			return nil
 		}
 		if final := in.denied(ctx, err); final != nil {
@@ -212,7 +237,8 @@ func (in *Instance) Run(ctx context.Context) error {
 			}
 		}
 		in.log.Warn("session ended; rebuilding it", "err", err, "backoff", backoff)
-		if sleep(ctx, backoff) != nil {
+		if sleep(runCtx, backoff) != nil {
+			in.leave(stopRequested.Load())
 			return nil
 		}
 		backoff = min(2*backoff, 5*time.Second)
@@ -341,6 +367,9 @@ func (in *Instance) prepare(ctx context.Context) error {
 		return err
 	}
 	if err := in.sizeBatches(rctx, plain); err != nil {
+		return err
+	}
+	if in.hasControl, err = in.ensureControl(rctx); err != nil {
 		return err
 	}
 	return in.prepareGroup(rctx)

@@ -215,11 +215,12 @@ func (in *Instance) replaceCrashedPredecessor(ctx context.Context) error {
 }
 
 // leave removes this instance from the group for good after a graceful
-// stop, if configured to, so its partitions move at once. It runs after
+// stop, if configured to (always after a stop request: stopped), so its
+// partitions move at once. It runs after
 // the session's client is closed: a KIP-848 leave sent while that client
 // still heartbeats would make it rejoin.
-func (in *Instance) leave() {
-	if in.cfg.StayInGroupOnShutdown {
+func (in *Instance) leave(stopped bool) {
+	if in.cfg.StayInGroupOnShutdown && !stopped {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -42,7 +42,12 @@ commands:
   generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
   savepoint  copy the state of SLUICE_APP_ID from its changelog (each task at
              its last committed epoch) to a new directory under
-             SLUICE_SAVEPOINT_DIR, and print that directory's path last
+             SLUICE_SAVEPOINT_DIR, and print that directory's path last;
+             --stop first stops the app (every instance takes a final
+             checkpoint and leaves the group), so the savepoint is exactly
+             where it stopped; --drain (with --stop) first waits until every
+             input record is committed; --timeout (default 5m)
+  resume     let a stopped app run again (its waiting instances join)
   broker     run an embedded single-node Kafka-protocol broker (kfake);
              flags: -addr host:port (default 127.0.0.1:9092),
              -topics name:partitions[,...] to create topics at start
@@ -94,7 +99,9 @@ func run(args []string) int {
 	case "generate":
 		return runGenerate(environ())
 	case "savepoint":
-		return runSavepoint(environ())
+		return runSavepoint(environ(), args)
+	case "resume":
+		return runResume(environ())
 	case "broker":
 		return runBroker(args)
 	case "healthz":

@@ -323,3 +323,87 @@ func TestRestoreMismatchRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// awaitLog waits until s has logged msg, or fails once serve stopped or
+// stopBound passed (a bound against a hang, not a timing assumption).
+func (s *served) awaitLog(t *testing.T, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(stopBound)
+	for !strings.Contains(s.log.String(), `"msg":"`+msg) {
+		select {
+		case <-s.done:
+			t.Fatalf("stopped before logging %q", msg)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("did not log %q within %v", msg, stopBound)
+		}
+	}
+}
+
+// Stop with a savepoint while input keeps arriving: both instances stop by
+// themselves, the savepoint is where the group stopped, an instance started
+// while the app is stopped waits, a new app id restored from the savepoint
+// continues every key's counts with no gap and no repeat, and `processor
+// resume` lets the old app run again.
+func TestStopWithSavepoint(t *testing.T) {
+	brokers, cl := savepointCluster(t)
+	env1 := aggregateEnv(t, brokers, "stp")
+	env2 := aggregateEnv(t, brokers, "stp")
+	env2["SLUICE_INSTANCE_ID"] = "i2"
+	env2["SLUICE_LEAVE_ON_SHUTDOWN"] = "false" // a stop request leaves anyway
+	i1, i2 := startServe(t, env1), startServe(t, env2)
+	i1.awaitReady(t)
+	i2.awaitReady(t)
+	var in inputLog
+	rng := rand.New(rand.NewPCG(13, 14))
+	in.produce(t, cl, rng, 400)
+	awaitOutputs(t, brokers, in.n)
+
+	var stdout, stderr bytes.Buffer
+	env := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": "stp", "SLUICE_SAVEPOINT_DIR": t.TempDir()}
+	code := produceWhile(t, cl, &in, func() int {
+		return takeSavepoint(context.Background(), env, []string{"--stop", "--timeout", "1m"}, &stdout, &stderr)
+	})
+	if code != 0 {
+		t.Fatalf("savepoint --stop exited %d:\n%s", code, stderr.String())
+	}
+	for _, s := range []*served{i1, i2} {
+		if err := s.wait(t); err != nil {
+			t.Fatalf("instance stopped with %v", err)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	sp, err := savepoint.Open(lines[len(lines)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTasks(t, sp, &in) // each task's state is its input below its cut
+	committed, err := kadm.NewClient(cl).FetchOffsets(context.Background(), "stp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range sp.Manifest.Tasks {
+		if c, _ := committed.Lookup("in", task.Partition); c.At != task.Offsets["in"] {
+			t.Errorf("task %d cut at %d, the group committed %d", task.Partition, task.Offsets["in"], c.At)
+		}
+	}
+
+	// Started while the app is stopped: it waits without joining.
+	env3 := aggregateEnv(t, brokers, "stp")
+	env3["SLUICE_INSTANCE_ID"] = "i3"
+	i3 := startServe(t, env3)
+	i3.awaitLog(t, "the app is stopped")
+
+	from, _ := spAggregates(t, sp)
+	dst := startServe(t, restoredEnv(t, brokers, "stp-new", "bbolt", sp))
+	checkContinues(t, brokers, "stp-new-out", from, &in, in.n-cutTotal(sp))
+	dst.stop(t)
+
+	if code := runResume(map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": "stp"}); code != 0 {
+		t.Fatalf("resume exited %d", code)
+	}
+	i3.awaitReady(t)
+	awaitOutputs(t, brokers, in.n) // the old app goes on with the input past the cut
+	i3.stop(t)
+}

@@ -22,18 +22,24 @@ import (
 	"github.com/sluicehq/sluice/savepoint"
 )
 
-// runSavepoint takes a savepoint of SLUICE_APP_ID from its changelog.
-func runSavepoint(envm map[string]string) int {
+// runSavepoint takes a savepoint of SLUICE_APP_ID from its changelog
+// (with --stop, of the app stopped).
+func runSavepoint(envm map[string]string, args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	return takeSavepoint(ctx, envm, os.Stdout, os.Stderr)
+	return takeSavepoint(ctx, envm, args, os.Stdout, os.Stderr)
 }
 
 // takeSavepoint is `processor savepoint` with its streams: the savepoint's
 // path is the last line of stdout; progress (JSON log lines) and errors go
 // to stderr. It returns the exit status: 0, 1 on a failure, 2 on a bad
 // variable.
-func takeSavepoint(ctx context.Context, envm map[string]string, stdout, stderr io.Writer) int {
+func takeSavepoint(ctx context.Context, envm map[string]string, args []string, stdout, stderr io.Writer) int {
+	flags, err := parseSavepointFlags(args, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "processor savepoint:", err)
+		return 2
+	}
 	cfg, err := loadSavepointConfig(envm)
 	if err != nil {
 		fmt.Fprintln(stderr, "processor:", err)
@@ -43,7 +49,12 @@ func takeSavepoint(ctx context.Context, envm map[string]string, stdout, stderr i
 	for _, w := range cfg.warnings() {
 		log.Warn(w)
 	}
-	dir, err := writeSavepoint(ctx, log, cfg)
+	var dir string
+	if flags.stop {
+		dir, err = stopApp(ctx, log, cfg, flags)
+	} else {
+		dir, _, err = writeSavepoint(ctx, log, cfg)
+	}
 	if err != nil {
 		log.Error("savepoint failed", "err", err)
 		return 1
@@ -59,39 +70,40 @@ func takeSavepoint(ctx context.Context, envm map[string]string, stdout, stderr i
 // read_committed and applies nothing past the last marker, so the state
 // and the offsets in the savepoint agree task by task while instances keep
 // running. The tasks' cuts are independent epochs, not one moment of the
-// whole app (stopping with a savepoint, which gives that, is not built).
+// whole app (stopping with a savepoint, stopApp, gives that).
 //
 // Each partition is restored into a bbolt file in a temporary directory,
 // then scanned in key order into its data file: memory stays bounded by the
 // restore's batch whatever the state's size, where the memory backend
 // would hold a whole task. The temporary file is removed after each task.
-func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) (string, error) {
+func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) (string, savepoint.Manifest, error) {
 	opts, err := cfg.kafkaOpts()
 	if err != nil {
-		return "", err
+		return "", savepoint.Manifest{}, err
 	}
 	opts = append(opts, kgo.SeedBrokers(cfg.Brokers...))
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return "", err
+		return "", savepoint.Manifest{}, err
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	topic := changelog.TopicName(cfg.AppID)
 	partitions, err := changelogPartitions(ctx, adm, topic)
 	if err != nil {
-		return "", err
+		return "", savepoint.Manifest{}, err
 	}
 	root, err := filepath.Abs(cfg.Dir)
 	if err != nil {
-		return "", fmt.Errorf("SLUICE_SAVEPOINT_DIR: %w", err)
+		return "", savepoint.Manifest{}, fmt.Errorf("SLUICE_SAVEPOINT_DIR: %w", err)
 	}
 	created := time.Now().UTC()
 	dir := filepath.Join(root, cfg.AppID+"-"+created.Format("20060102T150405.000Z"))
 	w, err := savepoint.Create(dir, savepoint.Manifest{AppID: cfg.AppID, Created: created, ChangelogTopic: topic})
 	if err != nil {
-		return "", err
+		return "", savepoint.Manifest{}, err
 	}
+	var m savepoint.Manifest
 	scratch, err := os.MkdirTemp("", "sluice-savepoint-")
 	if err == nil {
 		defer os.RemoveAll(scratch)
@@ -122,17 +134,17 @@ func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) 
 			slices.Sort(inputs)
 			w.SetJob(job)
 			w.SetInputs(inputsOf(inputs, partitions))
-			_, err = w.Commit()
+			m, err = w.Commit()
 		}
 	}
 	if err != nil {
 		// Without its manifest the directory is no savepoint: leave
 		// nothing that looks like one.
 		os.RemoveAll(dir)
-		return "", err
+		return "", savepoint.Manifest{}, err
 	}
 	log.Info("savepoint written", "dir", dir, "tasks", partitions)
-	return dir, nil
+	return dir, m, nil
 }
 
 func inputsOf(topics []string, partitions int32) []savepoint.Input {

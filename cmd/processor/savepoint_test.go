@@ -117,7 +117,7 @@ func save(t *testing.T, brokers, app string) *savepoint.Savepoint {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	env := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": app, "SLUICE_SAVEPOINT_DIR": "file://" + t.TempDir()}
-	if code := takeSavepoint(context.Background(), env, &stdout, &stderr); code != 0 {
+	if code := takeSavepoint(context.Background(), env, nil, &stdout, &stderr); code != 0 {
 		t.Fatalf("savepoint exited %d; stderr:\n%s", code, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
@@ -318,7 +318,7 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 				env[tt.variable] = tt.value
 			}
 			var stdout, stderr bytes.Buffer
-			if code := takeSavepoint(context.Background(), env, &stdout, &stderr); code != 2 {
+			if code := takeSavepoint(context.Background(), env, nil, &stdout, &stderr); code != 2 {
 				t.Fatalf("exit %d, want 2; stderr: %s", code, stderr.String())
 			}
 			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
@@ -346,7 +346,7 @@ func TestSavepointWithoutChangelogFails(t *testing.T) {
 	root := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	env := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": "never-ran", "SLUICE_SAVEPOINT_DIR": root}
-	if code := takeSavepoint(context.Background(), env, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "no changelog topic") {
+	if code := takeSavepoint(context.Background(), env, nil, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "no changelog topic") {
 		t.Fatalf("exit %d, stderr %s", code, stderr.String())
 	}
 	if entries, _ := os.ReadDir(root); len(entries) != 0 || stdout.Len() != 0 {

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/control"
+	"github.com/sluicehq/sluice/savepoint"
+)
+
+// stopFlags are the flags of `processor savepoint`.
+type stopFlags struct {
+	stop    bool
+	drain   bool
+	timeout time.Duration
+}
+
+func parseSavepointFlags(args []string, stderr io.Writer) (stopFlags, error) {
+	var f stopFlags
+	fs := flag.NewFlagSet("savepoint", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&f.stop, "stop", false, "stop the app first: every instance takes a final checkpoint and leaves the group; the savepoint is then exactly where they stopped")
+	fs.BoolVar(&f.drain, "drain", false, "with --stop: first wait until the group has committed every input record (pause the producers before)")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "with --stop: how long to wait for the drain and for the instances to stop")
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if fs.NArg() > 0 {
+		return f, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if f.drain && !f.stop {
+		return f, errors.New("--drain needs --stop")
+	}
+	return f, nil
+}
+
+// adminFor connects the tool to the app's brokers.
+func adminFor(cfg SavepointConfig) (*kgo.Client, *kadm.Client, error) {
+	opts, err := cfg.kafkaOpts()
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(cfg.Brokers...))...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, kadm.NewClient(cl), nil
+}
+
+// stopApp is `processor savepoint --stop`: it asks every instance of the
+// app to stop (a "stopped" record in the control topic), waits until the
+// group has no members, takes the savepoint, and checks that nothing was
+// committed past its cuts meanwhile. The app stays stopped (instances that
+// start wait, without joining) until `processor resume`.
+func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopFlags) (string, error) {
+	cl, adm, err := adminFor(cfg)
+	if err != nil {
+		return "", err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	if f.drain {
+		start := time.Now()
+		if err := waitDrained(ctx, log, adm, cfg.AppID); err != nil {
+			return "", fmt.Errorf("drain: %w", err)
+		}
+		log.Info("input drained", "took", time.Since(start).Round(time.Millisecond).String())
+	}
+	id := fmt.Sprintf("stop-%d", time.Now().UnixNano())
+	if err := writeControl(ctx, cl, adm, cfg.AppID, control.State{State: control.Stopped, ID: id, At: time.Now().UTC()}); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	if err := waitGroupEmpty(ctx, log, adm, cfg.AppID); err != nil {
+		return "", fmt.Errorf("waiting for the instances to stop: %w", err)
+	}
+	log.Info("every instance stopped", "request", id, "took", time.Since(start).Round(time.Millisecond).String())
+	dir, m, err := writeSavepoint(ctx, log, cfg)
+	if err != nil {
+		return "", err
+	}
+	// Ordering rule: the savepoint is only where the app stopped if no
+	// instance committed while it was taken.
+	if n, err := groupMembers(ctx, adm, cfg.AppID); err != nil || n > 0 {
+		return "", fmt.Errorf("the group has %d members again after the savepoint %s was taken (%v): an instance that does not follow the control topic? the savepoint may be behind it", n, dir, err)
+	}
+	if err := checkCuts(ctx, adm, cfg.AppID, m); err != nil {
+		return "", fmt.Errorf("savepoint %s: %w", dir, err)
+	}
+	return dir, nil
+}
+
+// writeControl appends s to the app's control topic, creating the topic
+// when it is missing (an app whose instances predate it).
+func writeControl(ctx context.Context, cl *kgo.Client, adm *kadm.Client, app string, s control.State) error {
+	topic := control.TopicName(app)
+	compact := "compact"
+	if _, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, topic); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("control topic %s: %w", topic, err)
+	}
+	rec := &kgo.Record{Topic: topic, Key: control.StateKey, Value: control.Encode(s)}
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("write %s to %s: %w", s.State, topic, err)
+	}
+	return nil
+}
+
+// groupMembers counts the group's members under either protocol.
+func groupMembers(ctx context.Context, adm *kadm.Client, app string) (int, error) {
+	n := 0
+	classic, cerr := adm.DescribeGroups(ctx, app)
+	if cerr == nil {
+		if d, ok := classic[app]; ok && d.Err == nil {
+			n += len(d.Members)
+		}
+	}
+	consumer, err := adm.DescribeConsumerGroups(ctx, app)
+	if err == nil {
+		if d, ok := consumer[app]; ok && d.Err == nil {
+			n += len(d.Members)
+		}
+	}
+	if cerr != nil && err != nil {
+		return 0, cerr
+	}
+	return n, nil
+}
+
+// poll calls done every 100 ms until it reports true or fails, or ctx ends.
+func poll(ctx context.Context, done func() (bool, error)) error {
+	for {
+		ok, err := done()
+		if ok || err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func waitGroupEmpty(ctx context.Context, log *slog.Logger, adm *kadm.Client, app string) error {
+	last := -1
+	return poll(ctx, func() (bool, error) {
+		n, err := groupMembers(ctx, adm, app)
+		if err != nil {
+			log.Warn("describing the group failed; retrying", "err", err)
+			return false, nil
+		}
+		if n != last && n > 0 {
+			log.Info("waiting for the instances to stop", "members", n)
+		}
+		last = n
+		return n == 0, nil
+	})
+}
+
+// waitDrained waits until the group's committed offsets reach the end of
+// every input partition it has offsets for.
+func waitDrained(ctx context.Context, log *slog.Logger, adm *kadm.Client, app string) error {
+	return poll(ctx, func() (bool, error) {
+		committed, err := adm.FetchOffsets(kadm.RequireStable(ctx), app)
+		if err != nil {
+			log.Warn("fetching the group's offsets failed; retrying", "err", err)
+			return false, nil
+		}
+		topics := committed.Offsets().TopicsSet().Topics()
+		if len(topics) == 0 {
+			return false, fmt.Errorf("group %s has committed no offsets: has it run?", app)
+		}
+		ends, err := adm.ListEndOffsets(ctx, topics...)
+		if err != nil {
+			return false, err
+		}
+		behind := int64(0)
+		ends.Each(func(o kadm.ListedOffset) {
+			if c, ok := committed.Lookup(o.Topic, o.Partition); !ok || c.At < o.Offset {
+				behind += o.Offset - max(c.At, 0)
+			}
+		})
+		if behind > 0 {
+			log.Info("waiting for the input to drain", "records_behind", behind)
+		}
+		return behind == 0, nil
+	})
+}
+
+// checkCuts checks that the group's stable committed offsets are where the
+// savepoint's tasks were cut: an instance that committed later would have
+// moved the app past the savepoint.
+func checkCuts(ctx context.Context, adm *kadm.Client, app string, m savepoint.Manifest) error {
+	committed, err := adm.FetchOffsets(kadm.RequireStable(ctx), app)
+	if err != nil {
+		return fmt.Errorf("fetch the group's offsets: %w", err)
+	}
+	for _, t := range m.Tasks {
+		for topic, cut := range t.Offsets {
+			if c, ok := committed.Lookup(topic, t.Partition); ok && c.At > cut {
+				return fmt.Errorf("the group committed %s/%d up to %d, past the savepoint's cut at %d", topic, t.Partition, c.At, cut)
+			}
+		}
+	}
+	return nil
+}
+
+// runResume is `processor resume`: the app runs again (instances waiting
+// for it join the group).
+func runResume(envm map[string]string) int {
+	// The savepoint's variables without its directory, which resume does
+	// not use.
+	if envm["SLUICE_SAVEPOINT_DIR"] == "" {
+		envm["SLUICE_SAVEPOINT_DIR"] = "."
+	}
+	cfg, err := loadSavepointConfig(envm)
+	if err != nil {
+		return configFail(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cl, adm, err := adminFor(cfg)
+	if err == nil {
+		defer cl.Close()
+		err = writeControl(ctx, cl, adm, cfg.AppID, control.State{State: control.Running, ID: fmt.Sprintf("resume-%d", time.Now().UnixNano()), At: time.Now().UTC()})
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "processor resume:", err)
+		return 1
+	}
+	fmt.Println("resumed", cfg.AppID)
+	return 0
+}

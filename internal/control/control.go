@@ -1,0 +1,51 @@
+// Package control is the format of an app's control topic, <app>-control:
+// one compacted partition whose last record under StateKey says whether the
+// app runs or is stopped. `processor savepoint --stop` writes "stopped" and
+// `processor resume` writes "running"; every instance follows the topic,
+// ends its work with a final checkpoint and leaves the group when the app is
+// stopped, and does not join while it stays stopped.
+package control
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// TopicName is the control topic of app.
+func TopicName(app string) string { return app + "-control" }
+
+// StateKey is the key of every state record; compaction keeps the last.
+var StateKey = []byte("state")
+
+// The states of an app.
+const (
+	Running = "running"
+	Stopped = "stopped"
+)
+
+// State is the value of a state record.
+type State struct {
+	State string    `json:"state"` // Running or Stopped
+	ID    string    `json:"id"`    // names the request, for logs
+	At    time.Time `json:"at"`
+}
+
+// Encode is s as a record value.
+func Encode(s State) []byte {
+	b, _ := json.Marshal(s) // a struct of strings and a time: cannot fail
+	return b
+}
+
+// Decode reads a record value; an unknown state is an error, so that a
+// newer release's state is not taken for "running".
+func Decode(b []byte) (State, error) {
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return State{}, fmt.Errorf("control: %w", err)
+	}
+	if s.State != Running && s.State != Stopped {
+		return State{}, fmt.Errorf("control: unknown state %q", s.State)
+	}
+	return s, nil
+}
