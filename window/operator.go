@@ -12,11 +12,14 @@ import (
 //
 // The window index (stores.windows) is the truth about a key's windows;
 // timers only say when to look at it. A timer at T fires every window of
-// the key that has not fired and ends at or before T, and clears every
-// window whose end + lateness is at or before T. So a timer shared by two
-// windows (one per key, domain and millisecond: one window's end can be
-// another's cleanup time) serves both, and a stale timer finds nothing to
-// do.
+// the key that has not fired and ends at T, and clears every window whose
+// end + lateness is T. So a timer shared by two windows (one per key,
+// domain and millisecond: one window's end can be another's cleanup time)
+// serves both, and a stale timer finds nothing to do.
+//
+// Matching T exactly, rather than every window due by T, keeps one window
+// whose function keeps failing (its firing is rolled back and
+// dead-lettered) from failing every later timer of its key too.
 type operator[IN, OUT any] struct {
 	spec     Spec[IN, OUT]
 	fn       Function[IN, OUT]
@@ -85,7 +88,7 @@ func (o *operator[IN, OUT]) process(ctx sluice.Context, rec *sluice.Record) erro
 		if !ok {
 			e = entry{slot: s}
 		}
-		if err := o.add(ctx, s, &e, !ok, in); err != nil {
+		if err := o.add(ctx, s, &e, !ok, in, c); err != nil {
 			return err
 		}
 	}
@@ -98,14 +101,15 @@ func (o *operator[IN, OUT]) process(ctx sluice.Context, rec *sluice.Record) erro
 // add adds in to window s (whose entry is e, new if created), arms its
 // timers and stores the entry.
 //
-// A window that had fired fires again at once (its end is behind the
-// watermark, so its timer fires right after this record): a late firing,
-// with everything the window holds, as Flink's default trigger does.
-func (o *operator[IN, OUT]) add(ctx sluice.Context, s span, e *entry, created bool, in IN) error {
+// A window whose end the watermark has passed fires again at once (its
+// timer, behind the watermark, fires right after this record): a late
+// firing, with everything the window holds, as Flink's default trigger
+// does.
+func (o *operator[IN, OUT]) add(ctx sluice.Context, s span, e *entry, created bool, in IN, c clock) error {
 	if err := o.addElement(ctx, e, in); err != nil {
 		return err
 	}
-	if created || e.fired {
+	if created || e.fired || c.ok && s.end <= c.wm {
 		o.register(ctx, s.end)
 	}
 	if created && o.lateness > 0 {
@@ -198,22 +202,24 @@ func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
 		return err
 	}
 	for _, w := range ws {
-		if w.s.end > at {
-			continue
-		}
-		changed := false
-		if !w.e.fired {
+		// The firing timer at the end comes before the cleanup timer
+		// at end + lateness, so a window that reaches its cleanup
+		// unfired is one whose firing failed: it is cleared, not tried
+		// again.
+		fire := !w.e.fired && w.s.end == at
+		cleanup := w.s.end+o.lateness == at
+		if fire {
 			if err := o.fire(ctx, w); err != nil {
 				return err
 			}
-			w.e.fired, changed = true, true
+			w.e.fired = true
 		}
 		switch {
-		case w.s.end+o.lateness <= at:
+		case cleanup:
 			if err := o.clear(ctx, w); err != nil {
 				return err
 			}
-		case changed:
+		case fire:
 			if err := o.st.windows.Put(ctx, w.s, w.e); err != nil {
 				return err
 			}

@@ -44,9 +44,9 @@ func (o *operator[IN, OUT]) addToSession(ctx sluice.Context, rec *sluice.Record,
 			return o.tooLate(ctx, rec)
 		}
 		e := entry{slot: own}
-		return o.add(ctx, own, &e, true, in)
+		return o.add(ctx, own, &e, true, in, c)
 	case len(hits) == 1 && hits[0].s.cover(own) == hits[0].s:
-		return o.add(ctx, hits[0].s, &hits[0].e, false, in)
+		return o.add(ctx, hits[0].s, &hits[0].e, false, in, c)
 	}
 	merged := own
 	for _, h := range hits {
@@ -61,7 +61,7 @@ func (o *operator[IN, OUT]) addToSession(ctx sluice.Context, rec *sluice.Record,
 			return err
 		}
 	}
-	if err := o.add(ctx, merged, &e, true, in); err != nil {
+	if err := o.add(ctx, merged, &e, true, in, c); err != nil {
 		return err
 	}
 	needed := func(at int64) bool {

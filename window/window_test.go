@@ -348,3 +348,51 @@ type kstateAgg struct{}
 func (kstateAgg) CreateAccumulator() result     { return result{} }
 func (kstateAgg) Add(e elem, acc result) result { return sum{}.Add(e, acc) }
 func (kstateAgg) Result(acc result) result      { return acc }
+
+// A window whose function fails is dead-lettered as its timer's failure,
+// and does not hold up the later windows of its key.
+func TestFailingWindowDoesNotBlockItsKey(t *testing.T) {
+	t.Parallel()
+	at := func(s int64) int64 { return base + s*1000 }
+	a := func(s, v int64) elem { return elem{Key: "a", T: at(s), V: v} }
+	for _, lateness := range []time.Duration{0, 5 * time.Second} {
+		t.Run(lateness.String(), func(t *testing.T) {
+			t.Parallel()
+			h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+				Assigner:        window.TumblingEventTime(10 * time.Second),
+				AllowedLateness: lateness,
+				Function: window.Process(kstate.JSON[elem](), func(_ sluice.Context, w window.Window, es []elem, emit func(result)) error {
+					var r result
+					for _, e := range es {
+						if e.V == 13 {
+							return fmt.Errorf("unlucky window %s", w)
+						}
+						r = sum{}.Add(e, r)
+					}
+					emit(r)
+					return nil
+				}),
+			}), sluicetest.Options{})
+			send(h, a(1, 13), a(10, 1), a(20, 2), a(30, 0), a(40, 0))
+			h.Settle()
+			expectInOrder(t, "windows", values(h.Output()),
+				line("a", at(10), at(20), result{1, 1}),
+				line("a", at(20), at(30), result{1, 2}),
+				line("a", at(30), at(40), result{1, 0}),
+			)
+			dl := h.DeadLetters()
+			if len(dl) != 1 || header(dl[0], sluice.HeaderStage) != "timer" || string(dl[0].Key) != "a" {
+				t.Fatalf("dead letters: %+v, want the one timer of key a", dl)
+			}
+		})
+	}
+}
+
+func header(r sluice.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
