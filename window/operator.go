@@ -145,6 +145,11 @@ func (o *operator[IN, OUT]) register(ctx sluice.Context, ms int64) {
 	}
 }
 
+// timerTime is the millisecond a timer registered at ms fires at: the
+// engine stores times before 1970 as 1970, so windows that end before then
+// share the timer at 0.
+func timerTime(ms int64) int64 { return max(ms, 0) }
+
 func (o *operator[IN, OUT]) unregister(ctx sluice.Context, ms int64) {
 	if o.assigner.EventTime() {
 		ctx.Timers().DeleteEventTime(time.UnixMilli(ms))
@@ -206,8 +211,8 @@ func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
 		// at end + lateness, so a window that reaches its cleanup
 		// unfired is one whose firing failed: it is cleared, not tried
 		// again.
-		fire := !w.e.fired && w.s.end == at
-		cleanup := w.s.end+o.lateness == at
+		fire := !w.e.fired && timerTime(w.s.end) == at
+		cleanup := timerTime(w.s.end+o.lateness) == at
 		if fire {
 			if err := o.fire(ctx, w); err != nil {
 				return err

@@ -65,11 +65,12 @@ func (o *operator[IN, OUT]) addToSession(ctx sluice.Context, rec *sluice.Record,
 		return err
 	}
 	needed := func(at int64) bool {
-		if at == merged.end || at == merged.end+o.lateness {
+		at = timerTime(at)
+		if at == timerTime(merged.end) || at == timerTime(merged.end+o.lateness) {
 			return true
 		}
 		for _, w := range others {
-			if !w.e.fired && w.s.end == at || w.s.end+o.lateness == at {
+			if !w.e.fired && timerTime(w.s.end) == at || timerTime(w.s.end+o.lateness) == at {
 				return true
 			}
 		}

@@ -396,3 +396,26 @@ func header(r sluice.Record, key string) string {
 	}
 	return ""
 }
+
+// The engine stores timers before 1970 as 1970, so windows that end before
+// then fire together when the watermark reaches it, and nothing is lost.
+func TestBefore1970(t *testing.T) {
+	t.Parallel()
+	a := func(s, v int64) elem { return elem{Key: "a", T: s * 1000, V: v} }
+	h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+		Assigner: window.TumblingEventTime(10 * time.Second), Function: functions[0].fn,
+	}), sluicetest.Options{})
+	send(h, a(-25, 1), a(-21, 2), a(-15, 4), a(-1, 8))
+	h.Settle()
+	if out := h.Output(); len(out) != 0 {
+		t.Fatalf("fired before the watermark reached 1970: %v", values(out))
+	}
+	send(h, a(0, 16), a(10, 0))
+	h.Settle()
+	expectInOrder(t, "windows", values(h.Output()),
+		line("a", -30000, -20000, result{2, 3}),
+		line("a", -20000, -10000, result{1, 4}),
+		line("a", -10000, 0, result{1, 8}),
+		line("a", 0, 10000, result{1, 16}),
+	)
+}
