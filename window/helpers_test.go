@@ -206,5 +206,5 @@ func batchSessions(es []elem, gap int64) []string {
 }
 
 func withoutFlush(lines []string) []string {
-	return slices.DeleteFunc(lines, func(s string) bool { return strings.HasPrefix(s, flushKey+" ") })
+	return slices.DeleteFunc(lines, func(s string) bool { return strings.HasPrefix(s, flushKey) })
 }

@@ -2,6 +2,7 @@ package window_test
 
 import (
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -418,4 +419,23 @@ func TestBefore1970(t *testing.T) {
 		line("a", -10000, 0, result{1, 8}),
 		line("a", 0, 10000, result{1, 16}),
 	)
+}
+
+// With two partitions each task keeps its own windows and watermark; the
+// result is the same as with one.
+func TestTwoPartitions(t *testing.T) {
+	t.Parallel()
+	es := stream(7, 300)
+	h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+		Assigner: window.EventTimeSession(4500 * time.Millisecond), Function: functions[1].fn,
+	}), sluicetest.Options{MaxOutOfOrderness: outOfOrder, Partitions: 2})
+	send(h, es...)
+	// A flush per partition: event time is per task.
+	f := flush(es)
+	for i := range 8 {
+		f.Key = flushKey + strconv.Itoa(i)
+		send(h, f)
+	}
+	h.Settle()
+	expectSorted(t, "windows", withoutFlush(values(h.Output())), batchSessions(es, 4500))
 }
