@@ -40,7 +40,7 @@ import (
 type Config struct {
 	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate and savepoint" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split or rising-temperature (the seed job wordcount is not built yet)."`
+	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split, rising-temperature or window-average (the seed job wordcount is not built yet)."`
 	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topic. One topic for now: several co-partitioned topics need a co-partitioning assignor, which is not built yet, so more than one stops the instance at start."`
 	OutputTopic           string        `env:"SLUICE_OUTPUT_TOPIC" docDefault:"required by jobs that emit" expect:"a Kafka topic name" desc:"Topic the job writes its results to."`
 	StateDir              string        `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task. Kept across restarts; the container image sets /var/lib/sluice (a volume)."`
@@ -61,9 +61,10 @@ type Config struct {
 	AlertThreshold        float64       `env:"SLUICE_ALERT_THRESHOLD" envDefault:"10.0" desc:"temperature-alert: emit when a sensor's reading differs from its last one by this much or more (float64; see docs/jobs.md for why not strictly more). Must be >= 0."`
 	RisingWindow          time.Duration `env:"SLUICE_RISING_WINDOW" envDefault:"10s" desc:"rising-temperature: how long a sensor's temperature must rise at every reading before an alert. Must be > 0."`
 	TimeDomain            string        `env:"SLUICE_TIME" envDefault:"processing" desc:"rising-temperature: timers in processing time (wall clock) or event time (the record's CSV seconds, driven by the watermark)."`
+	Window                time.Duration `env:"SLUICE_WINDOW" envDefault:"1m" desc:"window-average: length of the tumbling event-time windows, each aligned on the Unix epoch (see docs/windows.md). Must be at least 1ms."`
 	MaxOutOfOrderness     time.Duration `env:"SLUICE_MAX_OUT_OF_ORDERNESS" envDefault:"0s" desc:"Event time: watermark = highest record time seen minus this, so records this much out of order are not late. Must be >= 0."`
 	IdleTimeout           time.Duration `env:"SLUICE_IDLE_TIMEOUT" envDefault:"0s" desc:"Event time: an input that has had no record for this long stops holding the watermark back (Flink's withIdleness). Matters only for a task reading several input topics; 0 = never idle. Must be >= 0."`
-	SideOutputTopic       string        `env:"SLUICE_SIDE_OUTPUT_TOPIC" docDefault:"required by temperature-split" expect:"a Kafka topic name" desc:"temperature-split: topic for readings below 30 (the rest go to SLUICE_OUTPUT_TOPIC). rising-temperature with SLUICE_TIME=event: when set, readings behind the watermark go here (the late side output) instead of being processed."`
+	SideOutputTopic       string        `env:"SLUICE_SIDE_OUTPUT_TOPIC" docDefault:"required by temperature-split" expect:"a Kafka topic name" desc:"temperature-split: topic for readings below 30 (the rest go to SLUICE_OUTPUT_TOPIC). rising-temperature with SLUICE_TIME=event: when set, readings behind the watermark go here (the late side output) instead of being processed. window-average: when set, readings whose window has already fired go here instead of being dropped."`
 	LeaveOnShutdown       bool          `env:"SLUICE_LEAVE_ON_SHUTDOWN" envDefault:"true" desc:"On SIGTERM, after the final checkpoint, leave the consumer group so the partitions move at once. false keeps them reserved for this SLUICE_INSTANCE_ID until the session times out (a quick restart then gets them back without a rebalance)."`
 	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, DLQ and changelog topics at startup. Existing topics are never altered; a changelog with the wrong partition count or cleanup policy stops the instance."`
 	Partitions            int           `env:"SLUICE_PARTITIONS" envDefault:"0" desc:"Partition count of the output and DLQ topics the processor creates. 0 = that of the input topic. The changelog always has the input's count. Must be >= 0."`
@@ -358,6 +359,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_ALERT_THRESHOLD", c.AlertThreshold >= 0 && !math.IsInf(c.AlertThreshold, 1), "a finite number of 0 or more such as 10.0")
 	v.check("SLUICE_RISING_WINDOW", c.RisingWindow > 0, "a Go duration greater than 0 such as 10s")
 	v.check("SLUICE_TIME", slices.Contains(timeDomains, c.TimeDomain), oneOf(timeDomains))
+	v.check("SLUICE_WINDOW", c.Window >= time.Millisecond, "a Go duration of at least 1ms such as 1m")
 	v.check("SLUICE_MAX_OUT_OF_ORDERNESS", c.MaxOutOfOrderness >= 0, "a Go duration of 0 or more")
 	v.check("SLUICE_IDLE_TIMEOUT", c.IdleTimeout >= 0, "a Go duration of 0 or more")
 	if c.RestoreFrom != "" {

@@ -71,6 +71,9 @@ var builtins = map[string]func(Config) sluice.Job{
 	"rising-temperature": func(c Config) sluice.Job {
 		return jobs.RisingTemperature(jobs.RisingOptions{Window: c.RisingWindow, EventTime: c.TimeDomain == "event", LateOutput: c.SideOutputTopic != ""})
 	},
+	"window-average": func(c Config) sluice.Job {
+		return jobs.WindowAverage(jobs.WindowAverageOptions{Window: c.Window, LateOutput: c.SideOutputTopic != ""})
+	},
 }
 
 func jobSpecs() []JobSpec {

@@ -15,8 +15,8 @@ import (
 )
 
 // The seed jobs as the binary runs them, configured by environment alone:
-// rising-temperature in event time with a late side output, and
-// temperature-alert on the tutorial's readings.
+// rising-temperature in event time with a late side output,
+// window-average with one, and temperature-alert on the tutorial's readings.
 func TestSeedJobsFromTheEnvironment(t *testing.T) {
 	tests := []struct {
 		job      string
@@ -35,6 +35,23 @@ func TestSeedJobsFromTheEnvironment(t *testing.T) {
 			want: map[string][]string{
 				"out":  {`{"id":"sensor_1","rising_for":"10s"}`},
 				"late": {"sensor_3,1547718100,5"},
+			},
+		},
+		{
+			job: "window-average",
+			env: map[string]string{"SLUICE_WINDOW": "10s", "SLUICE_SIDE_OUTPUT_TOPIC": "late"},
+			// The tutorial's readings (docs/jobs.md): two windows fire, and
+			// sensor_7's reading at 202 comes after its window did.
+			readings: tutorial.Readings,
+			want: map[string][]string{
+				"out": {
+					`{"id":"sensor_1","start":"2019-01-17T09:43:10Z","end":"2019-01-17T09:43:20Z","count":1,"mean":35.8}`,
+					`{"id":"sensor_1","start":"2019-01-17T09:43:20Z","end":"2019-01-17T09:43:30Z","count":2,"mean":37.4}`,
+					`{"id":"sensor_10","start":"2019-01-17T09:43:20Z","end":"2019-01-17T09:43:30Z","count":2,"mean":37.55}`,
+					`{"id":"sensor_6","start":"2019-01-17T09:43:20Z","end":"2019-01-17T09:43:30Z","count":2,"mean":12.65}`,
+					`{"id":"sensor_7","start":"2019-01-17T09:43:20Z","end":"2019-01-17T09:43:30Z","count":1,"mean":19.9}`,
+				},
+				"late": {"sensor_7,1547718202,30"},
 			},
 		},
 		{

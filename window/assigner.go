@@ -1,0 +1,122 @@
+package window
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Assigner says which windows a record belongs to, and on which clock they
+// close. Build one with TumblingEventTime, SlidingEventTime,
+// EventTimeSession or their processing-time twins; the zero Assigner is
+// invalid.
+type Assigner struct {
+	kind   assignerKind
+	domain sluice.TimeDomain
+	size   int64 // tumbling and sliding: window length, ms
+	slide  int64 // sliding: distance between window starts, ms
+	gap    int64 // sessions: inactivity that closes a session, ms
+}
+
+type assignerKind byte
+
+const (
+	tumbling assignerKind = iota + 1
+	sliding
+	session
+)
+
+// TumblingEventTime puts each record in the one window of length size that
+// holds its event time; windows start at multiples of size since the Unix
+// epoch. They close when the watermark reaches their end.
+func TumblingEventTime(size time.Duration) Assigner {
+	return Assigner{kind: tumbling, domain: sluice.EventTime, size: size.Milliseconds()}
+}
+
+// TumblingProcessingTime is TumblingEventTime on the processing-time clock
+// (Context.Now when the record is processed): windows close when the clock
+// reaches their end.
+func TumblingProcessingTime(size time.Duration) Assigner {
+	return Assigner{kind: tumbling, domain: sluice.ProcessingTime, size: size.Milliseconds()}
+}
+
+// SlidingEventTime puts each record in every window of length size that
+// holds its event time, windows starting every slide (at multiples of slide
+// since the Unix epoch): size/slide windows per record when slide divides
+// size.
+func SlidingEventTime(size, slide time.Duration) Assigner {
+	return Assigner{kind: sliding, domain: sluice.EventTime, size: size.Milliseconds(), slide: slide.Milliseconds()}
+}
+
+// SlidingProcessingTime is SlidingEventTime on the processing-time clock.
+func SlidingProcessingTime(size, slide time.Duration) Assigner {
+	return Assigner{kind: sliding, domain: sluice.ProcessingTime, size: size.Milliseconds(), slide: slide.Milliseconds()}
+}
+
+// EventTimeSession puts each record in a session of its key: the record's
+// own window is [t, t+gap), and windows of the same key that overlap or
+// touch merge into one, so a session ends gap after its last record.
+// A record that falls between two sessions and bridges them merges them.
+func EventTimeSession(gap time.Duration) Assigner {
+	return Assigner{kind: session, domain: sluice.EventTime, gap: gap.Milliseconds()}
+}
+
+// ProcessingTimeSession is EventTimeSession on the processing-time clock:
+// a session ends when no record of its key was processed for gap.
+func ProcessingTimeSession(gap time.Duration) Assigner {
+	return Assigner{kind: session, domain: sluice.ProcessingTime, gap: gap.Milliseconds()}
+}
+
+// EventTime reports whether the windows run on event time.
+func (a Assigner) EventTime() bool { return a.domain == sluice.EventTime }
+
+// merging reports whether windows of a key merge (sessions).
+func (a Assigner) merging() bool { return a.kind == session }
+
+func (a Assigner) validate() error {
+	switch a.kind {
+	case tumbling:
+		if a.size <= 0 {
+			return fmt.Errorf("tumbling window size %s: want at least 1ms", time.Duration(a.size)*time.Millisecond)
+		}
+	case sliding:
+		if a.size <= 0 || a.slide <= 0 {
+			return fmt.Errorf("sliding window size %s, slide %s: want both at least 1ms", time.Duration(a.size)*time.Millisecond, time.Duration(a.slide)*time.Millisecond)
+		}
+	case session:
+		if a.gap <= 0 {
+			return fmt.Errorf("session gap %s: want at least 1ms", time.Duration(a.gap)*time.Millisecond)
+		}
+	default:
+		return fmt.Errorf("no window assigner (use TumblingEventTime, SlidingEventTime, EventTimeSession or a processing-time one)")
+	}
+	return nil
+}
+
+// assign appends the windows of a record at t (unix ms) to dst, latest
+// start first for sliding windows, as Flink lists them.
+func (a Assigner) assign(dst []span, t int64) []span {
+	switch a.kind {
+	case tumbling:
+		start := t - floorMod(t, a.size)
+		return append(dst, span{start, start + a.size})
+	case sliding:
+		for start := t - floorMod(t, a.slide); start > t-a.size; start -= a.slide {
+			dst = append(dst, span{start, start + a.size})
+		}
+		return dst
+	default:
+		return append(dst, span{t, t + a.gap})
+	}
+}
+
+// floorMod is the modulus with the divisor's sign, so that times before
+// 1970 fall in the window below them rather than above.
+func floorMod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}

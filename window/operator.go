@@ -1,0 +1,300 @@
+package window
+
+import (
+	"errors"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// operator runs a Spec: Process assigns records to windows and updates
+// them; OnTimer fires and clears them.
+//
+// The window index (stores.windows) is the truth about a key's windows;
+// timers only say when to look at it. A timer at T fires every window of
+// the key that has not fired and ends at T, and clears every window whose
+// end + lateness is T. So a timer shared by two windows (one per key,
+// domain and millisecond: one window's end can be another's cleanup time)
+// serves both, and a stale timer finds nothing to do.
+//
+// Matching T exactly, rather than every window due by T, keeps one window
+// whose function keeps failing (its firing is rolled back and
+// dead-lettered) from failing every later timer of its key too.
+type operator[IN, OUT any] struct {
+	spec     Spec[IN, OUT]
+	fn       Function[IN, OUT]
+	assigner Assigner
+	lateness int64 // ms
+	st       stores[IN]
+}
+
+func newOperator[IN, OUT any](s Spec[IN, OUT]) *operator[IN, OUT] {
+	return &operator[IN, OUT]{
+		spec:     s,
+		fn:       s.Function,
+		assigner: s.Assigner,
+		lateness: s.AllowedLateness.Milliseconds(),
+		st:       newStores(s.Name, s.Function.elements),
+	}
+}
+
+// clock is what a record is judged by: its time in the assigner's domain,
+// and the watermark (event time; ok is false until the task has one) or the
+// processing time it was processed at.
+type clock struct {
+	t, wm int64 // unix ms
+	ok    bool
+}
+
+func (o *operator[IN, OUT]) clockOf(ctx sluice.Context) clock {
+	if !o.assigner.EventTime() {
+		now := ctx.Now().UnixMilli()
+		return clock{t: now, wm: now, ok: false}
+	}
+	wm := ctx.CurrentWatermark()
+	return clock{t: ctx.Timestamp().UnixMilli(), wm: wm.UnixMilli(), ok: !wm.IsZero()}
+}
+
+// late reports whether window s can take no more elements: the watermark
+// has reached its cleanup time (Flink's isWindowLate). Sluice's watermark
+// has no extra millisecond (docs/time.md), so Flink's
+// "maxTimestamp + lateness <= watermark" reads end + lateness <= watermark
+// here, and a window fires when the watermark reaches its end.
+func (o *operator[IN, OUT]) late(s span, c clock) bool {
+	return c.ok && s.end+o.lateness <= c.wm
+}
+
+func (o *operator[IN, OUT]) process(ctx sluice.Context, rec *sluice.Record) error {
+	in, err := o.spec.Decode(rec)
+	if err != nil {
+		return err
+	}
+	c := o.clockOf(ctx)
+	var buf [4]span
+	spans := o.assigner.assign(buf[:0], c.t)
+	if o.assigner.merging() {
+		return o.addToSession(ctx, rec, spans[0], in, c)
+	}
+	accepted := false
+	for _, s := range spans {
+		if o.late(s, c) {
+			continue
+		}
+		accepted = true
+		e, ok, err := o.st.windows.Get(ctx, s)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			e = entry{slot: s}
+		}
+		if err := o.add(ctx, s, &e, !ok, in, c); err != nil {
+			return err
+		}
+	}
+	if !accepted {
+		return o.tooLate(ctx, rec)
+	}
+	return nil
+}
+
+// add adds in to window s (whose entry is e, new if created), arms its
+// timers and stores the entry.
+//
+// A window whose end the watermark has passed fires again at once (its
+// timer, behind the watermark, fires right after this record): a late
+// firing, with everything the window holds, as Flink's default trigger
+// does.
+func (o *operator[IN, OUT]) add(ctx sluice.Context, s span, e *entry, created bool, in IN, c clock) error {
+	if err := o.addElement(ctx, e, in); err != nil {
+		return err
+	}
+	if created || e.fired || c.ok && s.end <= c.wm {
+		o.register(ctx, s.end)
+	}
+	if created && o.lateness > 0 {
+		o.register(ctx, s.end+o.lateness)
+	}
+	e.fired = false
+	return o.st.windows.Put(ctx, s, *e)
+}
+
+func (o *operator[IN, OUT]) addElement(ctx sluice.Context, e *entry, in IN) error {
+	if !o.fn.incremental() {
+		if err := o.st.elements.Put(ctx, elementKey{e.slot, e.count}, in); err != nil {
+			return err
+		}
+		e.count++
+		return nil
+	}
+	var err error
+	if e.count == 0 {
+		e.acc, err = o.fn.first(in)
+	} else {
+		e.acc, err = o.fn.add(e.acc, in)
+	}
+	e.count++
+	return err
+}
+
+func (o *operator[IN, OUT]) register(ctx sluice.Context, ms int64) {
+	if o.assigner.EventTime() {
+		ctx.Timers().RegisterEventTime(time.UnixMilli(ms))
+	} else {
+		ctx.Timers().RegisterProcessingTime(time.UnixMilli(ms))
+	}
+}
+
+// timerTime is the millisecond a timer registered at ms fires at: the
+// engine stores times before 1970 as 1970, so windows that end before then
+// share the timer at 0.
+func timerTime(ms int64) int64 { return max(ms, 0) }
+
+func (o *operator[IN, OUT]) unregister(ctx sluice.Context, ms int64) {
+	if o.assigner.EventTime() {
+		ctx.Timers().DeleteEventTime(time.UnixMilli(ms))
+	} else {
+		ctx.Timers().DeleteProcessingTime(time.UnixMilli(ms))
+	}
+}
+
+// tooLate handles a record that no window takes.
+func (o *operator[IN, OUT]) tooLate(ctx sluice.Context, rec *sluice.Record) error {
+	if o.spec.LateOutput != "" {
+		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, rec.Headers...)
+		return nil
+	}
+	n, _, err := o.st.dropped.Get(ctx)
+	if err != nil {
+		return err
+	}
+	if o.spec.LateDropped != nil {
+		o.spec.LateDropped.Inc()
+	}
+	return o.st.dropped.Set(ctx, n+1)
+}
+
+// window is one entry of the index.
+type window struct {
+	s span
+	e entry
+}
+
+// errStop ends a scan of the index early.
+var errStop = errors.New("stop")
+
+// windows returns the key's windows that start at or before upTo, in time
+// order.
+func (o *operator[IN, OUT]) windows(ctx sluice.Context, upTo int64) ([]window, error) {
+	var ws []window
+	err := o.st.windows.Entries(ctx, func(s span, e entry) error {
+		if s.start > upTo {
+			return errStop
+		}
+		ws = append(ws, window{s, e})
+		return nil
+	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
+	return ws, err
+}
+
+func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
+	at := t.At.UnixMilli()
+	ws, err := o.windows(ctx, at)
+	if err != nil {
+		return err
+	}
+	for _, w := range ws {
+		// The firing timer at the end comes before the cleanup timer
+		// at end + lateness, so a window that reaches its cleanup
+		// unfired is one whose firing failed: it is cleared, not tried
+		// again.
+		fire := !w.e.fired && timerTime(w.s.end) == at
+		cleanup := timerTime(w.s.end+o.lateness) == at
+		if fire {
+			if err := o.fire(ctx, w); err != nil {
+				return err
+			}
+			w.e.fired = true
+		}
+		switch {
+		case cleanup:
+			if err := o.clear(ctx, w); err != nil {
+				return err
+			}
+		case fire:
+			if err := o.st.windows.Put(ctx, w.s, w.e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// fire computes the window's results and emits them, keyed by the key.
+func (o *operator[IN, OUT]) fire(ctx sluice.Context, w window) error {
+	win := w.s.window()
+	key := ctx.Key()
+	var emitErr error
+	emit := func(out OUT) {
+		if emitErr != nil {
+			return
+		}
+		v, err := o.spec.Encode(key, win, out)
+		if err != nil {
+			emitErr = err
+			return
+		}
+		ctx.Emit(key, v)
+	}
+	var err error
+	if o.fn.incremental() {
+		err = o.fn.fire(ctx, win, w.e.acc, emit)
+	} else {
+		var elems []IN
+		if elems, err = o.elements(ctx, w.e); err == nil {
+			err = o.fn.process(ctx, win, elems, emit)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return emitErr
+}
+
+func (o *operator[IN, OUT]) elements(ctx sluice.Context, e entry) ([]IN, error) {
+	elems := make([]IN, 0, e.count)
+	for n := range e.count {
+		v, ok, err := o.st.elements.Get(ctx, elementKey{e.slot, n})
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, errors.New("window: an element of the window is missing from state")
+		}
+		elems = append(elems, v)
+	}
+	return elems, nil
+}
+
+// clear removes a window and its elements.
+func (o *operator[IN, OUT]) clear(ctx sluice.Context, w window) error {
+	if err := o.st.windows.Remove(ctx, w.s); err != nil {
+		return err
+	}
+	return o.removeElements(ctx, w.e.slot, 0, w.e.count)
+}
+
+func (o *operator[IN, OUT]) removeElements(ctx sluice.Context, slot span, from, to int64) error {
+	if o.fn.incremental() {
+		return nil
+	}
+	for n := from; n < to; n++ {
+		if err := o.st.elements.Remove(ctx, elementKey{slot, n}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package window
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Spec declares a window job: how records are decoded, which windows they
+// fall in, what a window computes, and how its results are encoded.
+type Spec[IN, OUT any] struct {
+	// Name is the job's name, and the prefix of its state names: keep it
+	// stable across releases, since it is the state's identity.
+	Name string
+	// Assigner picks the windows and their clock.
+	Assigner Assigner
+	// Function computes a window's results.
+	Function Function[IN, OUT]
+	// Decode turns an input record into an element. An error fails the
+	// record as a ProcessFunc error does (dead-lettered; wrap it in a
+	// sluice.DecodeError for the decode stage, or with sluice.Fatal to
+	// stop the instance).
+	Decode func(rec *sluice.Record) (IN, error)
+	// Encode turns a result into the value of the output record, which is
+	// emitted keyed by the window's key. An error fails the firing.
+	Encode func(key []byte, w Window, out OUT) ([]byte, error)
+	// Timestamp gives a record's event time; required by event-time
+	// assigners (sluice.KafkaTime takes the Kafka record time), unused in
+	// processing time.
+	Timestamp sluice.TimestampFunc
+	// AllowedLateness keeps an event-time window this long past its end:
+	// an element that comes after the window fired but before the
+	// watermark reaches end + AllowedLateness updates it and fires it
+	// again (a late firing). Default 0: a window is cleared when it
+	// fires. Processing-time windows take none.
+	AllowedLateness time.Duration
+	// LateOutput, if set, is the side output that records too late for
+	// every window they belong to go to, unchanged. Unset, they are
+	// dropped and counted (state <name>.late-dropped per key, and
+	// LateDropped). Event time only.
+	LateOutput sluice.OutputTag
+	// LateDropped, if set, is incremented for each record dropped as too
+	// late (committed or not: a replayed epoch counts again).
+	LateDropped prometheus.Counter
+}
+
+// Job returns the sluice.Job that runs the spec, or an error saying what is
+// wrong with it.
+func Job[IN, OUT any](s Spec[IN, OUT]) (sluice.Job, error) {
+	if err := s.validate(); err != nil {
+		return sluice.Job{}, fmt.Errorf("window job %q: %w", s.Name, err)
+	}
+	o := newOperator(s)
+	job := sluice.Job{
+		Name:    s.Name,
+		Emits:   true,
+		Process: o.process,
+		OnTimer: o.onTimer,
+	}
+	if s.Assigner.EventTime() {
+		job.EventTime = true
+		job.Timestamp = s.Timestamp
+	}
+	if s.LateOutput != "" {
+		job.SideOutputs = []sluice.OutputTag{s.LateOutput}
+	}
+	return job, job.Validate()
+}
+
+func (s Spec[IN, OUT]) validate() error {
+	if s.Name == "" {
+		return errors.New("Name is empty")
+	}
+	if err := s.Assigner.validate(); err != nil {
+		return err
+	}
+	if err := s.Function.validate(s.Assigner.merging()); err != nil {
+		return err
+	}
+	switch {
+	case s.Decode == nil:
+		return errors.New("Decode is nil")
+	case s.Encode == nil:
+		return errors.New("Encode is nil")
+	case s.AllowedLateness < 0:
+		return fmt.Errorf("AllowedLateness %s: want 0 or more", s.AllowedLateness)
+	case s.Assigner.EventTime() && s.Timestamp == nil:
+		return errors.New("event-time windows need a Timestamp extractor (sluice.KafkaTime takes the Kafka record time)")
+	case !s.Assigner.EventTime() && s.AllowedLateness > 0:
+		return errors.New("AllowedLateness is for event time: a processing-time window has no late records")
+	case !s.Assigner.EventTime() && s.LateOutput != "":
+		return errors.New("LateOutput is for event time: a processing-time window has no late records")
+	}
+	return nil
+}
