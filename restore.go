@@ -49,19 +49,21 @@ func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 // savepoint (seed.go): a task whose changelog turns out to hold no marker is
 // seeded, then restored from what the seeding wrote.
 func (in *Instance) restoreSeeded(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta) (changelog.Result, error) {
-	seeding := in.seed != nil && len(meta.Offsets) == 0 && !meta.Partial
-	if seeding {
-		// Ordering rule: earlier seeders are fenced before the
-		// changelog is read.
-		if err := in.fenceSeeders(ctx, p); err != nil {
-			return changelog.Result{}, err
-		}
+	if in.seed == nil || len(meta.Offsets) > 0 || meta.Partial {
+		return in.restoreStore(ctx, p, be, meta)
 	}
+	// Ordering rule: the producer that seeds is initialised, fencing
+	// every earlier seeder, before the changelog is read.
+	cl, err := in.seedClient(ctx, p)
+	if err != nil {
+		return changelog.Result{}, err
+	}
+	defer cl.Close()
 	res, err := in.restoreStore(ctx, p, be, meta)
-	if err != nil || !seeding || res.Last != nil {
+	if err != nil || res.Last != nil {
 		return res, err
 	}
-	if err := in.seedTask(ctx, p, res.Orphans); err != nil {
+	if err := in.seedTask(ctx, cl, p, res.Orphans); err != nil {
 		return res, err
 	}
 	return in.restoreStore(ctx, p, be, meta)

@@ -13,7 +13,6 @@ import (
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/savepoint"
-	"github.com/sluicehq/sluice/txsink"
 )
 
 // Seeding a new app from a savepoint (Options.RestoreFrom).
@@ -29,11 +28,14 @@ import (
 // Ordering rules:
 //   - A task whose changelog has a marker is never seeded: restoring twice,
 //     or leaving SLUICE_RESTORE_FROM set, seeds nothing more.
-//   - The seeding transactional id of the partition (<app>-restore-<p>) is
-//     fenced before the changelog is read: a previous owner still seeding
-//     (paused, or revoked but not yet told) can commit nothing after this
-//     read, so the decision "no marker" stays true until this seeding
-//     writes its own.
+//   - The producer that seeds partition p (transactional id
+//     <app>-restore-<p>) is initialised before the changelog is read, and
+//     the same producer writes: a previous owner still seeding, or about to
+//     (paused between its read and its first write, or revoked but not yet
+//     told), is fenced and can commit nothing after this read, so the
+//     decision "no marker" stays true until this seeding writes its own.
+//     (Fencing with one producer and writing with another would let the
+//     paused owner's own initialisation fence this one back later.)
 //   - Entries an unfinished seeding left (committed, with no marker after
 //     them) are orphans: each gets a tombstone before the savepoint's
 //     entries, so that nothing but the savepoint survives compaction.
@@ -137,20 +139,10 @@ func (in *Instance) seedID(p int32) string {
 	return fmt.Sprintf("%s-restore-%d", in.cfg.AppID, p)
 }
 
-// fenceSeeders fences every earlier seeder of partition p (see the ordering
-// rules above). Called before the task's changelog is read.
-func (in *Instance) fenceSeeders(ctx context.Context, p int32) error {
-	return txsink.Fence(ctx, in.admCl, in.seedID(p), in.cfg.TransactionTimeout)
-}
-
-// seedTask writes task p's part of the savepoint to its changelog
-// partition, after a tombstone for each orphan an unfinished seeding left.
-func (in *Instance) seedTask(ctx context.Context, p int32, orphans [][]byte) error {
-	start := time.Now()
-	cut, err := in.seed.cut(ctx, in, p)
-	if err != nil {
-		return err
-	}
+// seedClient is the producer that seeds partition p, its producer id
+// initialised: from now on every earlier seeder of p is fenced, whether it
+// is writing or about to (see the ordering rules above).
+func (in *Instance) seedClient(ctx context.Context, p int32) (*kgo.Client, error) {
 	cl, err := kgo.NewClient(append(in.baseOpts(),
 		kgo.TransactionalID(in.seedID(p)),
 		kgo.TransactionTimeout(in.cfg.TransactionTimeout),
@@ -159,18 +151,37 @@ func (in *Instance) seedTask(ctx context.Context, p int32, orphans [][]byte) err
 		kgo.ProducerLinger(0),
 	)...)
 	if err != nil {
-		return fmt.Errorf("seed task %d: client: %w", p, err)
+		return nil, fmt.Errorf("seed task %d: client: %w", p, err)
 	}
-	defer cl.Close()
+	if _, _, err := cl.ProducerID(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("seed task %d: initialise %s: %w", p, in.seedID(p), err)
+	}
+	return cl, nil
+}
+
+// seedTask writes task p's part of the savepoint to its changelog
+// partition with cl (seedClient), after a tombstone for each orphan an
+// unfinished seeding left.
+func (in *Instance) seedTask(ctx context.Context, cl *kgo.Client, p int32, orphans [][]byte) error {
+	start := time.Now()
+	cut, err := in.seed.cut(ctx, in, p)
+	if err != nil {
+		return err
+	}
 	w := seedWriter{ctx: ctx, cl: cl, topic: in.changelogTopic, p: p, header: changelog.EncodeEpoch(cut.Epoch)}
 	for _, k := range orphans {
-		w.add(k, nil)
+		if err = w.add(k, nil); err != nil {
+			break
+		}
 	}
 	var keys int64
-	err = in.seed.scan(p, int32(in.partitions), func(k, v []byte) error {
-		keys++
-		return w.add(k, v)
-	})
+	if err == nil {
+		err = in.seed.scan(p, in.partitions, func(k, v []byte) error {
+			keys++
+			return w.add(k, v)
+		})
+	}
 	if err == nil {
 		err = w.add(changelog.MarkerKey, changelog.EncodeMarker(cut))
 	}
@@ -262,8 +273,17 @@ func (s *seedSource) scan(p, parts int32, fn func(k, v []byte) error) error {
 			}
 			if rescaled && key.Kind != kstate.KindOperator {
 				owner := t.Partition
-				if len(key.UserKey) > 0 {
-					probe.Key = key.UserKey
+				recordKey := key.UserKey
+				if key.Kind == kstate.KindTimer {
+					// A timer's record key is in its tail.
+					tm, err := kstate.DecodeTimer(k)
+					if err != nil {
+						return err
+					}
+					recordKey = tm.Key
+				}
+				if len(recordKey) > 0 {
+					probe.Key = recordKey
 					owner = int32(byKey.Partition(probe, int(parts)))
 				}
 				if owner != p {

@@ -74,7 +74,7 @@ func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopF
 	defer cancel()
 	if f.drain {
 		start := time.Now()
-		if err := waitDrained(ctx, log, adm, cfg.AppID); err != nil {
+		if err := waitDrained(ctx, log, cl, adm, cfg.AppID); err != nil {
 			return "", fmt.Errorf("drain: %w", err)
 		}
 		log.Info("input drained", "took", time.Since(start).Round(time.Millisecond).String())
@@ -118,23 +118,33 @@ func writeControl(ctx context.Context, cl *kgo.Client, adm *kadm.Client, app str
 	return nil
 }
 
-// groupMembers counts the group's members under either protocol.
+// groupMembers counts the group's members under either protocol. A group
+// that does not exist (under one protocol or both) has none; any other
+// error is returned, so that the caller asks again rather than take a
+// coordinator that could not answer for an empty group.
 func groupMembers(ctx context.Context, adm *kadm.Client, app string) (int, error) {
+	absent := func(err error) bool {
+		return errors.Is(err, kerr.GroupIDNotFound) || errors.Is(err, kerr.UnsupportedVersion) || errors.Is(err, kerr.InvalidGroupID)
+	}
+	classic, err := adm.DescribeGroups(ctx, app)
+	if err != nil {
+		return 0, err
+	}
 	n := 0
-	classic, cerr := adm.DescribeGroups(ctx, app)
-	if cerr == nil {
-		if d, ok := classic[app]; ok && d.Err == nil {
-			n += len(d.Members)
-		}
+	if d := classic[app]; d.Err != nil && !absent(d.Err) {
+		return 0, fmt.Errorf("describe group %s: %w", app, d.Err)
+	} else if d.Err == nil {
+		n += len(d.Members)
 	}
 	consumer, err := adm.DescribeConsumerGroups(ctx, app)
-	if err == nil {
-		if d, ok := consumer[app]; ok && d.Err == nil {
-			n += len(d.Members)
-		}
+	if err != nil && !absent(err) {
+		return 0, err
 	}
-	if cerr != nil && err != nil {
-		return 0, cerr
+	if d, ok := consumer[app]; ok {
+		if d.Err != nil && !absent(d.Err) {
+			return 0, fmt.Errorf("describe consumer group %s: %w", app, d.Err)
+		}
+		n += len(d.Members)
 	}
 	return n, nil
 }
@@ -154,25 +164,36 @@ func poll(ctx context.Context, done func() (bool, error)) error {
 	}
 }
 
+// waitGroupEmpty waits until two answers in a row say the group has no
+// members.
 func waitGroupEmpty(ctx context.Context, log *slog.Logger, adm *kadm.Client, app string) error {
-	last := -1
+	last, empty := -1, 0
 	return poll(ctx, func() (bool, error) {
 		n, err := groupMembers(ctx, adm, app)
 		if err != nil {
 			log.Warn("describing the group failed; retrying", "err", err)
+			empty = 0
 			return false, nil
 		}
 		if n != last && n > 0 {
 			log.Info("waiting for the instances to stop", "members", n)
 		}
 		last = n
-		return n == 0, nil
+		if n > 0 {
+			empty = 0
+			return false, nil
+		}
+		empty++
+		return empty >= 2, nil
 	})
 }
 
 // waitDrained waits until the group's committed offsets reach the end of
-// every input partition it has offsets for.
-func waitDrained(ctx context.Context, log *slog.Logger, adm *kadm.Client, app string) error {
+// every input partition it has offsets for. A partition whose records past
+// the committed offset are all control records (the commit marker that ends
+// a transactional producer's input, which no consumer commits past) is
+// drained too.
+func waitDrained(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *kadm.Client, app string) error {
 	return poll(ctx, func() (bool, error) {
 		committed, err := adm.FetchOffsets(kadm.RequireStable(ctx), app)
 		if err != nil {
@@ -188,16 +209,63 @@ func waitDrained(ctx context.Context, log *slog.Logger, adm *kadm.Client, app st
 			return false, err
 		}
 		behind := int64(0)
-		ends.Each(func(o kadm.ListedOffset) {
-			if c, ok := committed.Lookup(o.Topic, o.Partition); !ok || c.At < o.Offset {
-				behind += o.Offset - max(c.At, 0)
+		for _, o := range ends.Offsets().Sorted() {
+			c, ok := committed.Lookup(o.Topic, o.Partition)
+			if ok && c.At >= o.At {
+				continue
 			}
-		})
+			from := max(c.At, 0)
+			if ok {
+				only, err := onlyControlRecords(ctx, cl, o.Topic, o.Partition, from, o.At)
+				if err != nil {
+					return false, err
+				}
+				if only {
+					continue
+				}
+			}
+			behind += o.At - from
+		}
 		if behind > 0 {
 			log.Info("waiting for the input to drain", "records_behind", behind)
 		}
 		return behind == 0, nil
 	})
+}
+
+// onlyControlRecords reports whether [from, end) of a partition holds no
+// record a read_committed consumer would see. It reads with its own
+// consumer: cl's options connect it.
+func onlyControlRecords(ctx context.Context, cl *kgo.Client, topic string, p int32, from, end int64) (bool, error) {
+	rd, err := kgo.NewClient(append(cl.Opts(),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)...)
+	if err != nil {
+		return false, err
+	}
+	defer rd.Close()
+	for {
+		fs := rd.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		only, last := true, int64(-1)
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset < end && !r.Attrs.IsControl() {
+				only = false
+			}
+			last = max(last, r.Offset)
+		})
+		if !only {
+			return false, nil
+		}
+		if last >= end-1 {
+			return true, nil
+		}
+	}
 }
 
 // checkCuts checks that the group's stable committed offsets are where the
