@@ -162,6 +162,15 @@ type Options struct {
 	AllowNonRestoredState bool
 
 	Logger *slog.Logger
+
+	// Set by NewPipeline for its stages: the app whose control topic the
+	// stage follows (the pipeline's, not the stage's own app id), the
+	// repartition topic Forward writes to, and whether the stage's input
+	// is a repartition topic to purge behind its committed offsets.
+	controlApp   string
+	forwardTopic string
+	purgeInput   bool
+
 	// Registry receives the instance's metrics. Default a private
 	// registry: pass your own to export them.
 	Registry prometheus.Registerer

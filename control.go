@@ -29,7 +29,7 @@ import (
 // ensureControl creates the control topic when it is missing, and reports
 // whether the instance can follow it.
 func (in *Instance) ensureControl(ctx context.Context) (bool, error) {
-	topic := control.TopicName(in.cfg.AppID)
+	topic := in.controlTopic()
 	have, err := in.adm.ListTopics(ctx)
 	if err != nil {
 		return false, err
@@ -50,6 +50,15 @@ func (in *Instance) ensureControl(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("create control topic %s: %w", topic, err)
 	}
 	return true, nil
+}
+
+// controlTopic is the app's control topic; a pipeline's stages all follow
+// the pipeline's.
+func (in *Instance) controlTopic() string {
+	if in.cfg.controlApp != "" {
+		return control.TopicName(in.cfg.controlApp)
+	}
+	return control.TopicName(in.cfg.AppID)
 }
 
 // controlFollower follows the control topic in a goroutine of its own.
@@ -74,7 +83,7 @@ func (in *Instance) followControl(ctx context.Context) (*controlFollower, error)
 		close(f.done)
 		return f, nil
 	}
-	topic := control.TopicName(in.cfg.AppID)
+	topic := in.controlTopic()
 	ends, err := in.adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("control topic %s: %w", topic, err)

@@ -42,6 +42,9 @@ type Instance struct {
 	partitions int32
 	// hasControl: the app's control topic exists (control.go).
 	hasControl bool
+	// purging: a purge of consumed repartition records is under way;
+	// purgeFailed: the last one failed (pipeline.go).
+	purging, purgeFailed atomic.Bool
 
 	// kip848 says the group runs the consumer protocol: asked for, and
 	// offered by the brokers. Set by prepareGroup before any session.
@@ -359,6 +362,9 @@ func (in *Instance) prepare(ctx context.Context) error {
 	plain := []string{in.cfg.DLQTopic}
 	if in.cfg.OutputTopic != "" {
 		plain = append(plain, in.cfg.OutputTopic)
+	}
+	if in.cfg.forwardTopic != "" {
+		plain = append(plain, in.cfg.forwardTopic)
 	}
 	for _, tag := range in.cfg.Job.SideOutputs {
 		plain = append(plain, in.cfg.SideOutputTopics[tag])

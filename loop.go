@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -34,7 +35,9 @@ type loop struct {
 	// budgetFull: a task's write-set reached the epoch budget
 	// (Options.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
-	sweptAt    time.Time // last sweep of released tasks' state files
+	sweptAt    time.Time    // last sweep of released tasks' state files
+	purgedAt   time.Time    // last purge of consumed repartition records
+	purged     kadm.Offsets // what it deleted below, by partition
 	// refused: the epoch's commit fails because of a poison input (a
 	// suspect confirmed, or a permanent produce failure), so its abort
 	// bounds the replay (task.replayUntil).
@@ -122,6 +125,7 @@ func (l *loop) iterate() error {
 	l.answerProbes()
 	in.ready.Store(len(l.restoring) == 0 && l.joined())
 	l.sweepStateFiles()
+	l.purge()
 
 	pctx, cancel := context.WithTimeout(l.ctx, l.pollWait())
 	in.wakeMu.Lock()

@@ -40,7 +40,7 @@ import (
 type Config struct {
 	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate and savepoint" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split, rising-temperature or window-average (the seed job wordcount is not built yet)."`
+	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split, rising-temperature, window-average or wordcount (two stages: see docs/topology.md)."`
 	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topic. One topic for now: several co-partitioned topics need a co-partitioning assignor, which is not built yet, so more than one stops the instance at start."`
 	OutputTopic           string        `env:"SLUICE_OUTPUT_TOPIC" docDefault:"required by jobs that emit" expect:"a Kafka topic name" desc:"Topic the job writes its results to."`
 	StateDir              string        `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task. Kept across restarts; the container image sets /var/lib/sluice (a volume)."`

@@ -76,8 +76,16 @@ var builtins = map[string]func(Config) sluice.Job{
 	},
 }
 
+// pipelines are the built-in jobs of several stages (sluice.NewPipeline).
+var pipelines = map[string]func(Config) []sluice.Stage{
+	"wordcount": func(Config) []sluice.Stage { return jobs.WordCount() },
+}
+
 func jobSpecs() []JobSpec {
-	specs := make([]JobSpec, 0, len(builtins))
+	specs := make([]JobSpec, 0, len(builtins)+len(pipelines))
+	for name := range pipelines {
+		specs = append(specs, JobSpec{Name: name, Emits: true})
+	}
 	for name, mk := range builtins {
 		j := mk(Config{})
 		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0})
@@ -173,7 +181,12 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	for _, w := range cfg.warnings() {
 		log.Warn(w)
 	}
-	inst, err := sluice.New(opts)
+	var inst runner
+	if stages, ok := pipelines[cfg.Job]; ok {
+		inst, err = sluice.NewPipeline(opts, stages(cfg)...)
+	} else {
+		inst, err = sluice.New(opts)
+	}
 	if err != nil {
 		return err
 	}
@@ -193,7 +206,13 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	return err
 }
 
-func httpHandler(reg *prometheus.Registry, inst *sluice.Instance) http.Handler {
+// runner is what serve runs: an Instance, or a Pipeline of several.
+type runner interface {
+	Run(context.Context) error
+	Ready() bool
+}
+
+func httpHandler(reg *prometheus.Registry, inst runner) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -219,7 +238,10 @@ func tolerable(n int) int {
 }
 
 func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) sluice.Options {
-	job := builtins[cfg.Job](cfg)
+	var job sluice.Job
+	if mk, ok := builtins[cfg.Job]; ok {
+		job = mk(cfg)
+	}
 	// The built-in jobs have at most one side output, bound to
 	// SLUICE_SIDE_OUTPUT_TOPIC.
 	side := map[sluice.OutputTag]string{}

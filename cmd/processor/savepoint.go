@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -202,6 +203,14 @@ func changelogPartitions(ctx context.Context, adm *kadm.Client, topic string) (i
 	details, err := adm.ListTopics(ctx) // all topics: naming a missing one makes the client retry it for seconds
 	if err != nil {
 		return 0, fmt.Errorf("list topics: %w", err)
+	}
+	app := strings.TrimSuffix(topic, "-changelog")
+	for name := range details {
+		if strings.HasPrefix(name, app+"-") && strings.HasSuffix(name, "-repartition") {
+			// The later stages' state is in changelogs of their own,
+			// and a stop would have to drain the hops first.
+			return 0, fmt.Errorf("%s has a repartition topic, %s: savepoints of a pipeline of several stages are not supported yet", app, name)
+		}
 	}
 	d, ok := details[topic]
 	if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {

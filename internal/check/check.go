@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -132,6 +133,34 @@ func Aggregate(inputs map[string][]int64, outputs []*kgo.Record) Report {
 	}
 	for _, extra := range byKey {
 		rep.Wrong += len(extra)
+	}
+	return rep
+}
+
+// WordCount checks the wordcount job: words are each word's occurrences
+// in the input, outputs the output records (key = word, value = the running
+// count as base-10 text). Every occurrence must be reflected by exactly one
+// output, and each word's outputs must count 1, 2, … in order.
+func WordCount(words map[string]int, outputs []*kgo.Record) Report {
+	rep := Report{Outputs: len(outputs)}
+	seen := map[string]int{}
+	for _, r := range outputs {
+		w := string(r.Key)
+		n, err := strconv.Atoi(string(r.Value))
+		switch {
+		case err != nil || words[w] == 0 || n > words[w]:
+			rep.Wrong++
+		case n <= seen[w]:
+			rep.Duplicates++
+		case n == seen[w]+1:
+			seen[w] = n
+		default:
+			rep.Wrong++ // a count skipped: reported as lost below too
+		}
+	}
+	for w, n := range words {
+		rep.Inputs += n
+		rep.Lost += n - seen[w]
 	}
 	return rep
 }

@@ -230,6 +230,36 @@ func chaosAggregate(t *testing.T, proto string) {
 	ch.shutdown()
 }
 
+// A two-stage job (wordcount: split, then count behind a repartition topic)
+// under the same chaos: every word's outputs are exactly its counts 1..n,
+// across the hop.
+func TestChaosWordcountExactlyOnce(t *testing.T) {
+	seed := chaosSeed(t, 24)
+	ch := newChaos(t, "wordcount", sluice.ExactlyOnce, chaosProtocol("classic"), seed)
+	ch.feeder.words = map[string]int{}
+	ch.run(20*time.Second, 0, seed)
+	occurrences := func() int {
+		ch.feeder.mu.Lock()
+		defer ch.feeder.mu.Unlock()
+		n := 0
+		for _, c := range ch.feeder.words {
+			n += c
+		}
+		return n
+	}()
+	recs, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, output, 45*time.Second, check.Settled(occurrences))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := check.WordCount(ch.feeder.words, recs)
+	if !rep.OK() {
+		ch.dumpLogs()
+		t.Fatalf("wordcount under chaos: %v", rep)
+	}
+	t.Logf("wordcount under chaos: %v (%d lines)", rep, ch.feeder.n)
+	ch.shutdown()
+}
+
 func TestChaosEchoExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 22)
 	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed)

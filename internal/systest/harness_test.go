@@ -69,7 +69,13 @@ func runChild() int {
 			}
 		}
 	}
-	inst, err := sluice.New(cfg)
+	var inst interface{ Run(context.Context) error }
+	var err error
+	if env("SYSTEST_JOB") == "wordcount" {
+		inst, err = sluice.NewPipeline(cfg, jobs.WordCount()...)
+	} else {
+		inst, err = sluice.New(cfg)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -181,6 +187,9 @@ type feeder struct {
 	bad    int
 	n      int
 	raw    map[int32][][]byte // echo: values per partition in order
+	// words: when set, produce sends unkeyed lines of words (wordcount's
+	// input) and counts each word's occurrences here.
+	words map[string]int
 }
 
 func newFeeder(t *testing.T, brokers string, keys int, seed uint64) *feeder {
@@ -202,6 +211,16 @@ func (f *feeder) produce(n, badEvery int) {
 		f.n++
 		key := "k" + strconv.Itoa(f.rng.IntN(f.keys))
 		var val string
+		if f.words != nil {
+			var line []string
+			for range 1 + f.rng.IntN(5) {
+				w := "w" + strconv.Itoa(f.rng.IntN(f.keys))
+				line = append(line, w)
+				f.words[w]++
+			}
+			recs = append(recs, &kgo.Record{Topic: input, Value: []byte(strings.Join(line, " "))})
+			continue
+		}
 		if badEvery > 0 && f.n%badEvery == 0 {
 			val = "x" + strconv.Itoa(f.n)
 			f.bad++

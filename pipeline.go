@@ -1,0 +1,280 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A Pipeline is a short chain of stages, Flink's keyBy between operators and
+// Kafka Streams' repartition between sub-topologies: a stage re-keys its
+// records with Forward, the runtime writes them to the next stage's
+// repartition topic <app>-<stage>-repartition inside the stage's epoch
+// transaction, and the next stage consumes that topic read_committed, in
+// the same process, with tasks, state, changelog and markers of its own.
+//
+// Each stage runs as an Instance of its own: the first under the app id,
+// each later one under <app>-<stage> (its consumer group, transactional id
+// prefix and internal topics). Exactly-once across a hop follows from each
+// stage's own: the forwarded records and the upstream offsets commit in the
+// upstream stage's transaction; the downstream stage's offsets and state
+// commit in its own, later one. A stage purges the repartition records it
+// has committed (DeleteRecords, as Kafka Streams does), so the topic does
+// not grow forever.
+//
+// Every process runs every stage; instances of the app share each stage's
+// partitions as they do a single job's. Metrics carry a stage label.
+type Pipeline struct {
+	stages []*Instance
+	names  []string
+	parts  []int32 // partitions of each repartition topic, 0 = the input's
+	opts   Options
+}
+
+// Stage is one step of a Pipeline.
+type Stage struct {
+	// Name names the stage's consumer group, changelog and repartition
+	// topic. Letters, digits, '.', '_', '-'.
+	Name string
+	// Job runs the stage. Every stage but the last sends on with Forward;
+	// any stage may Emit to Options.OutputTopic.
+	Job Job
+	// Partitions is the partition count of the stage's repartition topic
+	// (its input), 0 = that of the pipeline's input. Ignored for the first
+	// stage, which reads Options.InputTopics.
+	Partitions int32
+}
+
+// purgeEvery bounds how often a stage deletes the repartition records it
+// committed: often enough that the topic stays small, rarely enough that
+// the brokers do not notice.
+const purgeEvery = 5 * time.Second
+
+var stageName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,100}$`)
+
+// NewPipeline validates the stages and builds one Instance per stage from
+// opts, which names the pipeline's input, output and app id as for New.
+// Nothing touches the network until Run.
+func NewPipeline(opts Options, stages ...Stage) (*Pipeline, error) {
+	if len(stages) < 2 {
+		return nil, errors.New("sluice: a pipeline needs two stages or more (one stage is sluice.New)")
+	}
+	if opts.RestoreFrom != "" {
+		return nil, errors.New("sluice: Options.RestoreFrom: restoring a pipeline from a savepoint is not supported yet")
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if opts.DLQTopic == "" {
+		opts.DLQTopic = opts.AppID + "-dlq"
+	}
+	p := &Pipeline{opts: opts}
+	seen := map[string]bool{}
+	for i, s := range stages {
+		if !stageName.MatchString(s.Name) || seen[s.Name] {
+			return nil, fmt.Errorf("sluice: stage %d: name %q: want 1 to 100 of a-z A-Z 0-9 . _ -, unique in the pipeline", i, s.Name)
+		}
+		seen[s.Name] = true
+		o := opts
+		o.Job = s.Job
+		o.Registry = prometheus.WrapRegistererWith(prometheus.Labels{"stage": s.Name}, reg)
+		o.controlApp = opts.AppID
+		if o.Logger != nil {
+			o.Logger = o.Logger.With("stage", s.Name)
+		}
+		if i > 0 {
+			o.AppID = opts.AppID + "-" + s.Name
+			o.InputTopics = []string{RepartitionTopic(opts.AppID, s.Name)}
+			o.purgeInput = true
+		}
+		if i+1 < len(stages) {
+			o.forwardTopic = RepartitionTopic(opts.AppID, stages[i+1].Name)
+		}
+		in, err := New(o)
+		if err != nil {
+			return nil, fmt.Errorf("sluice: stage %s: %w", s.Name, err)
+		}
+		p.stages = append(p.stages, in)
+		p.names = append(p.names, s.Name)
+		p.parts = append(p.parts, s.Partitions)
+	}
+	return p, nil
+}
+
+// RepartitionTopic is the repartition topic that feeds stage of app.
+func RepartitionTopic(app, stage string) string { return app + "-" + stage + "-repartition" }
+
+// Ready reports whether every stage is ready.
+func (p *Pipeline) Ready() bool {
+	for _, in := range p.stages {
+		if !in.Ready() {
+			return false
+		}
+	}
+	return true
+}
+
+// Run creates the repartition topics that are missing, then runs every
+// stage until ctx is cancelled (each ends with a final checkpoint, as
+// Instance.Run) or one of them fails, which stops the others.
+func (p *Pipeline) Run(ctx context.Context) error {
+	if err := p.createTopics(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(p.stages))
+	for i, in := range p.stages {
+		go func() {
+			err := in.Run(ctx)
+			if err != nil {
+				err = fmt.Errorf("stage %s: %w", p.names[i], err)
+			}
+			errs <- err
+			cancel() // a stage that ends ends the pipeline
+		}()
+	}
+	var first error
+	for range p.stages {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// createTopics creates the repartition topics, with the partition count of
+// the pipeline's input unless a stage sets its own; it waits for the input
+// as an Instance does.
+func (p *Pipeline) createTopics(ctx context.Context) error {
+	if p.opts.DisableTopicCreation {
+		return nil // each stage waits for its input topic, saying so
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(p.opts.Brokers...)}, p.opts.ClientOpts...)...)
+	if err != nil {
+		return fmt.Errorf("sluice: client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	log := p.stages[0].log
+	backoff := 250 * time.Millisecond
+	for {
+		err := p.createTopicsOnce(ctx, adm)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		log.Warn("cannot create the repartition topics yet (brokers unreachable or the input missing); retrying", "err", err, "retry_in", backoff)
+		if sleep(ctx, backoff) != nil {
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (p *Pipeline) createTopicsOnce(ctx context.Context, adm *kadm.Client) error {
+	topics, err := adm.ListTopics(ctx)
+	if err != nil {
+		return err
+	}
+	input := p.opts.InputTopics[0]
+	d, ok := topics[input]
+	if !ok || d.Err != nil {
+		return fmt.Errorf("input topic %s is not there yet: %v", input, d.Err)
+	}
+	for i := 1; i < len(p.stages); i++ {
+		name := p.stages[i].cfg.InputTopics[0]
+		if _, ok := topics[name]; ok {
+			continue
+		}
+		parts := p.parts[i]
+		if parts <= 0 {
+			parts = int32(len(d.Partitions))
+		}
+		resp, err := adm.CreateTopic(ctx, parts, -1, nil, name)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("create repartition topic %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Forward sends a record to the next stage of the pipeline, keyed by key:
+// it is written to the next stage's repartition topic, partitioned by key
+// with murmur2, so the next stage's task of that key sees it, with the
+// event time of what is being handled. Like Emit, it joins the epoch's
+// transaction and is dropped with a record that fails. It fails the record
+// when the job is not a stage with a next one.
+func Forward(ctx Context, key, value []byte, headers ...Header) error {
+	c, ok := ctx.(*recordContext)
+	if !ok || c.in.cfg.forwardTopic == "" {
+		err := errors.New("sluice.Forward: the job is not a pipeline stage with a next stage")
+		if ok {
+			c.t.store.Fail(err)
+		}
+		return err
+	}
+	c.out = append(c.out, &kgo.Record{Topic: c.in.cfg.forwardTopic, Key: key, Value: value, Headers: kgoHeaders(headers), Timestamp: c.ts})
+	return nil
+}
+
+// purge deletes the records of the stage's input (a repartition topic)
+// below the running tasks' committed offsets that moved since the last
+// purge, at most every purgeEvery, in the background: nothing waits for it,
+// and a failure is retried the next time. The loop calls it every
+// iteration, so an idle stage purges what it committed last too.
+func (l *loop) purge() {
+	in := l.in
+	if !in.cfg.purgeInput || time.Since(l.purgedAt) < purgeEvery || in.purging.Load() {
+		return
+	}
+	if in.purgeFailed.Swap(false) {
+		l.purged = nil // the last purge may have deleted nothing: send it all again
+	}
+	l.purgedAt = time.Now()
+	below := kadm.Offsets{}
+	for p, t := range l.tasks {
+		for topic, off := range t.committed {
+			if done, ok := l.purged.Lookup(topic, p); ok && done.At == off {
+				continue
+			}
+			below.Add(kadm.Offset{Topic: topic, Partition: p, At: off, LeaderEpoch: -1})
+		}
+	}
+	if len(below) == 0 {
+		return
+	}
+	if l.purged == nil {
+		l.purged = kadm.Offsets{}
+	}
+	below.Each(l.purged.Add)
+	in.purging.Store(true)
+	go func() {
+		defer in.purging.Store(false)
+		ctx, cancel := context.WithTimeout(l.ctx, 30*time.Second)
+		defer cancel()
+		resp, err := in.adm.DeleteRecords(ctx, below)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil && ctx.Err() == nil {
+			in.log.Warn("purging consumed repartition records failed; retrying later", "err", err)
+		}
+		if err != nil {
+			in.purgeFailed.Store(true)
+		}
+	}()
+}
