@@ -17,6 +17,7 @@ package main
 // readme_test.go fails when README.md drifts from these tags.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/savepoint"
 )
 
 // Config is the environment of `processor` (run, demo). Fields named Raw…
@@ -91,7 +93,7 @@ type GenerateConfig struct {
 type SavepointConfig struct {
 	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path or file://path (s3:// and other object stores are not supported yet)" desc:"savepoint: directory under which processor savepoint writes each new savepoint, in a subdirectory named after the app id and the UTC time; a path or file://path. Object storage (s3://) is not supported yet."`
+	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path, file://path or s3://bucket/prefix?region=..." desc:"savepoint: where processor savepoint writes each new savepoint, under a name made of the app id and the UTC time: a directory path, file://path, or s3://bucket/prefix with gocloud s3blob query parameters (region, endpoint, use_path_style …; credentials from the AWS SDK chain). See docs/savepoints.md."`
 	Security
 }
 
@@ -193,8 +195,9 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 	return g, nil
 }
 
-// loadSavepointConfig reads and validates SavepointConfig from environ;
-// Dir becomes a local path (file:// removed).
+// loadSavepointConfig reads and validates SavepointConfig from environ.
+// Dir is checked as a savepoint location (its scheme, and for s3:// its
+// query parameters) without any I/O.
 func loadSavepointConfig(environ map[string]string) (SavepointConfig, error) {
 	var c SavepointConfig
 	if err := parseEnv(&c, environ); err != nil {
@@ -204,25 +207,13 @@ func loadSavepointConfig(environ map[string]string) (SavepointConfig, error) {
 	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
 	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
 	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
-	dir, scheme := savepointPath(c.Dir)
-	v.check("SLUICE_SAVEPOINT_DIR", scheme == "" || scheme == "file", fmt.Sprintf("a directory path or file://path (%s:// is not supported yet: savepoints to object storage are not built)", scheme))
-	v.check("SLUICE_SAVEPOINT_DIR", dir != "", "a directory path or file://path")
+	err := savepoint.CheckLocation(context.Background(), c.Dir)
+	v.check("SLUICE_SAVEPOINT_DIR", err == nil, because(expectedOf(reflect.TypeFor[SavepointConfig](), "SLUICE_SAVEPOINT_DIR"), err))
 	c.Security.validate(&v)
 	if v.err != nil {
 		return SavepointConfig{}, v.err
 	}
-	c.Dir = dir
 	return c, nil
-}
-
-// savepointPath splits a SLUICE_SAVEPOINT_DIR into its local path and its
-// URL scheme ("" for a plain path).
-func savepointPath(s string) (path, scheme string) {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok || strings.ContainsAny(scheme, "/\\") {
-		return s, ""
-	}
-	return rest, strings.ToLower(scheme)
 }
 
 // TransactionTimeout is SLUICE_TRANSACTION_TIMEOUT, or when unset

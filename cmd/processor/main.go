@@ -41,8 +41,9 @@ commands:
              (flags: -keep keeps it running; -inputs N; -partitions N; -rate N)
   generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
   savepoint  copy the state of SLUICE_APP_ID from its changelog (each task at
-             its last committed epoch) to a new directory under
-             SLUICE_SAVEPOINT_DIR, and print that directory's path last
+             its last committed epoch) to a new savepoint under
+             SLUICE_SAVEPOINT_DIR (a path, file:// or s3:// URL), and print
+             its location (for SLUICE_RESTORE_FROM) last
   broker     run an embedded single-node Kafka-protocol broker (kfake);
              flags: -addr host:port (default 127.0.0.1:9092),
              -topics name:partitions[,...] to create topics at start
