@@ -40,7 +40,7 @@ import (
 // hold a variable as given, 0 or "" meaning derived: use the method of the
 // same name without Raw for the value in effect.
 type Config struct {
-	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate and savepoint" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate, savepoint, inspect and reset" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
 	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split or rising-temperature (the seed job wordcount is not built yet)."`
 	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topic. One topic for now: several co-partitioned topics need a co-partitioning assignor, which is not built yet, so more than one stops the instance at start."`
@@ -94,6 +94,23 @@ type SavepointConfig struct {
 	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
 	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path, file://path or s3://bucket/prefix?region=..." desc:"savepoint: where processor savepoint writes each new savepoint, under a name made of the app id and the UTC time: a directory path, file://path, or s3://bucket/prefix with gocloud s3blob query parameters (region, endpoint, use_path_style …; credentials from the AWS SDK chain). See docs/savepoints.md."`
+	Security
+}
+
+// InspectConfig is the environment of `processor inspect`, which shows an
+// application's group, tasks and open transactions from Kafka alone.
+type InspectConfig struct {
+	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
+	Security
+}
+
+// ResetConfig is the environment of `processor reset`, which deletes an
+// application's group, internal topics and local state directory.
+type ResetConfig struct {
+	Brokers  []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	AppID    string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
+	StateDir string   `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task."`
 	Security
 }
 
@@ -212,6 +229,41 @@ func loadSavepointConfig(environ map[string]string) (SavepointConfig, error) {
 	c.Security.validate(&v)
 	if v.err != nil {
 		return SavepointConfig{}, v.err
+	}
+	return c, nil
+}
+
+// loadInspectConfig reads and validates InspectConfig from environ.
+func loadInspectConfig(environ map[string]string) (InspectConfig, error) {
+	var c InspectConfig
+	if err := parseEnv(&c, environ); err != nil {
+		return InspectConfig{}, err
+	}
+	c.Brokers = trimList(c.Brokers)
+	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
+	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
+	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
+	c.Security.validate(&v)
+	if v.err != nil {
+		return InspectConfig{}, v.err
+	}
+	return c, nil
+}
+
+// loadResetConfig reads and validates ResetConfig from environ.
+func loadResetConfig(environ map[string]string) (ResetConfig, error) {
+	var c ResetConfig
+	if err := parseEnv(&c, environ); err != nil {
+		return ResetConfig{}, err
+	}
+	c.Brokers = trimList(c.Brokers)
+	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
+	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
+	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
+	v.check("SLUICE_STATE_DIR", c.StateDir != "", "a directory path")
+	c.Security.validate(&v)
+	if v.err != nil {
+		return ResetConfig{}, v.err
 	}
 	return c, nil
 }

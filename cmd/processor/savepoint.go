@@ -67,12 +67,7 @@ func takeSavepoint(ctx context.Context, envm map[string]string, stdout, stderr i
 // restore's batch whatever the state's size, where the memory backend
 // would hold a whole task. The temporary file is removed after each task.
 func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) (string, error) {
-	opts, err := cfg.kafkaOpts()
-	if err != nil {
-		return "", err
-	}
-	opts = append(opts, kgo.SeedBrokers(cfg.Brokers...))
-	cl, err := kgo.NewClient(opts...)
+	cl, opts, err := adminClient(cfg.Brokers, cfg.Security)
 	if err != nil {
 		return "", err
 	}
