@@ -143,19 +143,22 @@ type inputView struct {
 
 // txnView is one open transaction of the app's transactional ids.
 type txnView struct {
-	ID         string        `json:"transactional_id"`
-	State      string        `json:"state"`
-	ProducerID int64         `json:"producer_id"`
-	Epoch      int16         `json:"producer_epoch"`
-	Started    time.Time     `json:"started"`
-	Age        time.Duration `json:"age_ns"`
-	Timeout    time.Duration `json:"timeout_ns"`
+	ID         string    `json:"transactional_id"`
+	State      string    `json:"state"`
+	ProducerID int64     `json:"producer_id"`
+	Epoch      int16     `json:"producer_epoch"`
+	Started    time.Time `json:"started"`
+	AgeMs      int64     `json:"age_ms"`
+	TimeoutMs  int64     `json:"timeout_ms"`
 	// Hanging: open for longer than its timeout. The coordinator should
 	// have aborted it by then; until something does, every read_committed
 	// reader of its partitions is held back at its first record.
 	Hanging    bool     `json:"hanging"`
 	Partitions []string `json:"partitions"`
 }
+
+func (x txnView) age() time.Duration     { return time.Duration(x.AgeMs) * time.Millisecond }
+func (x txnView) timeout() time.Duration { return time.Duration(x.TimeoutMs) * time.Millisecond }
 
 // openStates are the transaction states in which the transaction holds
 // back the last stable offset of its partitions.
@@ -394,12 +397,12 @@ func openTransactions(ctx context.Context, adm *kadm.Client, prefix string, now 
 			continue // ended between the list and the describe
 		}
 		v := txnView{ID: d.TxnID, State: d.State, ProducerID: d.ProducerID, Epoch: d.ProducerEpoch,
-			Timeout: time.Duration(d.TimeoutMillis) * time.Millisecond, Partitions: []string{}}
+			TimeoutMs: int64(d.TimeoutMillis), Partitions: []string{}}
 		if d.StartTimestamp > 0 {
 			v.Started = time.UnixMilli(d.StartTimestamp).UTC()
-			v.Age = now.Sub(v.Started)
+			v.AgeMs = max(0, now.Sub(v.Started).Milliseconds())
 		}
-		v.Hanging = hanging(v.State, v.Age, v.Timeout)
+		v.Hanging = hanging(v.State, v.age(), v.timeout())
 		d.Topics.Each(func(t string, p int32) { v.Partitions = append(v.Partitions, fmt.Sprintf("%s/%d", t, p)) })
 		slices.Sort(v.Partitions)
 		out = append(out, v)
@@ -464,7 +467,7 @@ func (in *inspection) print(w io.Writer) error {
 			if x.Hanging {
 				flag = "HANGING"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", x.ID, x.State, x.Age.Round(time.Millisecond), x.Timeout, x.ProducerID, x.Epoch, strings.Join(x.Partitions, ","), flag)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", x.ID, x.State, x.age(), x.timeout(), x.ProducerID, x.Epoch, strings.Join(x.Partitions, ","), flag)
 		}
 	}
 	for _, n := range in.Notes {

@@ -76,7 +76,9 @@ func resetApp(ctx context.Context, args []string, envm map[string]string, stdout
 		return fail(err)
 	}
 	if n := len(g.Members); n > 0 {
-		return fail(fmt.Errorf("group %s has %d members (%s): stop every instance first", app, n, memberNames(g.Members)))
+		// A dry run refuses too: what a reset would delete is not what a
+		// running app will have by the time it stops.
+		return fail(fmt.Errorf("group %s has %s (%s): stop every instance first", app, count(n, "member"), memberNames(g.Members)))
 	}
 	plan, err := planReset(ctx, adm, app, cfg.StateDir)
 	if err != nil {

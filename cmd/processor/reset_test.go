@@ -68,7 +68,7 @@ func TestReset(t *testing.T) {
 	// Refused while the group has a member, dry run or not.
 	for _, args := range [][]string{nil, {"--yes"}} {
 		code, stdout, stderr := runResetWith(t, resetEnv, args...)
-		if code != 1 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "group rst has 1 members (i1): stop every instance first") {
+		if code != 1 || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "group rst has 1 member (i1): stop every instance first") {
 			t.Fatalf("reset %v with a member: exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
 		}
 	}
