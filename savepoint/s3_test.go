@@ -2,10 +2,12 @@ package savepoint_test
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/johannesboyne/gofakes3"
@@ -20,11 +22,26 @@ import (
 // further along its chain (no shared files, no instance metadata).
 func s3Root(t *testing.T) string {
 	t.Helper()
+	loc, _ := s3Server(t)
+	return loc
+}
+
+// s3Server is s3Root that also counts the parts uploaded by multipart
+// uploads.
+func s3Server(t *testing.T) (string, *atomic.Int64) {
+	t.Helper()
 	be := s3mem.New()
 	if err := be.CreateBucket("sp"); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(gofakes3.New(be).Server())
+	parts := new(atomic.Int64)
+	s3 := gofakes3.New(be).Server()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut && r.URL.Query().Has("partNumber") {
+			parts.Add(1)
+		}
+		s3.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	none := filepath.Join(t.TempDir(), "none")
 	t.Setenv("AWS_ACCESS_KEY_ID", "test")
@@ -32,7 +49,7 @@ func s3Root(t *testing.T) string {
 	t.Setenv("AWS_CONFIG_FILE", none)
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", none)
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	return "s3://sp/backups?endpoint=" + srv.URL + "&region=us-east-1&use_path_style=true"
+	return "s3://sp/backups?endpoint=" + srv.URL + "&region=us-east-1&use_path_style=true", parts
 }
 
 // object reads and rewrites one file of the savepoint at loc, local or S3,

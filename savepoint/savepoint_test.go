@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -371,4 +372,42 @@ func TestUnsortedSourceIsRefused(t *testing.T) {
 			t.Fatal("WriteTask accepted keys out of order")
 		}
 	})
+}
+
+// A task whose data file is past the AWS SDK's multipart threshold (16
+// MiB) goes to S3 in several 8 MiB parts; it reads back whole.
+func TestLargeTask(t *testing.T) {
+	be := kstate.NewMemory()
+	defer be.Close()
+	rng := rand.NewChaCha8([32]byte{1})
+	var muts []kstate.Mutation
+	for i := range 1100 {
+		v := make([]byte, 16<<10) // random: zstd cannot shrink it
+		rng.Read(v)
+		muts = append(muts, kstate.Mutation{Key: kstate.EncodeKey(kstate.KindKeyed, "blob", fmt.Appendf(nil, "k%04d", i), nil), Value: v})
+	}
+	if err := be.Apply(muts, kstate.Meta{}); err != nil {
+		t.Fatal(err)
+	}
+	// S3 alone: a local file is written the same whatever its size.
+	root, parts := s3Server(t)
+	loc, err := savepoint.Join(root, "sp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := write(t, loc, map[int32]kstate.Backend{0: be})
+	if m.Tasks[0].Bytes < 17<<20 {
+		t.Fatalf("data file is %d bytes, want more than 16 MiB", m.Tasks[0].Bytes)
+	}
+	if n := parts.Load(); n < 3 {
+		t.Fatalf("%d parts uploaded, want the %d-byte file in 8 MiB parts", n, m.Tasks[0].Bytes)
+	}
+	sp := open(t, loc)
+	if err := sp.Verify(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := scan(t, sp, sp.Manifest.Tasks[0])
+	if err != nil || len(got) != 1100 {
+		t.Fatalf("scan: %d entries, %v", len(got), err)
+	}
 }

@@ -159,6 +159,11 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
+const (
+	uploadPartSize    = 8 << 20
+	uploadConcurrency = 4
+)
+
 // blobStore is a savepoint under a key prefix of an object store bucket.
 type blobStore struct {
 	b     *blob.Bucket
@@ -185,7 +190,13 @@ func (s *blobStore) create(ctx context.Context, name string) (file, error) {
 	// Cancelling the writer's context before Close aborts the upload, so
 	// a failed data file leaves no object behind.
 	ctx, cancel := context.WithCancel(ctx)
-	w, err := s.b.NewWriter(ctx, name, &blob.WriterOptions{ContentType: "application/octet-stream"})
+	w, err := s.b.NewWriter(ctx, name, &blob.WriterOptions{
+		ContentType: "application/octet-stream",
+		// Parts of 8 MiB, at most 4 uploading: the upload buffers stay
+		// around 40 MiB whatever the file's size.
+		BufferSize:     uploadPartSize,
+		MaxConcurrency: uploadConcurrency,
+	})
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("savepoint: %s/%s: %w", s.where, name, err)

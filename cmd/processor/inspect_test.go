@@ -93,6 +93,22 @@ func TestInspectRunningApp(t *testing.T) {
 			t.Errorf("after stop, task %d: %+v", task.Partition, row)
 		}
 	}
+	// Input produced while it is stopped is lag.
+	more := inputLog{}
+	more.produce(t, cl, rand.New(rand.NewPCG(13, 14)), 100)
+	got = runInspectJSON(t, brokers, "insp")
+	lag := int64(0)
+	for _, task := range got.Tasks {
+		row := task.Inputs[0]
+		n := int64(len(in.recs[task.Partition]))
+		if row.Committed != n || row.End != n+int64(len(more.recs[task.Partition])) || row.Lag != row.End-n {
+			t.Errorf("task %d with new input: %+v", task.Partition, row)
+		}
+		lag += row.Lag
+	}
+	if lag != 100 {
+		t.Errorf("lag %d, want the 100 records produced since", lag)
+	}
 	t.Logf("inspect of a stopped app:\n%s", runInspectText(t, brokers, "insp"))
 }
 
