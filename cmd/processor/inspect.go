@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/changelog"
 )
@@ -50,7 +51,7 @@ func inspectApp(ctx context.Context, args []string, envm map[string]string, stdo
 		return 1
 	}
 	defer cl.Close()
-	in, err := inspect(ctx, kadm.NewClient(cl), opts, cfg.AppID, time.Now())
+	in, err := inspect(ctx, cl, opts, cfg.AppID, time.Now())
 	if err != nil {
 		fmt.Fprintln(stderr, "processor: inspect:", err)
 		return 1
@@ -172,9 +173,10 @@ func hanging(state string, age, timeout time.Duration) bool {
 // inspect reads everything from Kafka; it writes nothing and joins no
 // group. Each part is read at a slightly different moment: an app that is
 // running moves on between them.
-func inspect(ctx context.Context, adm *kadm.Client, opts []kgo.Opt, app string, now time.Time) (*inspection, error) {
+func inspect(ctx context.Context, cl *kgo.Client, opts []kgo.Opt, app string, now time.Time) (*inspection, error) {
+	adm := kadm.NewClient(cl)
 	in := &inspection{App: app, At: now.UTC(), ChangelogTopic: changelog.TopicName(app), TxnPrefix: app + "-", Tasks: []taskView{}, Transactions: []txnView{}}
-	g, err := describeGroup(ctx, adm, app)
+	g, err := describeGroup(ctx, cl, adm, app)
 	if err != nil {
 		return nil, err
 	}
@@ -312,16 +314,9 @@ func (in *inspection) readInputEnds(ctx context.Context, adm *kadm.Client) error
 // describeGroup describes the group under either protocol: a KIP-848
 // group is described by ConsumerGroupDescribe, a classic one by
 // DescribeGroups.
-func describeGroup(ctx context.Context, adm *kadm.Client, group string) (groupView, error) {
-	cg, err := adm.DescribeConsumerGroups(ctx, group)
-	if err == nil {
-		if d, ok := cg[group]; ok && d.Err == nil && d.State != "" && d.State != "Dead" {
-			v := groupView{State: d.State, Protocol: "consumer", Members: []memberView{}}
-			for _, m := range d.Members {
-				v.Members = append(v.Members, memberView{MemberID: m.MemberID, InstanceID: deref(m.InstanceID), ClientID: m.ClientID, Host: m.ClientHost, Assigned: topicsSet(m.Assignment)})
-			}
-			return v, nil
-		}
+func describeGroup(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group string) (groupView, error) {
+	if v, ok, err := describeConsumerGroup(ctx, cl, adm, group); ok || err != nil {
+		return v, err
 	}
 	gs, err := adm.DescribeGroups(ctx, group)
 	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
@@ -348,15 +343,51 @@ func describeGroup(ctx context.Context, adm *kadm.Client, group string) (groupVi
 	return v, nil
 }
 
-func topicsSet(s kadm.TopicsSet) map[string][]int32 {
-	out := map[string][]int32{}
-	for t, ps := range s {
-		for p := range ps {
-			out[t] = append(out[t], p)
-		}
-		slices.Sort(out[t])
+// describeConsumerGroup describes a KIP-848 group; ok is false when the
+// group is not one (a classic group, none, or a broker without KIP-848).
+// It asks with the raw request rather than kadm's, which keeps only topic
+// names, and a broker may send IDs alone.
+func describeConsumerGroup(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group string) (groupView, bool, error) {
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{group}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil || len(resp.Groups) != 1 {
+		return groupView{}, false, nil
 	}
-	return out
+	g := resp.Groups[0]
+	if g.ErrorCode != 0 || g.State == "" || g.State == "Dead" {
+		return groupView{}, false, nil
+	}
+	var names map[kadm.TopicID]string
+	name := func(tp kmsg.AssignmentTopicPartition) (string, error) {
+		if tp.Topic != "" {
+			return tp.Topic, nil
+		}
+		if names == nil {
+			md, err := adm.Metadata(ctx)
+			if err != nil {
+				return "", fmt.Errorf("describe group %s: topic names: %w", group, err)
+			}
+			names = map[kadm.TopicID]string{}
+			for t, d := range md.Topics {
+				names[d.ID] = t
+			}
+		}
+		return names[tp.TopicID], nil
+	}
+	v := groupView{State: g.State, Protocol: "consumer", Members: []memberView{}}
+	for _, m := range g.Members {
+		mv := memberView{MemberID: m.MemberID, InstanceID: deref(m.InstanceID), ClientID: m.ClientID, Host: m.ClientHost, Assigned: map[string][]int32{}}
+		for _, tp := range m.Assignment.TopicPartitions {
+			t, err := name(tp)
+			if err != nil {
+				return groupView{}, true, err
+			}
+			mv.Assigned[t] = slices.Sorted(slices.Values(tp.Partitions))
+		}
+		v.Members = append(v.Members, mv)
+	}
+	return v, true, nil
 }
 
 func deref(s *string) string {

@@ -41,15 +41,23 @@ func runInspectText(t *testing.T, brokers, app string) string {
 // marker, committed offset and input end agreeing once all input is
 // processed (outputs, offsets and markers commit in one transaction).
 func TestInspectRunningApp(t *testing.T) {
+	for _, protocol := range groupProtocols {
+		t.Run(protocol, func(t *testing.T) { testInspectRunningApp(t, protocol) })
+	}
+}
+
+func testInspectRunningApp(t *testing.T, protocol string) {
 	brokers, cl := savepointCluster(t)
-	inst := startServe(t, aggregateEnv(t, brokers, "insp"))
+	env := aggregateEnv(t, brokers, "insp")
+	env["SLUICE_GROUP_PROTOCOL"] = protocol
+	inst := startServe(t, env)
 	inst.awaitReady(t)
 	var in inputLog
 	in.produce(t, cl, rand.New(rand.NewPCG(9, 10)), 400)
 	awaitOutputs(t, brokers, in.n)
 
 	got := runInspectJSON(t, brokers, "insp")
-	if got.App != "insp" || got.ChangelogTopic != "insp-changelog" || got.Group.Protocol != "classic" ||
+	if got.App != "insp" || got.ChangelogTopic != "insp-changelog" || got.Group.Protocol != protocol ||
 		len(got.Group.Members) != 1 || got.Group.Members[0].InstanceID != "i1" {
 		t.Fatalf("group: %+v", got.Group)
 	}
@@ -76,7 +84,7 @@ func TestInspectRunningApp(t *testing.T) {
 		}
 	}
 	text := runInspectText(t, brokers, "insp")
-	for _, want := range []string{"group insp: Stable, classic protocol, 1 member", "i1", "tasks (changelog insp-changelog, 4 partitions)", "TASK  EPOCH  INPUT"} {
+	for _, want := range []string{"group insp: Stable, " + protocol + " protocol, 1 member", "i1", "tasks (changelog insp-changelog, 4 partitions)", "TASK  EPOCH  INPUT"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, text)
 		}

@@ -71,7 +71,7 @@ func resetApp(ctx context.Context, args []string, envm map[string]string, stdout
 	adm := kadm.NewClient(cl)
 	app := cfg.AppID
 
-	g, err := describeGroup(ctx, adm, app)
+	g, err := describeGroup(ctx, cl, adm, app)
 	if err != nil {
 		return fail(err)
 	}

@@ -89,7 +89,7 @@ func TestReset(t *testing.T) {
 		t.Errorf("dry run would delete a topic that is not the app's:\n%s", stdout)
 	}
 	t.Logf("processor reset:\n%s", stdout)
-	if g, err := describeGroup(ctx, adm, "rst"); err != nil || g.State == "Dead" {
+	if g, err := describeGroup(ctx, cl, adm, "rst"); err != nil || g.State == "Dead" {
 		t.Fatalf("group after the dry run: %+v, %v", g, err)
 	}
 	if names := topicNames(t, brokers); !slices.Contains(names, "rst-changelog") || !slices.Contains(names, "rst-control") {
@@ -103,7 +103,7 @@ func TestReset(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "deleted topic rst-changelog") || !strings.Contains(stdout, "deleted state dir") {
 		t.Fatalf("reset --yes: exit %d, stdout %s, stderr %s", code, stdout, stderr)
 	}
-	if g, err := describeGroup(ctx, adm, "rst"); err != nil || g.State != "Dead" {
+	if g, err := describeGroup(ctx, cl, adm, "rst"); err != nil || g.State != "Dead" {
 		t.Fatalf("group after the reset: %+v, %v", g, err)
 	}
 	names := topicNames(t, brokers)
@@ -152,6 +152,24 @@ func TestReset(t *testing.T) {
 		if last[k] != n {
 			t.Errorf("key %s: last count %d after the reset, want %d (state not fresh)", k, last[k], n)
 		}
+	}
+	inst.stop(t)
+}
+
+// The member check sees the members of a KIP-848 group too, whose
+// DescribeGroups answer is not the classic one.
+func TestResetRefusesWithConsumerGroupMembers(t *testing.T) {
+	brokers, _ := savepointCluster(t)
+	env := aggregateEnv(t, brokers, "rst848")
+	env["SLUICE_GROUP_PROTOCOL"] = "consumer"
+	inst := startServe(t, env)
+	inst.awaitReady(t)
+	code, stdout, stderr := runResetWith(t, map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": "rst848", "SLUICE_STATE_DIR": env["SLUICE_STATE_DIR"]}, "--yes")
+	if code != 1 || stdout != "" || !strings.Contains(stderr, "group rst848 has 1 member (i1)") {
+		t.Fatalf("reset with a member: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	if names := topicNames(t, brokers); !slices.Contains(names, "rst848-changelog") {
+		t.Fatalf("topics after a refused reset: %v", names)
 	}
 	inst.stop(t)
 }
