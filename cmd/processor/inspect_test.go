@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -195,5 +197,23 @@ func TestInspectBadEnvironmentExitsTwo(t *testing.T) {
 	if code := inspectApp(context.Background(), nil, map[string]string{"SLUICE_APP_ID": "a"}, &stdout, &stderr); code != 2 ||
 		!strings.Contains(stderr.String(), "SLUICE_BROKERS") || strings.Count(stderr.String(), "\n") != 1 {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	// The binary's wiring of both commands: a bad variable exits 2, an
+	// unknown flag too.
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"inspect"}, "SLUICE_APP_ID"},
+		{[]string{"reset", "--yes"}, "SLUICE_APP_ID"},
+		{[]string{"inspect", "--no-such-flag"}, "no-such-flag"},
+		{[]string{"reset", "--no-such-flag"}, "no-such-flag"},
+	} {
+		cmd := exec.Command(binary, tt.args...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=no/slash"}
+		out, err := cmd.CombinedOutput()
+		if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 || !strings.Contains(string(out), tt.want) {
+			t.Errorf("processor %v: %v, output %q", tt.args, err, out)
+		}
 	}
 }
