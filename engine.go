@@ -172,11 +172,12 @@ func (in *Instance) Run(ctx context.Context) error {
 		return err
 	}
 	if in.cfg.RestoreFrom != "" {
-		seed, err := in.openSeed()
+		seed, err := in.openSeed(ctx)
 		if err != nil {
 			return err
 		}
 		in.seed = seed
+		defer seed.sp.Close()
 	}
 	start := time.Now()
 	if err := in.connect(ctx); err != nil {

@@ -76,13 +76,14 @@ type seedSource struct {
 // openSeed opens and verifies Options.RestoreFrom and checks it against the
 // job. Mismatches are a *RestoreError, unless AllowNonRestoredState lets the
 // state in question be dropped.
-func (in *Instance) openSeed() (*seedSource, error) {
+func (in *Instance) openSeed(ctx context.Context) (*seedSource, error) {
 	loc := in.cfg.RestoreFrom
-	sp, err := savepoint.Open(strings.TrimPrefix(loc, "file://"))
+	sp, err := savepoint.Open(ctx, loc)
 	if err != nil {
 		return nil, &RestoreError{loc, err.Error()}
 	}
-	if err := sp.Verify(); err != nil {
+	if err := sp.Verify(ctx); err != nil {
+		sp.Close()
 		return nil, &RestoreError{loc, err.Error()}
 	}
 	m := sp.Manifest
@@ -114,6 +115,7 @@ func (in *Instance) openSeed() (*seedSource, error) {
 	if len(unknown) > 0 {
 		what := strings.Join(unknown, ", ")
 		if !in.cfg.AllowNonRestoredState {
+			sp.Close()
 			return nil, &RestoreError{loc, fmt.Sprintf("it holds %s, which job %q does not declare (its states: %s; inputs: %s); SLUICE_ALLOW_NON_RESTORED_STATE=true drops them",
 				what, job.Name, strings.Join(job.States, ", "), strings.Join(in.cfg.InputTopics, ", "))}
 		}
@@ -177,7 +179,7 @@ func (in *Instance) seedTask(ctx context.Context, cl *kgo.Client, p int32, orpha
 	}
 	var keys int64
 	if err == nil {
-		err = in.seed.scan(p, in.partitions, func(k, v []byte) error {
+		err = in.seed.scan(ctx, p, in.partitions, func(k, v []byte) error {
 			keys++
 			return w.add(k, v)
 		})
@@ -254,7 +256,7 @@ func (s *seedSource) cut(ctx context.Context, in *Instance, p int32) (changelog.
 // the input partitioner (Kafka's default, murmur2 over the record key) now
 // sends its key; operator state goes to every task (union semantics), and
 // the state of the empty key stays with its partition number.
-func (s *seedSource) scan(p, parts int32, fn func(k, v []byte) error) error {
+func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []byte) error) error {
 	tasks := s.sp.Manifest.Tasks
 	rescaled := int32(len(tasks)) != parts
 	byKey := kgo.StickyKeyPartitioner(nil).ForTopic("")
@@ -263,7 +265,7 @@ func (s *seedSource) scan(p, parts int32, fn func(k, v []byte) error) error {
 		if !rescaled && t.Partition != p {
 			continue
 		}
-		err := s.sp.Scan(t, func(k, v []byte) error {
+		err := s.sp.Scan(ctx, t, func(k, v []byte) error {
 			key, err := kstate.DecodeKey(k)
 			if err != nil {
 				return err

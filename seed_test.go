@@ -36,7 +36,7 @@ func (s entries) Scan(_ []byte, fn func(k, v []byte) error) error {
 func writeTestSavepoint(t *testing.T, tasks []entries) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "sp")
-	w, err := savepoint.Create(dir, savepoint.Manifest{AppID: "src", Job: "j", ChangelogTopic: "src-changelog",
+	w, err := savepoint.Create(context.Background(), dir, savepoint.Manifest{AppID: "src", Job: "j", ChangelogTopic: "src-changelog",
 		Inputs: []savepoint.Input{{Topic: "in", Partitions: int32(len(tasks))}}})
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +46,7 @@ func writeTestSavepoint(t *testing.T, tasks []entries) string {
 			t.Fatal(err)
 		}
 	}
-	if _, err := w.Commit(); err != nil {
+	if _, err := w.Commit(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -64,14 +64,14 @@ func TestRescaleMovesTimersWithTheirKey(t *testing.T) {
 			[2][]byte{kstate.EncodeKey(kstate.KindKeyed, "last", k, nil), []byte("v")},
 			[2][]byte{kstate.TimerKey(kstate.Timer{Domain: kstate.EventTime, At: time.UnixMilli(1000), Key: k}), nil})
 	}
-	sp, err := savepoint.Open(writeTestSavepoint(t, tasks))
+	sp, err := savepoint.Open(context.Background(), writeTestSavepoint(t, tasks))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &seedSource{sp: sp, drop: map[string]bool{}, inputs: map[string]bool{"in": true}}
 	stateOf, timerOf := map[string]int32{}, map[string]int32{}
 	for p := int32(0); p < 8; p++ {
-		err := s.scan(p, 8, func(k, v []byte) error {
+		err := s.scan(context.Background(), p, 8, func(k, v []byte) error {
 			key, err := kstate.DecodeKey(k)
 			if err != nil {
 				return err
@@ -119,7 +119,7 @@ func TestPausedSeederIsFenced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if in.seed, err = in.openSeed(); err != nil {
+		if in.seed, err = in.openSeed(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := in.connect(ctx); err != nil {

@@ -2,26 +2,34 @@
 // copy of an application's state as of each task's last committed epoch,
 // owned by the user rather than by Kafka.
 //
-// A savepoint is a directory holding one data file per task
-// (task-NNNN.data) and a manifest (manifest.json) that describes them. The
-// manifest is written last, atomically, so a directory without one is an
-// incomplete savepoint and Open refuses it. docs/savepoints.md specifies the
-// bytes, for tools that read savepoints without this package.
+// A savepoint is a directory (or an S3 key prefix) holding one data file
+// per task (task-NNNN.data) and a manifest (manifest.json) that describes
+// them. The manifest is written last, atomically, so a location without one
+// is an incomplete savepoint and Open refuses it. docs/savepoints.md
+// specifies the bytes, for tools that read savepoints without this package.
+//
+// A location is a path, a file://path (both through the os package, every
+// file fsynced) or s3://bucket/prefix with the query parameters of
+// gocloud.dev/blob/s3blob (endpoint, region, use_path_style, ...);
+// credentials come from the AWS SDK's default chain.
 //
 // Writing, one task at a time so that memory stays bounded by the largest
-// entry, not by the state:
+// entry, not by the state; each data file is streamed to its file or upload
+// with its SHA-256 taken on the way:
 //
-//	w, err := savepoint.Create(dir, savepoint.Manifest{AppID: app, ...})
+//	w, err := savepoint.Create(ctx, location, savepoint.Manifest{AppID: app, ...})
 //	for each task {
-//		err = w.WriteTask(savepoint.Cut{Partition: p, Epoch: e, ...}, backend)
+//		_, err = w.WriteTask(ctx, savepoint.Cut{Partition: p, Epoch: e, ...}, backend)
 //	}
-//	err = w.Commit() // the manifest: only now is the savepoint complete
+//	_, err = w.Commit(ctx) // the manifest: only now is the savepoint complete
+//	// on any error instead: w.Abort(ctx) removes what was written
 //
 // Reading:
 //
-//	sp, err := savepoint.Open(dir)
-//	err = sp.Verify() // sizes and SHA-256 of every data file
+//	sp, err := savepoint.Open(ctx, location)
+//	defer sp.Close()
+//	err = sp.Verify(ctx) // sizes and SHA-256 of every data file
 //	for _, t := range sp.Manifest.Tasks {
-//		err = sp.Scan(t, func(k, v []byte) error { ... })
+//		err = sp.Scan(ctx, t, func(k, v []byte) error { ... })
 //	}
 package savepoint

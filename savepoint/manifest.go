@@ -1,11 +1,13 @@
 package savepoint
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -13,7 +15,8 @@ import (
 // package writes and reads.
 const FormatVersion = 1
 
-// ManifestName is the manifest's file name in a savepoint directory.
+// ManifestName is the manifest's file name in a savepoint directory (or
+// its key under an object store prefix).
 const ManifestName = "manifest.json"
 
 // CodecUnknown is a state's codec when the savepoint was taken from Kafka
@@ -22,7 +25,7 @@ const CodecUnknown = "unknown"
 
 // Errors of Open, Verify and Scan.
 var (
-	// ErrIncomplete is returned (wrapped) by Open for a directory without a
+	// ErrIncomplete is returned (wrapped) by Open for a location without a
 	// manifest: a savepoint still being written, or one whose writer died.
 	ErrIncomplete = errors.New("savepoint: incomplete (no manifest)")
 	// ErrFormat is returned (wrapped) for a manifest or data file this
@@ -89,67 +92,43 @@ func (t Task) WatermarkTime() time.Time {
 	return time.UnixMilli(*t.Watermark)
 }
 
-// writeManifest writes m as dir/manifest.json atomically: to a temporary
-// file, synced, renamed, and the directory synced, so that after a crash the
-// manifest either is whole or is not there.
-func writeManifest(dir string, m Manifest) error {
+// writeManifest writes m as the manifest, atomically (store.putAtomic),
+// so that after a crash the manifest either is whole or is not there.
+func writeManifest(ctx context.Context, st store, m Manifest) error {
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("savepoint: encode manifest: %w", err)
 	}
-	tmp := filepath.Join(dir, ManifestName+".tmp")
-	f, err := os.Create(tmp)
-	if err != nil {
-		return fmt.Errorf("savepoint: %w", err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, ManifestName))
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := st.putAtomic(ctx, ManifestName, append(b, '\n')); err != nil {
 		return fmt.Errorf("savepoint: write manifest: %w", err)
 	}
 	return nil
 }
 
-func readManifest(dir string) (Manifest, error) {
-	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
-	if errors.Is(err, os.ErrNotExist) {
-		return Manifest{}, fmt.Errorf("%w: %s", ErrIncomplete, dir)
+func readManifest(ctx context.Context, st store, where string) (Manifest, error) {
+	r, err := st.open(ctx, ManifestName)
+	if errors.Is(err, errNotFound) {
+		return Manifest{}, fmt.Errorf("%w: %s", ErrIncomplete, where)
 	}
 	if err != nil {
 		return Manifest{}, fmt.Errorf("savepoint: %w", err)
 	}
+	b, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		return Manifest{}, fmt.Errorf("savepoint: %s: %w", where, err)
+	}
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return Manifest{}, fmt.Errorf("%w: manifest of %s: %v", ErrFormat, dir, err)
+		return Manifest{}, fmt.Errorf("%w: manifest of %s: %v", ErrFormat, where, err)
 	}
 	if m.Format != FormatVersion {
-		return Manifest{}, fmt.Errorf("%w: manifest of %s has format %d, this release reads %d", ErrFormat, dir, m.Format, FormatVersion)
+		return Manifest{}, fmt.Errorf("%w: manifest of %s has format %d, this release reads %d", ErrFormat, where, m.Format, FormatVersion)
 	}
 	for _, t := range m.Tasks {
-		if t.File != filepath.Base(t.File) || t.File == "." || t.File == ".." || t.File == ManifestName {
-			return Manifest{}, fmt.Errorf("%w: manifest of %s names data file %q outside the savepoint", ErrFormat, dir, t.File)
+		if t.File != filepath.Base(t.File) || t.File == "." || t.File == ".." || t.File == ManifestName || strings.Contains(t.File, "\\") {
+			return Manifest{}, fmt.Errorf("%w: manifest of %s names data file %q outside the savepoint", ErrFormat, where, t.File)
 		}
 	}
 	return m, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

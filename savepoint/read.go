@@ -3,14 +3,13 @@ package savepoint
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -22,30 +21,48 @@ import (
 // State entries are bounded far lower by the changelog's max.message.bytes.
 const maxValueSize = 1 << 30
 
-// Savepoint is a complete savepoint opened for reading.
+// Savepoint is a complete savepoint opened for reading. Close releases
+// its storage client.
 type Savepoint struct {
-	Dir      string
+	// Location is where the savepoint is, as Open was given it but
+	// absolute: a path or an s3:// URL.
+	Location string
 	Manifest Manifest
+	st       store
 }
 
-// Open reads dir's manifest. A directory without one is incomplete
-// (ErrIncomplete); a manifest of another format version is ErrFormat. Open
-// does not read the data files: call Verify for that.
-func Open(dir string) (*Savepoint, error) {
-	m, err := readManifest(dir)
+// Open reads the manifest of the savepoint at location: a path, a
+// file://path or an s3://bucket/prefix?query URL (ErrLocation for any
+// other). A location without a manifest is incomplete (ErrIncomplete); a
+// manifest of another format version is ErrFormat. Open does not read the
+// data files: call Verify for that.
+func Open(ctx context.Context, location string) (*Savepoint, error) {
+	l, err := parseLocation(location)
 	if err != nil {
 		return nil, err
 	}
-	return &Savepoint{Dir: dir, Manifest: m}, nil
+	st, err := openStore(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	m, err := readManifest(ctx, st, l.String())
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	return &Savepoint{Location: l.String(), Manifest: m, st: st}, nil
 }
+
+// Close releases the savepoint's storage client.
+func (s *Savepoint) Close() error { return s.st.close() }
 
 // Verify checks every data file's size and SHA-256 against the manifest,
 // and returns an error wrapping ErrChecksum for the first that differs.
 // It reads the files, not the entries: a caller that must not act on a
 // damaged savepoint verifies it before scanning.
-func (s *Savepoint) Verify() error {
+func (s *Savepoint) Verify(ctx context.Context) error {
 	for _, t := range s.Manifest.Tasks {
-		f, err := os.Open(filepath.Join(s.Dir, t.File))
+		f, err := s.st.open(ctx, t.File)
 		if err != nil {
 			return fmt.Errorf("savepoint: task %d: %w", t.Partition, err)
 		}
@@ -78,8 +95,8 @@ func (t Task) check(size int64, sum []byte) error {
 // damaged file may have produced entries before the error, so verify
 // first (Verify) where that matters. An error from fn ends the scan and is
 // returned.
-func (s *Savepoint) Scan(t Task, fn func(k, v []byte) error) error {
-	f, err := os.Open(filepath.Join(s.Dir, t.File))
+func (s *Savepoint) Scan(ctx context.Context, t Task, fn func(k, v []byte) error) error {
+	f, err := s.st.open(ctx, t.File)
 	if err != nil {
 		return fmt.Errorf("savepoint: task %d: %w", t.Partition, err)
 	}

@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -47,33 +45,47 @@ type Source interface {
 	Scan(prefix []byte, fn func(k, v []byte) error) error
 }
 
-// Writer writes one savepoint directory. Its methods must not run
-// concurrently.
+// Writer writes one savepoint. Its methods must not run concurrently.
+// Every Writer ends with Commit (the savepoint is complete) or Abort (its
+// files are removed); either releases its storage client.
 type Writer struct {
-	dir    string
+	st     store
+	where  string
 	m      Manifest
 	states map[State]bool
 	done   bool
 }
 
-// Create makes the directory dir (its parents if need be; dir itself must
-// not exist, so a savepoint is never written over another) and returns a
-// Writer for it. m's AppID, Job, ChangelogTopic and Inputs are kept; its
-// Format, Created, States and Tasks are filled in by the Writer.
-func Create(dir string, m Manifest) (*Writer, error) {
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return nil, fmt.Errorf("savepoint: %w", err)
+// Create starts a savepoint at location: a local directory (a path or
+// file://path; parents are created, the directory itself must not exist)
+// or an S3 key prefix (s3://bucket/prefix?query, which must hold no object
+// yet), so a savepoint is never written over another. m's AppID, Job,
+// Created, ChangelogTopic and Inputs are kept; its Format, States and Tasks
+// are filled in by the Writer.
+func Create(ctx context.Context, location string, m Manifest) (*Writer, error) {
+	l, err := parseLocation(location)
+	if err != nil {
+		return nil, err
 	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("savepoint: %w", err)
+	st, err := openStore(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.prepare(ctx); err != nil {
+		st.close()
+		return nil, err
 	}
 	m.Format, m.States, m.Tasks = FormatVersion, nil, nil
-	return &Writer{dir: dir, m: m, states: map[State]bool{}}, nil
+	return &Writer{st: st, where: l.String(), m: m, states: map[State]bool{}}, nil
 }
 
 // SetJob sets the manifest's job name, for a writer that learns it from the
 // tasks' epoch markers.
 func (w *Writer) SetJob(name string) { w.m.Job = name }
+
+// Location is where the savepoint is written, in the form Open reads: an
+// absolute path or an s3:// URL.
+func (w *Writer) Location() string { return w.where }
 
 // SetInputs sets the manifest's input topics, for a writer that learns them
 // from the tasks it writes.
@@ -81,11 +93,12 @@ func (w *Writer) SetInputs(in []Input) { w.m.Inputs = in }
 
 // WriteTask writes the data file of one task from src, which must yield the
 // task's entries (keys as kstate encodes them) in ascending key order, and
-// adds the task to the manifest. The file is synced before WriteTask
-// returns. Each partition may be written once.
+// adds the task to the manifest. The file is streamed, its SHA-256 taken on
+// the way, and durable before WriteTask returns (synced to disk, or its
+// upload completed). Each partition may be written once.
 func (w *Writer) WriteTask(ctx context.Context, cut Cut, src Source) (Task, error) {
 	if w.done {
-		return Task{}, errors.New("savepoint: WriteTask after Commit")
+		return Task{}, errors.New("savepoint: WriteTask after Commit or Abort")
 	}
 	for _, t := range w.m.Tasks {
 		if t.Partition == cut.Partition {
@@ -100,21 +113,18 @@ func (w *Writer) WriteTask(ctx context.Context, cut Cut, src Source) (Task, erro
 		wm := cut.Watermark.UnixMilli()
 		t.Watermark = &wm
 	}
-	f, err := os.Create(filepath.Join(w.dir, t.File))
+	f, err := w.st.create(ctx, t.File)
 	if err != nil {
-		return Task{}, fmt.Errorf("savepoint: %w", err)
+		return Task{}, err
 	}
-	defer f.Close()
 	h := sha256.New()
 	out := &counter{w: io.MultiWriter(f, h)}
 	if err := writeEntries(ctx, out, src, &t, w.states); err != nil {
+		f.abort()
 		return Task{}, fmt.Errorf("savepoint: task %d: %w", cut.Partition, err)
 	}
-	if err := f.Sync(); err != nil {
-		return Task{}, fmt.Errorf("savepoint: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return Task{}, fmt.Errorf("savepoint: %w", err)
+	if err := f.commit(); err != nil {
+		return Task{}, fmt.Errorf("savepoint: task %d: %s: %w", cut.Partition, t.File, err)
 	}
 	t.Bytes, t.SHA256 = out.n, hex.EncodeToString(h.Sum(nil))
 	w.m.Tasks = append(w.m.Tasks, t)
@@ -168,11 +178,12 @@ func writeEntries(ctx context.Context, out io.Writer, src Source, t *Task, state
 
 // Commit writes the manifest, last: only now is the savepoint complete.
 // Tasks are listed by partition, states by kind and name.
-func (w *Writer) Commit() (Manifest, error) {
+func (w *Writer) Commit(ctx context.Context) (Manifest, error) {
 	if w.done {
-		return Manifest{}, errors.New("savepoint: Commit twice")
+		return Manifest{}, errors.New("savepoint: Commit after Commit or Abort")
 	}
 	w.done = true
+	defer w.st.close()
 	sort.Slice(w.m.Tasks, func(i, j int) bool { return w.m.Tasks[i].Partition < w.m.Tasks[j].Partition })
 	w.m.States = make([]State, 0, len(w.states))
 	for s := range w.states {
@@ -190,10 +201,27 @@ func (w *Writer) Commit() (Manifest, error) {
 	if w.m.Created.IsZero() {
 		w.m.Created = time.Now().UTC()
 	}
-	if err := writeManifest(w.dir, w.m); err != nil {
+	if err := writeManifest(ctx, w.st, w.m); err != nil {
 		return Manifest{}, err
 	}
 	return w.m, nil
+}
+
+// Abort removes every file of the savepoint written so far (the local
+// directory, or every object under the prefix), so nothing is left that
+// looks like one, and releases the Writer. It does nothing after Commit.
+// Without it a dead writer's files stay behind, which Open refuses
+// (ErrIncomplete) but does not remove.
+func (w *Writer) Abort(ctx context.Context) error {
+	if w.done {
+		return nil
+	}
+	w.done = true
+	defer w.st.close()
+	if err := w.st.removeAll(ctx); err != nil {
+		return fmt.Errorf("savepoint: remove %s: %w", w.where, err)
+	}
+	return nil
 }
 
 // counter counts the bytes written through it: the data file's size.

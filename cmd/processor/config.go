@@ -17,6 +17,7 @@ package main
 // readme_test.go fails when README.md drifts from these tags.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,13 +33,14 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/savepoint"
 )
 
 // Config is the environment of `processor` (run, demo). Fields named Raw…
 // hold a variable as given, 0 or "" meaning derived: use the method of the
 // same name without Raw for the value in effect.
 type Config struct {
-	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate and savepoint" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate, savepoint, inspect and reset" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
 	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split, rising-temperature, window-average or wordcount (two stages: see docs/topology.md)."`
 	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topic. One topic for now: several co-partitioned topics need a co-partitioning assignor, which is not built yet, so more than one stops the instance at start."`
@@ -94,7 +96,25 @@ type GenerateConfig struct {
 type SavepointConfig struct {
 	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path or file://path (s3:// and other object stores are not supported yet)" desc:"savepoint: directory under which processor savepoint writes each new savepoint, in a subdirectory named after the app id and the UTC time; a path or file://path. Object storage (s3://) is not supported yet."`
+	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path, file://path or s3://bucket/prefix?region=..." desc:"savepoint: where processor savepoint writes each new savepoint, under a name made of the app id and the UTC time: a directory path, file://path, or s3://bucket/prefix with gocloud s3blob query parameters (region, endpoint, use_path_style …; credentials from the AWS SDK chain). See docs/savepoints.md."`
+	Security
+}
+
+// AppConfig is the environment of the commands that need only the app and
+// its brokers: `processor inspect`, which shows an application's group,
+// tasks and open transactions from Kafka alone, and `processor resume`.
+type AppConfig struct {
+	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
+	Security
+}
+
+// ResetConfig is the environment of `processor reset`, which deletes an
+// application's group, internal topics and local state directory.
+type ResetConfig struct {
+	Brokers  []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
+	AppID    string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
+	StateDir string   `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task."`
 	Security
 }
 
@@ -196,8 +216,9 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 	return g, nil
 }
 
-// loadSavepointConfig reads and validates SavepointConfig from environ;
-// Dir becomes a local path (file:// removed).
+// loadSavepointConfig reads and validates SavepointConfig from environ.
+// Dir is checked as a savepoint location (its scheme, and for s3:// its
+// query parameters) without any I/O.
 func loadSavepointConfig(environ map[string]string) (SavepointConfig, error) {
 	var c SavepointConfig
 	if err := parseEnv(&c, environ); err != nil {
@@ -207,25 +228,48 @@ func loadSavepointConfig(environ map[string]string) (SavepointConfig, error) {
 	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
 	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
 	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
-	dir, scheme := savepointPath(c.Dir)
-	v.check("SLUICE_SAVEPOINT_DIR", scheme == "" || scheme == "file", fmt.Sprintf("a directory path or file://path (%s:// is not supported yet: savepoints to object storage are not built)", scheme))
-	v.check("SLUICE_SAVEPOINT_DIR", dir != "", "a directory path or file://path")
+	err := savepoint.CheckLocation(context.Background(), c.Dir)
+	v.check("SLUICE_SAVEPOINT_DIR", err == nil, because(expectedOf(reflect.TypeFor[SavepointConfig](), "SLUICE_SAVEPOINT_DIR"), err))
 	c.Security.validate(&v)
 	if v.err != nil {
 		return SavepointConfig{}, v.err
 	}
-	c.Dir = dir
 	return c, nil
 }
 
-// savepointPath splits a SLUICE_SAVEPOINT_DIR into its local path and its
-// URL scheme ("" for a plain path).
-func savepointPath(s string) (path, scheme string) {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok || strings.ContainsAny(scheme, "/\\") {
-		return s, ""
+// loadAppConfig reads and validates AppConfig from environ.
+func loadAppConfig(environ map[string]string) (AppConfig, error) {
+	var c AppConfig
+	if err := parseEnv(&c, environ); err != nil {
+		return AppConfig{}, err
 	}
-	return rest, strings.ToLower(scheme)
+	c.Brokers = trimList(c.Brokers)
+	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
+	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
+	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
+	c.Security.validate(&v)
+	if v.err != nil {
+		return AppConfig{}, v.err
+	}
+	return c, nil
+}
+
+// loadResetConfig reads and validates ResetConfig from environ.
+func loadResetConfig(environ map[string]string) (ResetConfig, error) {
+	var c ResetConfig
+	if err := parseEnv(&c, environ); err != nil {
+		return ResetConfig{}, err
+	}
+	c.Brokers = trimList(c.Brokers)
+	v := validation{environ: environ, cfg: reflect.ValueOf(c)}
+	v.check("SLUICE_BROKERS", allNonEmpty(c.Brokers), "comma-separated seed brokers such as kafka:9092, without empty entries")
+	v.check("SLUICE_APP_ID", validName(c.AppID, maxAppIDLen), "1 to 200 of the characters a-z A-Z 0-9 . _ -")
+	v.check("SLUICE_STATE_DIR", c.StateDir != "", "a directory path")
+	c.Security.validate(&v)
+	if v.err != nil {
+		return ResetConfig{}, v.err
+	}
+	return c, nil
 }
 
 // TransactionTimeout is SLUICE_TRANSACTION_TIMEOUT, or when unset
@@ -363,8 +407,8 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_MAX_OUT_OF_ORDERNESS", c.MaxOutOfOrderness >= 0, "a Go duration of 0 or more")
 	v.check("SLUICE_IDLE_TIMEOUT", c.IdleTimeout >= 0, "a Go duration of 0 or more")
 	if c.RestoreFrom != "" {
-		path, scheme := savepointPath(c.RestoreFrom)
-		v.check("SLUICE_RESTORE_FROM", (scheme == "" || scheme == "file") && path != "", "a savepoint location as processor savepoint prints it: a directory path or file://path")
+		err := savepoint.CheckLocation(context.Background(), c.RestoreFrom)
+		v.check("SLUICE_RESTORE_FROM", err == nil, because("a savepoint location as processor savepoint prints it: a directory path, file://path or s3://bucket/prefix?…", err))
 	}
 	if job.SideOutput || c.SideOutputTopic != "" {
 		v.check("SLUICE_SIDE_OUTPUT_TOPIC", validTopic(c.SideOutputTopic), topic+writtenBy(job))

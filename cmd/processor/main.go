@@ -6,6 +6,8 @@
 //	processor demo     run a real job on an embedded broker, crash it, check it
 //	processor generate write integer input for the aggregate job
 //	processor savepoint copy the app's state from its changelog to SLUICE_SAVEPOINT_DIR
+//	processor inspect  show the app's group, tasks (epochs, lag) and open transactions
+//	processor reset    delete the app's group, internal topics and state dir (--yes)
 //	processor broker   run an embedded single-node Kafka (kfake) for trying things out
 //	processor healthz  exit 0 if the local processor's /healthz (--ready: /readyz) answers 200
 package main
@@ -41,13 +43,23 @@ commands:
              (flags: -keep keeps it running; -inputs N; -partitions N; -rate N)
   generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
   savepoint  copy the state of SLUICE_APP_ID from its changelog (each task at
-             its last committed epoch) to a new directory under
-             SLUICE_SAVEPOINT_DIR, and print that directory's path last;
-             --stop first stops the app (every instance takes a final
-             checkpoint and leaves the group), so the savepoint is exactly
-             where it stopped; --drain (with --stop) first waits until every
-             input record is committed; --timeout (default 5m)
+             its last committed epoch) to a new savepoint under
+             SLUICE_SAVEPOINT_DIR (a path, file:// or s3:// URL), and print
+             its location (for SLUICE_RESTORE_FROM) last; --stop first stops
+             the app (every instance takes a final checkpoint and leaves the
+             group), so the savepoint is exactly where it stopped; --drain
+             (with --stop) first waits until every input record is
+             committed; --timeout (default 5m)
   resume     let a stopped app run again (its waiting instances join)
+  inspect    show SLUICE_APP_ID as Kafka sees it, no instance needed: the
+             group and its members; per task the last committed epoch, its
+             marker offsets, the group's committed offsets, input end and
+             lag, changelog size; open transactions of <app>-* with their age
+             (hanging: older than their timeout) (flag: --json)
+  reset      delete the group SLUICE_APP_ID, its internal topics (changelog,
+             control, repartition) and SLUICE_STATE_DIR/<app>; prints what it
+             would delete unless --yes; refuses while the group has members;
+             output and DLQ topics are kept
   broker     run an embedded single-node Kafka-protocol broker (kfake);
              flags: -addr host:port (default 127.0.0.1:9092),
              -topics name:partitions[,...] to create topics at start
@@ -113,6 +125,10 @@ func run(args []string) int {
 		return runSavepoint(environ(), args)
 	case "resume":
 		return runResume(environ())
+	case "inspect":
+		return runInspect(args, environ())
+	case "reset":
+		return runReset(args, environ())
 	case "broker":
 		return runBroker(args)
 	case "healthz":

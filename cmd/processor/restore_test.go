@@ -28,7 +28,7 @@ func restoredEnv(t *testing.T, brokers, app, backend string, sp *savepoint.Savep
 	env := aggregateEnv(t, brokers, app)
 	env["SLUICE_OUTPUT_TOPIC"] = app + "-out"
 	env["SLUICE_STATE_BACKEND"] = backend
-	env["SLUICE_RESTORE_FROM"] = "file://" + sp.Dir
+	env["SLUICE_RESTORE_FROM"] = sp.Location
 	return env
 }
 
@@ -98,7 +98,7 @@ func spAggregates(t *testing.T, sp *savepoint.Savepoint) (map[string]jobs.Aggreg
 	t.Helper()
 	aggs, owner := map[string]jobs.Aggregation{}, map[string]int32{}
 	for _, task := range sp.Manifest.Tasks {
-		err := sp.Scan(task, func(k, v []byte) error {
+		err := sp.Scan(context.Background(), task, func(k, v []byte) error {
 			key, err := kstate.DecodeKey(k)
 			if err != nil {
 				return err
@@ -304,7 +304,7 @@ func TestRestoreMismatchRefused(t *testing.T) {
 		cmd := exec.Command(binary)
 		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=" + brokers, "SLUICE_APP_ID=alert",
 			"SLUICE_JOB=" + job, "SLUICE_INPUT_TOPICS=in", "SLUICE_OUTPUT_TOPIC=alerts", "SLUICE_STATE_DIR=" + t.TempDir(),
-			"SLUICE_METRICS_ADDR=" + freeAddr(t), "SLUICE_RESTORE_FROM=" + sp.Dir, "SLUICE_LOG_LEVEL=error"}, extra...)
+			"SLUICE_METRICS_ADDR=" + freeAddr(t), "SLUICE_RESTORE_FROM=" + sp.Location, "SLUICE_LOG_LEVEL=error"}, extra...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()
@@ -319,7 +319,7 @@ func TestRestoreMismatchRefused(t *testing.T) {
 	if code != 2 || out != want {
 		t.Fatalf("exit %d, stderr %q; want 2 and %q", code, out, want)
 	}
-	if _, err := os.Stat(sp.Dir); err != nil {
+	if _, err := os.Stat(sp.Location); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -374,7 +374,7 @@ func TestStopWithSavepoint(t *testing.T) {
 		}
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	sp, err := savepoint.Open(lines[len(lines)-1])
+	sp, err := savepoint.Open(context.Background(), lines[len(lines)-1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +442,7 @@ func TestStopDrainsTransactionalInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	sp, err := savepoint.Open(lines[len(lines)-1])
+	sp, err := savepoint.Open(context.Background(), lines[len(lines)-1])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -32,7 +31,8 @@ func runSavepoint(envm map[string]string, args []string) int {
 }
 
 // takeSavepoint is `processor savepoint` with its streams: the savepoint's
-// path is the last line of stdout; progress (JSON log lines) and errors go
+// location (a path or an s3:// URL, as SLUICE_RESTORE_FROM takes it) is the
+// last line of stdout; progress (JSON log lines) and errors go
 // to stderr. It returns the exit status: 0, 1 on a failure, 2 on a bad
 // variable.
 func takeSavepoint(ctx context.Context, envm map[string]string, args []string, stdout, stderr io.Writer) int {
@@ -50,22 +50,23 @@ func takeSavepoint(ctx context.Context, envm map[string]string, args []string, s
 	for _, w := range cfg.warnings() {
 		log.Warn(w)
 	}
-	var dir string
+	var loc string
 	if flags.stop {
-		dir, err = stopApp(ctx, log, cfg, flags)
+		loc, err = stopApp(ctx, log, cfg, flags)
 	} else {
-		dir, _, err = writeSavepoint(ctx, log, cfg)
+		loc, _, err = writeSavepoint(ctx, log, cfg)
 	}
 	if err != nil {
 		log.Error("savepoint failed", "err", err)
 		return 1
 	}
-	fmt.Fprintln(stdout, dir)
+	fmt.Fprintln(stdout, loc)
 	return 0
 }
 
 // writeSavepoint copies every changelog partition of the app, up to its
-// last epoch marker, into a new savepoint directory and returns its path.
+// last epoch marker, into a new savepoint under SLUICE_SAVEPOINT_DIR and
+// returns its location.
 //
 // Each task's cut is its last committed epoch: changelog.Restore reads
 // read_committed and applies nothing past the last marker, so the state
@@ -78,12 +79,7 @@ func takeSavepoint(ctx context.Context, envm map[string]string, args []string, s
 // restore's batch whatever the state's size, where the memory backend
 // would hold a whole task. The temporary file is removed after each task.
 func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) (string, savepoint.Manifest, error) {
-	opts, err := cfg.kafkaOpts()
-	if err != nil {
-		return "", savepoint.Manifest{}, err
-	}
-	opts = append(opts, kgo.SeedBrokers(cfg.Brokers...))
-	cl, err := kgo.NewClient(opts...)
+	cl, opts, err := adminClient(cfg.Brokers, cfg.Security)
 	if err != nil {
 		return "", savepoint.Manifest{}, err
 	}
@@ -94,13 +90,12 @@ func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) 
 	if err != nil {
 		return "", savepoint.Manifest{}, err
 	}
-	root, err := filepath.Abs(cfg.Dir)
+	created := time.Now().UTC()
+	loc, err := savepoint.Join(cfg.Dir, cfg.AppID+"-"+created.Format("20060102T150405.000Z"))
 	if err != nil {
 		return "", savepoint.Manifest{}, fmt.Errorf("SLUICE_SAVEPOINT_DIR: %w", err)
 	}
-	created := time.Now().UTC()
-	dir := filepath.Join(root, cfg.AppID+"-"+created.Format("20060102T150405.000Z"))
-	w, err := savepoint.Create(dir, savepoint.Manifest{AppID: cfg.AppID, Created: created, ChangelogTopic: topic})
+	w, err := savepoint.Create(ctx, loc, savepoint.Manifest{AppID: cfg.AppID, Created: created, ChangelogTopic: topic})
 	if err != nil {
 		return "", savepoint.Manifest{}, err
 	}
@@ -135,17 +130,19 @@ func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) 
 			slices.Sort(inputs)
 			w.SetJob(job)
 			w.SetInputs(inputsOf(inputs, partitions))
-			m, err = w.Commit()
+			m, err = w.Commit(ctx)
 		}
 	}
 	if err != nil {
-		// Without its manifest the directory is no savepoint: leave
-		// nothing that looks like one.
-		os.RemoveAll(dir)
+		// Without its manifest the location is no savepoint: leave
+		// nothing that looks like one, even when ctx ended (SIGTERM).
+		if aerr := w.Abort(context.WithoutCancel(ctx)); aerr != nil {
+			log.Error("removing the incomplete savepoint failed", "location", w.Location(), "err", aerr)
+		}
 		return "", savepoint.Manifest{}, err
 	}
-	log.Info("savepoint written", "dir", dir, "tasks", partitions)
-	return dir, m, nil
+	log.Info("savepoint written", "location", w.Location(), "tasks", partitions)
+	return w.Location(), m, nil
 }
 
 func inputsOf(topics []string, partitions int32) []savepoint.Input {

@@ -6,8 +6,10 @@ import (
 	bin "encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -112,27 +116,37 @@ func awaitOutputs(t *testing.T, brokers string, n int) {
 	}
 }
 
-// save runs `processor savepoint` in-process and opens what it printed.
+// save runs `processor savepoint` in-process, writing under a new
+// directory, and opens what it printed.
 func save(t *testing.T, brokers, app string) *savepoint.Savepoint {
 	t.Helper()
+	return saveTo(t, brokers, app, "file://"+t.TempDir())
+}
+
+// saveTo runs `processor savepoint` in-process with SLUICE_SAVEPOINT_DIR
+// root, and opens and verifies the location it printed.
+func saveTo(t *testing.T, brokers, app, root string) *savepoint.Savepoint {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
-	env := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": app, "SLUICE_SAVEPOINT_DIR": "file://" + t.TempDir()}
+	env := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": app, "SLUICE_SAVEPOINT_DIR": root}
 	if code := takeSavepoint(context.Background(), env, nil, &stdout, &stderr); code != 0 {
 		t.Fatalf("savepoint exited %d; stderr:\n%s", code, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	dir := lines[len(lines)-1]
-	if !strings.HasPrefix(filepath.Base(dir), app+"-") {
+	name, _, _ := strings.Cut(dir, "?")
+	if !strings.HasPrefix(path.Base(name), app+"-") {
 		t.Fatalf("savepoint at %q, want a directory named after %s", dir, app)
 	}
-	sp, err := savepoint.Open(dir)
+	sp, err := savepoint.Open(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { sp.Close() })
 	if n := strings.Count(stderr.String(), `"msg":"task saved"`); n != len(sp.Manifest.Tasks) {
 		t.Errorf("stderr reports %d tasks saved, the manifest %d:\n%s", n, len(sp.Manifest.Tasks), stderr.String())
 	}
-	if err := sp.Verify(); err != nil {
+	if err := sp.Verify(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return sp
@@ -156,7 +170,7 @@ func checkTasks(t *testing.T, sp *savepoint.Savepoint, in *inputLog) map[string]
 			t.Fatalf("task %d is partition %d", p, task.Partition)
 		}
 		got := map[string]jobs.Aggregation{}
-		err := sp.Scan(task, func(k, v []byte) error {
+		err := sp.Scan(context.Background(), task, func(k, v []byte) error {
 			key, err := kstate.DecodeKey(k)
 			if err != nil {
 				return err
@@ -301,7 +315,9 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 	tests := []struct {
 		name, variable, value string
 	}{
-		{"object storage", "SLUICE_SAVEPOINT_DIR", "s3://bucket/prefix"},
+		{"other object storage", "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix"},
+		{"unknown s3 parameter", "SLUICE_SAVEPOINT_DIR", "s3://bucket/prefix?no_such=1"},
+		{"s3 without bucket", "SLUICE_SAVEPOINT_DIR", "s3:///prefix"},
 		{"missing dir", "SLUICE_SAVEPOINT_DIR", ""},
 		{"empty file URL", "SLUICE_SAVEPOINT_DIR", "file://"},
 		{"missing brokers", "SLUICE_BROKERS", ""},
@@ -325,18 +341,66 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 			if len(lines) != 1 || !strings.Contains(lines[0], tt.variable) || stdout.Len() != 0 {
 				t.Fatalf("stderr %q, stdout %q: want one line naming %s", stderr.String(), stdout.String(), tt.variable)
 			}
-			if tt.value == "s3://bucket/prefix" && !strings.Contains(lines[0], "not supported yet") {
-				t.Fatalf("stderr %q: want it to say s3:// is not supported yet", lines[0])
+			if tt.value == "gs://bucket/prefix" && !strings.Contains(lines[0], "gs:// is not supported") {
+				t.Fatalf("stderr %q: want it to say gs:// is not supported", lines[0])
 			}
 		})
 	}
 	// The binary's wiring: `processor savepoint` exits 2 the same way.
 	cmd := exec.Command(binary, "savepoint")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_SAVEPOINT_DIR=s3://bucket/prefix"}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_SAVEPOINT_DIR=gs://bucket/prefix"}
 	out, err := cmd.CombinedOutput()
 	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 || !strings.Contains(string(out), "SLUICE_SAVEPOINT_DIR") {
 		t.Fatalf("processor savepoint: %v, output %q", err, out)
 	}
+}
+
+// `processor savepoint` writes to S3 and prints the URL that
+// SLUICE_RESTORE_FROM takes, query parameters kept.
+func TestSavepointToS3(t *testing.T) {
+	brokers, cl := savepointCluster(t)
+	inst := startServe(t, aggregateEnv(t, brokers, "sps3"))
+	inst.awaitReady(t)
+	var in inputLog
+	in.produce(t, cl, rand.New(rand.NewPCG(7, 8)), 400)
+	awaitOutputs(t, brokers, in.n)
+	inst.stop(t)
+
+	root := s3Root(t)
+	sp := saveTo(t, brokers, "sps3", root)
+	base, query, _ := strings.Cut(root, "?")
+	if !strings.HasPrefix(sp.Location, base+"/sps3-") || !strings.HasSuffix(sp.Location, "?"+query) {
+		t.Fatalf("printed %q, want %s/sps3-<time>?%s", sp.Location, base, query)
+	}
+	checkTasks(t, sp, &in)
+
+	// A new app id restores from the URL printed, and continues.
+	from, _ := spAggregates(t, sp)
+	in.produce(t, cl, rand.New(rand.NewPCG(9, 9)), 100)
+	dst := startServe(t, restoredEnv(t, brokers, "sps3-new", "memory", sp))
+	checkContinues(t, brokers, "sps3-new-out", from, &in, in.n-cutTotal(sp))
+	dst.stop(t)
+}
+
+// s3Root starts an in-process S3 server (gofakes3, memory backend) on
+// 127.0.0.1 with a bucket "sp" and returns an s3:// location under it. The
+// AWS SDK gets static credentials from the environment, so it never looks
+// further along its chain (no shared files, no instance metadata).
+func s3Root(t *testing.T) string {
+	t.Helper()
+	be := s3mem.New()
+	if err := be.CreateBucket("sp"); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gofakes3.New(be).Server())
+	t.Cleanup(srv.Close)
+	none := filepath.Join(t.TempDir(), "none")
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_CONFIG_FILE", none)
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", none)
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	return "s3://sp/backups?endpoint=" + srv.URL + "&region=us-east-1&use_path_style=true"
 }
 
 // An app that never ran has no changelog: exit 1, saying so, and no

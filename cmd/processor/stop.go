@@ -46,30 +46,18 @@ func parseSavepointFlags(args []string, stderr io.Writer) (stopFlags, error) {
 	return f, nil
 }
 
-// adminFor connects the tool to the app's brokers.
-func adminFor(cfg SavepointConfig) (*kgo.Client, *kadm.Client, error) {
-	opts, err := cfg.kafkaOpts()
-	if err != nil {
-		return nil, nil, err
-	}
-	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(cfg.Brokers...))...)
-	if err != nil {
-		return nil, nil, err
-	}
-	return cl, kadm.NewClient(cl), nil
-}
-
 // stopApp is `processor savepoint --stop`: it asks every instance of the
 // app to stop (a "stopped" record in the control topic), waits until the
 // group has no members, takes the savepoint, and checks that nothing was
 // committed past its cuts meanwhile. The app stays stopped (instances that
 // start wait, without joining) until `processor resume`.
 func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopFlags) (string, error) {
-	cl, adm, err := adminFor(cfg)
+	cl, _, err := adminClient(cfg.Brokers, cfg.Security)
 	if err != nil {
 		return "", err
 	}
 	defer cl.Close()
+	adm := kadm.NewClient(cl)
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	if f.drain {
@@ -289,21 +277,16 @@ func checkCuts(ctx context.Context, adm *kadm.Client, app string, m savepoint.Ma
 // runResume is `processor resume`: the app runs again (instances waiting
 // for it join the group).
 func runResume(envm map[string]string) int {
-	// The savepoint's variables without its directory, which resume does
-	// not use.
-	if envm["SLUICE_SAVEPOINT_DIR"] == "" {
-		envm["SLUICE_SAVEPOINT_DIR"] = "."
-	}
-	cfg, err := loadSavepointConfig(envm)
+	cfg, err := loadAppConfig(envm)
 	if err != nil {
 		return configFail(err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	cl, adm, err := adminFor(cfg)
+	cl, _, err := adminClient(cfg.Brokers, cfg.Security)
 	if err == nil {
 		defer cl.Close()
-		err = writeControl(ctx, cl, adm, cfg.AppID, control.State{State: control.Running, ID: fmt.Sprintf("resume-%d", time.Now().UnixNano()), At: time.Now().UTC()})
+		err = writeControl(ctx, cl, kadm.NewClient(cl), cfg.AppID, control.State{State: control.Running, ID: fmt.Sprintf("resume-%d", time.Now().UnixNano()), At: time.Now().UTC()})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "processor resume:", err)

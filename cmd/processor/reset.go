@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/sluicehq/sluice/changelog"
+)
+
+// runReset deletes what SLUICE_APP_ID keeps, so that it starts from scratch.
+func runReset(args []string, envm map[string]string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return resetApp(ctx, args, envm, os.Stdout, os.Stderr)
+}
+
+// controlTopic is the app's control topic (savepoint and stop requests),
+// deleted by a reset when it exists.
+func controlTopic(app string) string { return app + "-control" }
+
+// resetPlan is what a reset deletes.
+type resetPlan struct {
+	group    bool     // the consumer group exists
+	topics   []string // internal topics that exist
+	stateDir string   // "" when this machine has none
+}
+
+// resetApp is `processor reset [--yes]` with its streams: without --yes it
+// prints what it would delete and deletes nothing. It returns the exit
+// status: 0, 1 on a failure or while the group has members, 2 on a bad
+// flag or variable.
+//
+// Ordering rule: the group is deleted first. The broker refuses to delete
+// a group with members (NON_EMPTY_GROUP), so an instance that joined after
+// the check stops the reset before anything it needs is gone; a changelog
+// deleted under a running instance would instead leave it restoring from a
+// topic that no longer exists.
+func resetApp(ctx context.Context, args []string, envm map[string]string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("reset", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	yes := fs.Bool("yes", false, "delete (without it: print what would be deleted)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg, err := loadResetConfig(envm)
+	if err != nil {
+		fmt.Fprintln(stderr, "processor:", err)
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintln(stderr, "processor: reset:", err)
+		return 1
+	}
+	cl, _, err := adminClient(cfg.Brokers, cfg.Security)
+	if err != nil {
+		return fail(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	app := cfg.AppID
+
+	g, err := describeGroup(ctx, cl, adm, app)
+	if err != nil {
+		return fail(err)
+	}
+	if n := len(g.Members); n > 0 {
+		// A dry run refuses too: what a reset would delete is not what a
+		// running app will have by the time it stops.
+		return fail(fmt.Errorf("group %s has %s (%s): stop every instance first", app, count(n, "member"), memberNames(g.Members)))
+	}
+	plan, err := planReset(ctx, adm, app, cfg.StateDir)
+	if err != nil {
+		return fail(err)
+	}
+	plan.group = g.State != "Dead"
+
+	verb := "would delete"
+	if *yes {
+		verb = "deleted"
+		if plan.group {
+			if err := deleteGroup(ctx, adm, app); err != nil {
+				return fail(err)
+			}
+		}
+		if len(plan.topics) > 0 {
+			resp, err := adm.DeleteTopics(ctx, plan.topics...)
+			if err == nil {
+				err = resp.Error()
+			}
+			if err != nil && !errors.Is(err, kerr.UnknownTopicOrPartition) {
+				return fail(fmt.Errorf("delete topics %s: %w", strings.Join(plan.topics, ", "), err))
+			}
+		}
+		if plan.stateDir != "" {
+			if err := os.RemoveAll(plan.stateDir); err != nil {
+				return fail(fmt.Errorf("delete state dir: %w", err))
+			}
+		}
+		fmt.Fprintf(stdout, "reset of app %s:\n", app)
+	} else {
+		fmt.Fprintf(stdout, "reset of app %s (dry run: nothing deleted; run with --yes to delete):\n", app)
+	}
+	if !plan.group && len(plan.topics) == 0 && plan.stateDir == "" {
+		fmt.Fprintf(stdout, "  nothing to delete: no group %s, no internal topics, no state dir %s\n", app, filepath.Join(cfg.StateDir, app))
+	}
+	if plan.group {
+		fmt.Fprintf(stdout, "  %s consumer group %s (its committed offsets)\n", verb, app)
+	}
+	for _, t := range plan.topics {
+		fmt.Fprintf(stdout, "  %s topic %s\n", verb, t)
+	}
+	if plan.stateDir != "" {
+		fmt.Fprintf(stdout, "  %s state dir %s (this machine's only: delete every other instance's too)\n", verb, plan.stateDir)
+	}
+	fmt.Fprintf(stdout, "  kept: the output topics and the DLQ topic (%s-dlq unless SLUICE_DLQ_TOPIC names another) are yours to keep or delete\n", app)
+	return 0
+}
+
+// planReset finds the app's internal topics and local state dir.
+func planReset(ctx context.Context, adm *kadm.Client, app, stateRoot string) (resetPlan, error) {
+	var plan resetPlan
+	details, err := adm.ListTopics(ctx)
+	if err != nil {
+		return plan, fmt.Errorf("list topics: %w", err)
+	}
+	for _, t := range details.Names() {
+		if isInternalTopic(app, t) {
+			plan.topics = append(plan.topics, t)
+		}
+	}
+	slices.Sort(plan.topics)
+	// The engine keeps an app's task files in <SLUICE_STATE_DIR>/<app>.
+	dir, err := filepath.Abs(filepath.Join(stateRoot, app))
+	if err != nil {
+		return plan, fmt.Errorf("SLUICE_STATE_DIR: %w", err)
+	}
+	switch _, err := os.Stat(dir); {
+	case err == nil:
+		plan.stateDir = dir
+	case !errors.Is(err, os.ErrNotExist):
+		return plan, fmt.Errorf("state dir: %w", err)
+	}
+	return plan, nil
+}
+
+// isInternalTopic reports whether topic is one the app made for itself:
+// its changelog, its control topic, or a repartition topic
+// <app>-<name>-repartition. A repartition topic of another app whose id
+// starts with "<app>-" matches too; the dry run shows what would go.
+func isInternalTopic(app, topic string) bool {
+	switch topic {
+	case changelog.TopicName(app), controlTopic(app):
+		return true
+	}
+	rest, ok := strings.CutPrefix(topic, app+"-")
+	return ok && strings.HasSuffix(rest, "-repartition") && len(rest) > len("-repartition")
+}
+
+func deleteGroup(ctx context.Context, adm *kadm.Client, group string) error {
+	resp, err := adm.DeleteGroup(ctx, group)
+	if err == nil {
+		err = resp.Err
+	}
+	switch {
+	case err == nil, errors.Is(err, kerr.GroupIDNotFound):
+		return nil
+	case errors.Is(err, kerr.NonEmptyGroup):
+		return fmt.Errorf("group %s has members again: stop every instance first (nothing deleted)", group)
+	}
+	return fmt.Errorf("delete group %s: %w", group, err)
+}
+
+func memberNames(ms []memberView) string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.InstanceID
+		if names[i] == "" {
+			names[i] = m.MemberID
+		}
+	}
+	return strings.Join(names, ", ")
+}
