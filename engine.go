@@ -87,7 +87,8 @@ type Instance struct {
 type event struct {
 	kind   string // "assigned", "revoked" or "lost"
 	tasks  []int32
-	serial uint64 // the session whose client called back
+	parts  map[string][]int32 // the partitions by topic (tasks is their numbers)
+	serial uint64             // the session whose client called back
 }
 
 // errSessionBroken says the session must be closed and rebuilt: a fenced
@@ -99,12 +100,6 @@ var errSessionBroken = errors.New("session broken")
 func New(cfg Options) (*Instance, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
-	}
-	if len(cfg.InputTopics) > 1 {
-		// A task owns partition p of every input topic; the group
-		// balancer would have to assign equal partition numbers
-		// together, which cooperative-sticky does not promise.
-		return nil, errors.New("sluice: more than one input topic needs a co-partitioning assignor, which Sluice does not have yet")
 	}
 	in := &Instance{
 		cfg:            cfg,
@@ -488,7 +483,7 @@ func (in *Instance) newSession() (txsink.Session, error) {
 				cl.PauseFetchPartitions(ps)
 			}
 			in.evMu.Lock()
-			in.ev = append(in.ev, event{kind, taskSet(ps), serial})
+			in.ev = append(in.ev, event{kind, taskSet(ps), ps, serial})
 			in.evMu.Unlock()
 		}
 	}

@@ -45,6 +45,21 @@ const (
 // group.consumer.heartbeat.interval.ms.
 const kafkaHeartbeatInterval = 5 * time.Second
 
+// balancer assigns the group's partitions. A task owns partition p of every
+// input topic, so an instance reading several (co-partitioned) topics needs
+// partition p of each on the same member: the range assignor gives that,
+// client side (classic) and server side (KIP-848 "range"), for topics of
+// equal partition counts, which prepare checks. It is eager under the
+// classic protocol (every rebalance revokes everything, and the tasks
+// restore from their local state), so a single input keeps the cooperative
+// sticky one.
+func (in *Instance) balancer() kgo.GroupBalancer {
+	if len(in.cfg.InputTopics) > 1 {
+		return kgo.RangeBalancer()
+	}
+	return kgo.CooperativeStickyBalancer()
+}
+
 // groupOpts are the consumer-group options of a session's client.
 func (in *Instance) groupOpts() []kgo.Opt {
 	opts := []kgo.Opt{
@@ -60,7 +75,7 @@ func (in *Instance) groupOpts() []kgo.Opt {
 		kgo.RequestTimeoutOverhead(5 * time.Second),
 		// Under KIP-848 the broker assigns; franz-go maps this balancer
 		// to its "uniform" assignor, which is sticky too.
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.Balancers(in.balancer()),
 	}
 	if in.cfg.GroupProtocol == "consumer" {
 		opts = append(opts, kgo.ServerSideBalancer())

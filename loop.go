@@ -31,7 +31,10 @@ type loop struct {
 	coord     *barrier.Coordinator
 	tasks     map[int32]*task
 	restoring map[int32]*restoreJob
-	inTxn     bool
+	// owned is, per partition number, the input topics whose partition the
+	// group gave this member (copartition.go).
+	owned map[int32]map[string]bool
+	inTxn bool
 	// budgetFull: a task's write-set reached the epoch budget
 	// (Options.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
@@ -101,6 +104,7 @@ func (in *Instance) runSession(ctx context.Context) error {
 		coord:     barrier.New(in.cfg.Checkpoint, time.Now(), 1),
 		tasks:     map[int32]*task{},
 		restoring: map[int32]*restoreJob{},
+		owned:     map[int32]map[string]bool{},
 	}
 	in.rebalanceWanted.Store(false)
 	defer l.close()
@@ -146,6 +150,7 @@ func (l *loop) iterate() error {
 	// Rebalance callbacks ran inside the poll; act on them before
 	// touching the records the poll returned.
 	for _, ev := range in.takeEvents() {
+		l.noteOwned(ev)
 		gone := ev.tasks
 		if ev.kind == "assigned" {
 			// A task we still hold missed its revoke; its partition is
@@ -162,7 +167,9 @@ func (l *loop) iterate() error {
 		}
 		if ev.kind == "assigned" {
 			for _, p := range ev.tasks {
-				l.startRestore(p)
+				if l.ownsTask(p) {
+					l.startRestore(p)
+				}
 			}
 		}
 	}
@@ -241,10 +248,14 @@ func (l *loop) fireTimers() error {
 
 func (l *loop) joined() bool { return l.in.inGroup(l.sess.Client()) }
 
-// process runs the job over the polled records, in partition order.
+// process runs the job over the polled records, in partition order (for
+// several input topics, see processMerged).
 func (l *loop) process(fs kgo.Fetches) error {
 	if len(fs) == 0 {
 		return nil
+	}
+	if len(l.in.cfg.InputTopics) > 1 {
+		return l.processMerged(fs)
 	}
 	in := l.in
 	rewind := offsets{}
@@ -265,40 +276,53 @@ func (l *loop) process(fs kgo.Fetches) error {
 		last := ftp.Records[len(ftp.Records)-1]
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
 		for _, r := range ftp.Records {
-			if next, ok := t.next[r.Topic]; ok && r.Offset < next {
-				continue // reflected in state already
-			}
-			if until, ok := t.replayUntil[r.Topic]; ok && r.Offset >= until {
-				// The replay of a refused commit ends where the
-				// refused attempt did; the rest comes again.
-				rewind.set(r.Topic, r.Partition, r.Offset)
-				l.budgetFull = true
-				break
-			}
-			if _, ok := t.committed[r.Topic]; !ok {
-				// First record of a task with no committed
-				// offset: an abort rewinds to here.
-				t.committed[r.Topic] = r.Offset
-			}
-			if err = l.processOne(t, r); err != nil {
-				return
-			}
-			if l.aborts != aborts {
+			took, stop, e := l.take(t, r, rewind)
+			if err = e; err != nil || stop || l.aborts != aborts {
 				// Ordering rule: nothing of a batch is processed after
 				// an abort rewound the tasks and the consumer; the
 				// rest of it is fetched again.
 				return
 			}
-			worked = true
+			worked = worked || took
 		}
 	})
+	return l.afterProcess(rewind, worked && l.aborts == aborts, err)
+}
+
+// take processes one polled record of running task t, unless its effects
+// are in the state already. stop says the rest of the task's records must
+// wait (the replay of a refused commit ends here: see task.replayUntil),
+// and rewind then holds where they are fetched again from.
+func (l *loop) take(t *task, r *kgo.Record, rewind offsets) (took, stop bool, err error) {
+	if next, ok := t.next[r.Topic]; ok && r.Offset < next {
+		return false, false, nil // reflected in state already
+	}
+	if until, ok := t.replayUntil[r.Topic]; ok && r.Offset >= until {
+		// The replay of a refused commit ends where the refused attempt
+		// did; the rest comes again.
+		rewind.set(r.Topic, r.Partition, r.Offset)
+		l.budgetFull = true
+		return false, true, nil
+	}
+	if _, ok := t.committed[r.Topic]; !ok {
+		// First record of a task with no committed offset: an abort
+		// rewinds to here.
+		t.committed[r.Topic] = r.Offset
+	}
+	return true, false, l.processOne(t, r)
+}
+
+// afterProcess places the consumer where records must be fetched again,
+// tells the coordinator about work done, and ends the epoch early when a
+// task's write-set reached the epoch budget.
+func (l *loop) afterProcess(rewind offsets, worked bool, err error) error {
 	if len(rewind) > 0 {
 		l.sess.Client().SetOffsets(rewind)
 	}
 	if err != nil {
 		return err
 	}
-	if worked && l.aborts == aborts {
+	if worked {
 		if err := l.run(l.coord.Work(time.Now())); err != nil {
 			return err
 		}
@@ -773,6 +797,7 @@ func (l *loop) release(why string, gone []int32) error {
 			l.in.m.tasks.WithLabelValues("running").Dec()
 		}
 		l.in.m.forgetTask(p, l.in.cfg.InputTopics)
+		l.pauseOwned(p)
 	}
 	return l.run(l.coord.SetTasks(l.taskList()))
 }
@@ -844,6 +869,7 @@ func (l *loop) installRestored() error {
 			t.orphan(k)
 		}
 		l.tasks[p] = t
+		l.learnEnds(t)
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()
 		// The marker is the truth for where the task resumes.

@@ -34,6 +34,10 @@ type task struct {
 	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog
 	rc     recordContext
 
+	// co is what the task knows of each input topic, when it reads
+	// several (copartition.go); nil otherwise.
+	co map[string]*coInput
+
 	clock  *eventClock // event time; nil unless the job declares EventTime
 	timers taskTimers
 	// sweepCursor is where the next TTL sweep resumes (nil: the start);

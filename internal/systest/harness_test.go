@@ -91,6 +91,7 @@ func runChild() int {
 
 const (
 	input  = "in"
+	input2 = "in2" // the second input of co-processing tests
 	output = "out"
 )
 
@@ -118,6 +119,12 @@ func options(brokers, app, id, state, job string, g sluice.Guarantee) sluice.Opt
 		j = jobs.RisingTemperature(jobs.RisingOptions{Window: 10 * time.Second, EventTime: true})
 	case "rising-processing":
 		j = jobs.RisingTemperature(jobs.RisingOptions{Window: 5 * time.Second})
+	case "history":
+		j = historyJob
+	}
+	inputs := []string{input}
+	if job == "history" {
+		inputs = []string{input, input2}
 	}
 	return sluice.Options{
 		Brokers:       []string{brokers},
@@ -125,7 +132,7 @@ func options(brokers, app, id, state, job string, g sluice.Guarantee) sluice.Opt
 		AppID:         app,
 		InstanceID:    id,
 		Job:           j,
-		InputTopics:   []string{input},
+		InputTopics:   inputs,
 		OutputTopic:   output,
 		StateDir:      state,
 		Backend:       "bbolt",
