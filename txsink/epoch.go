@@ -50,6 +50,11 @@ import (
 // Every method may be called from any goroutine; PreCommit of different
 // tasks runs in parallel.
 type EpochSink interface {
+	// Setup connects and checks the sink, creating what it needs if
+	// missing. An error wrapping ErrSinkSetup is final (a table of another
+	// shape, a server that refuses prepared transactions); any other is
+	// retried (the database is not up yet).
+	Setup(ctx context.Context) error
 	// Check validates a row as a job writes it, without I/O: a row the
 	// sink could never write fails its record (it goes to the dead-letter
 	// topic) instead of failing every epoch at PreCommit.
@@ -110,6 +115,9 @@ type TxnID struct {
 // The sink errors that stop the instance: retrying cannot help, and going
 // on would fail every epoch or lose rows.
 var (
+	// ErrSinkSetup: the sink cannot be used as configured; its message
+	// says what to change.
+	ErrSinkSetup = errors.New("txsink: sink setup")
 	// ErrSinkRefused: the sink refuses a row for good (a value out of
 	// range, a constraint): Check did not catch it.
 	ErrSinkRefused = errors.New("txsink: the sink refused the epoch's rows")
