@@ -64,6 +64,11 @@ type Instance struct {
 
 	clock Clock // processing time (Options.Clock or the wall clock)
 
+	// sinkConflicts holds, per task, the epoch whose sink pre-commit found
+	// the epoch applied already (see sinkConflict); only the goroutine
+	// running sessions touches it.
+	sinkConflicts map[int32]uint64
+
 	// poison is what sessions learned of inputs whose outputs can never be
 	// produced, per task; only the goroutine running sessions touches it.
 	poison map[int32]map[inputRef]*poison
@@ -322,6 +327,16 @@ func (in *Instance) prepare(ctx context.Context) error {
 	}
 	if err := in.sizeBatches(rctx, plain); err != nil {
 		return err
+	}
+	if s := in.cfg.Sink; s != nil {
+		// Waited for like the brokers; a sink that cannot be used as
+		// configured is final.
+		if err := s.Setup(rctx); err != nil {
+			if errors.Is(err, txsink.ErrSinkSetup) {
+				return &startupError{err.Error()}
+			}
+			return fmt.Errorf("sink not reachable yet: %w", err)
+		}
 	}
 	return in.prepareGroup(rctx)
 }

@@ -31,6 +31,7 @@ type loop struct {
 	tasks     map[int32]*task
 	restoring map[int32]*restoreJob
 	inTxn     bool
+	sink      sinkState // the outside sink's transactions (sink.go)
 	// budgetFull: a task's write-set reached the epoch budget
 	// (Options.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
@@ -122,6 +123,9 @@ func (l *loop) iterate() error {
 	l.answerProbes()
 	in.ready.Store(len(l.restoring) == 0 && l.joined())
 	l.sweepStateFiles()
+	if err := l.sinkIdle(); err != nil {
+		return err
+	}
 
 	pctx, cancel := context.WithTimeout(l.ctx, l.pollWait())
 	in.wakeMu.Lock()
@@ -339,6 +343,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	now := in.clock.Now()
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, now, ts, rc.out[:0]
+	rc.rows = rc.rows[:0] // sink rows (sink.go)
 	err := in.cfg.Job.Process(rc, rec)
 	t.noteRegistered()
 	if err == nil {
@@ -380,6 +385,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 // the epoch and produces its outputs (alone, for a suspect: see poison.go).
 func (l *loop) commitHandled(t *task, ref inputRef, ps *poison, out []*kgo.Record) {
 	t.store.CommitRecord()
+	t.sinkRows(l.in, t.rc.rows) // sink.go
 	l.noteBudget(t)
 	if ps != nil {
 		l.produceAlone(t, ref, ps, out)
@@ -478,6 +484,9 @@ func (l *loop) run(act barrier.Action) error {
 			if err := l.abort(); err != nil {
 				return err
 			}
+			if l.fatal != nil {
+				return l.fatal // a sink error retrying cannot fix (sink.go)
+			}
 			act = l.coord.Aborted(time.Now())
 
 		case barrier.ActFail:
@@ -547,6 +556,11 @@ func (l *loop) commit() barrier.Action {
 		}
 	}
 	offsets := l.alignOffsets()
+	// The sink's pre-commit (sink.go): after every Kafka record is
+	// acknowledged, before EndTxn.
+	if act, ok := l.sinkPreCommit(ctx); !ok {
+		return act
+	}
 	in.cfg.at(PointBeforeCommit)
 	stop := l.yieldToRebalance()
 	committed, err := l.sess.End(ctx, true, offsets)
@@ -564,6 +578,7 @@ func (l *loop) commit() barrier.Action {
 	switch {
 	case err != nil:
 		in.m.transactions.WithLabelValues("abort").Inc()
+		l.sinkUnknown() // EndTxn's outcome is unknown: the restores decide
 		l.sessionBroken(err)
 		return l.coord.CommitFailed(err, time.Now())
 	case !committed:
@@ -579,6 +594,11 @@ func (l *loop) commit() barrier.Action {
 		}
 	}
 	in.cfg.at(PointAfterCommit)
+	if err := l.sinkCommitted(); err != nil {
+		l.fatal = fmt.Errorf("sluice: sink: %w", err)
+		l.coord.CommitDone(time.Now())
+		return l.coord.ApplyFailed(l.fatal, time.Now())
+	}
 	return l.coord.CommitDone(time.Now())
 }
 
@@ -696,6 +716,7 @@ func (l *loop) sessionBroken(err error) { l.brokenErr = err }
 // still works), every task's write-set, and the consumer positions, which go
 // back to the tasks' committed offsets.
 func (l *loop) abort() error {
+	l.sinkAborted()
 	// End even without an open transaction: it clears the session's
 	// revoked flag, which would otherwise abort the next epoch too.
 	if l.brokenErr == nil {
@@ -827,6 +848,9 @@ func (l *loop) installRestored() error {
 			if final := l.in.denied(l.ctx, r.err); final != nil {
 				return final
 			}
+			if final := sinkFinal(r.err); final != nil {
+				return fmt.Errorf("sluice: %w", final)
+			}
 			l.in.log.Error("restore failed; retrying", "task", p, "err", r.err)
 			l.startRestoreAfter(p, time.Second)
 			continue
@@ -867,6 +891,7 @@ func (l *loop) shutdown() error {
 	if err != nil {
 		l.in.log.Warn("final checkpoint failed; the next start replays the epoch", "err", err)
 	}
+	l.sinkShutdown()
 	return nil
 }
 

@@ -70,6 +70,9 @@ type Config struct {
 	StateCleanupDelay     time.Duration `env:"SLUICE_STATE_CLEANUP_DELAY" envDefault:"10m" desc:"How long the state file of a task this instance no longer owns is kept before it is deleted (Kafka Streams' state.cleanup.delay.ms). A partition back within it restores from its file. Must be > 0."`
 	EpochMaxKeys          int           `env:"SLUICE_EPOCH_MAX_KEYS" envDefault:"100000" desc:"An epoch that changes more keys than this in one task ends early, so its write-set (held in memory until the commit) and its transaction stay bounded. Must be > 0."`
 	EpochMaxBytes         int           `env:"SLUICE_EPOCH_MAX_BYTES" envDefault:"67108864" desc:"Likewise for the key and value bytes one task changes in an epoch (default 64 MiB). Must be > 0."`
+	Sink                  string        `env:"SLUICE_SINK" docDefault:"empty (none)" expect:"postgres, or empty for none" desc:"postgres: the job's results also go to a PostgreSQL table, exactly once (docs/sinks.md): aggregate upserts one row per key, echo inserts one row per input record. Needs SLUICE_GUARANTEE=exactly_once; SLUICE_OUTPUT_TOPIC becomes optional."`
+	PostgresURL           string        `env:"SLUICE_POSTGRES_URL" secret:"true" docDefault:"required by SLUICE_SINK=postgres" expect:"a PostgreSQL connection string such as postgres://user:password@host:5432/db" desc:"SLUICE_SINK=postgres: the database (postgres://… or key=value). Secret: never logged nor echoed in errors. The server needs max_prepared_transactions > 0."`
+	PostgresTable         string        `env:"SLUICE_POSTGRES_TABLE" docDefault:"required by SLUICE_SINK=postgres" expect:"a table name or schema.table" desc:"SLUICE_SINK=postgres: the table the rows go to, created if missing (its columns: see docs/sinks.md); one of another shape stops the instance at start. The audit table sluice_sink_epochs goes in the same schema."`
 	Security
 }
 
@@ -102,6 +105,8 @@ type JobSpec struct {
 	Emits bool
 	// SideOutput means the job writes to SLUICE_SIDE_OUTPUT_TOPIC, which is then required.
 	SideOutput bool
+	// Sink means the job can write to SLUICE_SINK, and then needs no output topic.
+	Sink bool
 }
 
 // ConfigError is a bad or missing variable. Its Error is one line naming the
@@ -333,7 +338,8 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	}
 
 	v.check("SLUICE_INPUT_TOPICS", len(c.InputTopics) > 0 && everyEntry(c.InputTopics, validTopic), "comma-separated Kafka topic names (letters, digits, '.', '_', '-'), without empty entries")
-	if job.Emits || c.OutputTopic != "" {
+	sinking := c.Sink != "" && job.Sink
+	if (job.Emits && !sinking) || c.OutputTopic != "" {
 		v.check("SLUICE_OUTPUT_TOPIC", validTopic(c.OutputTopic), topic+writtenBy(job))
 	}
 	v.check("SLUICE_STATE_BACKEND", slices.Contains(stateBackends, c.StateBackend), oneOf(stateBackends))
@@ -365,6 +371,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_STATE_CLEANUP_DELAY", c.StateCleanupDelay > 0, "a Go duration greater than 0 such as 10m")
 	v.check("SLUICE_EPOCH_MAX_KEYS", c.EpochMaxKeys > 0, "a number of keys greater than 0")
 	v.check("SLUICE_EPOCH_MAX_BYTES", c.EpochMaxBytes > 0, "a number of bytes greater than 0")
+	c.validateSink(&v, job)
 	c.Security.validate(&v)
 	return v.err
 }

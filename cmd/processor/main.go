@@ -59,8 +59,12 @@ A bad or missing variable exits with status 2 and one line naming it.
 // builtins are the jobs SLUICE_JOB can name, built from the configuration
 // (thresholds and windows are job parameters).
 var builtins = map[string]func(Config) sluice.Job{
-	"aggregate":         func(Config) sluice.Job { return jobs.Aggregate() },
-	"echo":              func(Config) sluice.Job { return jobs.Echo() },
+	"aggregate": func(c Config) sluice.Job {
+		return jobs.AggregateWith(jobs.AggregateOptions{Emit: c.Sink == "" || c.OutputTopic != "", Rows: c.Sink != ""})
+	},
+	"echo": func(c Config) sluice.Job {
+		return jobs.EchoWith(jobs.EchoOptions{Emit: c.Sink == "" || c.OutputTopic != "", Rows: c.Sink != ""})
+	},
 	"temperature-alert": func(c Config) sluice.Job { return jobs.TemperatureAlert(c.AlertThreshold) },
 	"temperature-split": func(Config) sluice.Job { return jobs.TemperatureSplit() },
 	"rising-temperature": func(c Config) sluice.Job {
@@ -72,7 +76,8 @@ func jobSpecs() []JobSpec {
 	specs := make([]JobSpec, 0, len(builtins))
 	for name, mk := range builtins {
 		j := mk(Config{})
-		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0})
+		_, sink := sinkTables[name]
+		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0, Sink: sink})
 	}
 	return specs
 }
@@ -157,6 +162,9 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	opts.ClientOpts = clientOpts
 	for _, w := range cfg.warnings() {
 		log.Warn(w)
+	}
+	if opts.Sink != nil {
+		defer opts.Sink.Close()
 	}
 	inst, err := sluice.New(opts)
 	if err != nil {
@@ -243,5 +251,6 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		EpochMaxBytes:         cfg.EpochMaxBytes,
 		Logger:                log,
 		Registry:              reg,
+		Sink:                  newSink(cfg, log),
 	}
 }

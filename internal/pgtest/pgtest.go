@@ -1,11 +1,13 @@
 package pgtest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -13,6 +15,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Server is one PostgreSQL server of a test.
@@ -95,6 +99,22 @@ func Start(t testing.TB, conf ...string) *Server {
 // postgres, no password, no TLS.
 func (s *Server) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
+}
+
+// Database creates a database of its own for a test sharing the server
+// and returns its connection string.
+func (s *Server) Database(t testing.TB, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, s.URL())
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: create database %s: %v", name, err)
+	}
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, url.PathEscape(name))
 }
 
 // Stop stops the server (fast shutdown: sessions are cut, prepared

@@ -102,3 +102,12 @@ func (c *Config) fill() error {
 	}
 	return nil
 }
+
+// Named pairs column names with their types, in order.
+func Named(names []string, types ...Type) []Column {
+	cols := make([]Column, len(names))
+	for i, n := range names {
+		cols[i] = Column{Name: n, Type: types[i]}
+	}
+	return cols
+}
