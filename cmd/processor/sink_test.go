@@ -139,3 +139,33 @@ func TestProcessorSinkRefusesTableOfAnotherShape(t *testing.T) {
 		t.Fatalf("exit %d; log:\n%s", code, p.log.String())
 	}
 }
+
+// With the database unreachable at start the processor waits for it like
+// for the brokers: alive, not ready, retrying, and it stops cleanly.
+func TestProcessorSinkWaitsForTheDatabase(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := newProc(t, c.ListenAddrs()[0], "a")
+	dead := freeAddr(t) // nothing listens there once freeAddr returns
+	p.env = append(p.env, "SLUICE_SINK=postgres", "SLUICE_POSTGRES_URL=postgres://sluice@"+dead+"/db?sslmode=disable&connect_timeout=2", "SLUICE_POSTGRES_TABLE=aggregates")
+	p.start()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(p.log.String(), "sink not reachable yet") {
+		if time.Now().After(deadline) {
+			t.Fatalf("log does not mention waiting for the database:\n%s", p.log.String())
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	if code, _ := p.get("/healthz"); code != 200 {
+		t.Fatalf("/healthz: %d", code)
+	}
+	if code, _ := p.get("/readyz"); code != 503 {
+		t.Fatalf("/readyz with the database down: %d, want 503", code)
+	}
+	if err := p.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM with the database down: %v", err)
+	}
+}
