@@ -15,16 +15,20 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // Server is one PostgreSQL server of a test.
 type Server struct {
-	bin  string // directory of initdb, pg_ctl, postgres
+	bin  string // directory of initdb and postgres
 	dir  string // owns data/ and the log
 	port int
 	cred *syscall.Credential // the postgres OS user when the test runs as root
+
+	proc   *exec.Cmd     // the postmaster, nil when stopped
+	exited chan struct{} // closed when proc has exited
 }
 
 // MaxPreparedTransactions is what the server allows: enough for every task
@@ -121,24 +125,78 @@ func (s *Server) Database(t testing.TB, name string) string {
 // transactions stay).
 func (s *Server) Stop(t testing.TB) {
 	t.Helper()
-	if out, err := s.stop(); err != nil {
-		t.Fatalf("pgtest: pg_ctl stop: %v\n%s", err, out)
+	if err := s.stop(); err != nil {
+		t.Fatalf("pgtest: stop: %v\n%s", err, s.logTail())
 	}
 }
 
-func (s *Server) stop() ([]byte, error) {
-	return s.cmd("pg_ctl", "-D", s.data(), "-m", "fast", "-w", "stop").CombinedOutput()
+func (s *Server) stop() error {
+	if s.proc == nil {
+		return nil
+	}
+	s.proc.Process.Signal(syscall.SIGINT) // fast shutdown
+	select {
+	case <-s.exited:
+	case <-time.After(60 * time.Second):
+		s.proc.Process.Kill()
+		<-s.exited
+		s.proc = nil
+		return fmt.Errorf("the server did not stop within 60s")
+	}
+	s.proc = nil
+	return nil
 }
 
 // Restart starts the server again on the same port and waits until it
-// accepts connections.
+// accepts connections. The postmaster is this process's child with a
+// parent-death signal, so a test binary killed by its timeout does not
+// leave servers behind.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	log := filepath.Join(s.dir, "server.log")
-	if out, err := s.cmd("pg_ctl", "-D", s.data(), "-l", log, "-w", "-t", "120", "start").CombinedOutput(); err != nil {
-		b, _ := os.ReadFile(log)
-		t.Fatalf("pgtest: pg_ctl start: %v\n%s\n%s", err, out, b)
+	logf, err := os.OpenFile(filepath.Join(s.dir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
 	}
+	cmd := s.cmd("postgres", "-D", s.data())
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatalf("pgtest: start postgres: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		logf.Close()
+		close(exited)
+	}()
+	s.proc, s.exited = cmd, exited
+	ctx := context.Background()
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		c, err := pgx.Connect(ctx, s.URL())
+		if err == nil {
+			c.Close(ctx)
+			return
+		}
+		select {
+		case <-exited:
+			s.proc = nil
+			t.Fatalf("pgtest: the server exited at start: %v\n%s", err, s.logTail())
+		case <-time.After(20 * time.Millisecond): // polling for the server to accept connections, with a deadline
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pgtest: the server does not accept connections after 120s: %v\n%s", err, s.logTail())
+		}
+	}
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
 }
 
 func (s *Server) data() string { return filepath.Join(s.dir, "data") }
@@ -146,8 +204,9 @@ func (s *Server) data() string { return filepath.Join(s.dir, "data") }
 func (s *Server) cmd(name string, args ...string) *exec.Cmd {
 	c := exec.Command(filepath.Join(s.bin, name), args...)
 	c.Dir = s.dir
+	c.SysProcAttr = &syscall.SysProcAttr{}
 	if s.cred != nil {
-		c.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+		c.SysProcAttr.Credential = s.cred
 	}
 	return c
 }
@@ -190,10 +249,10 @@ func (s *Server) template() (string, error) {
 	return dir, nil
 }
 
-// findBin finds the directory holding initdb, pg_ctl and postgres.
+// findBin finds the directory holding initdb and postgres.
 func findBin() (string, error) {
 	var dirs []string
-	if p, err := exec.LookPath("pg_ctl"); err == nil {
+	if p, err := exec.LookPath("initdb"); err == nil {
 		if r, err := filepath.EvalSymlinks(p); err == nil {
 			dirs = append(dirs, filepath.Dir(r))
 		}
@@ -204,7 +263,7 @@ func findBin() (string, error) {
 	}
 	for _, d := range dirs {
 		ok := true
-		for _, name := range []string{"initdb", "pg_ctl", "postgres"} {
+		for _, name := range []string{"initdb", "postgres"} {
 			if _, err := os.Stat(filepath.Join(d, name)); err != nil {
 				ok = false
 			}
@@ -213,7 +272,7 @@ func findBin() (string, error) {
 			return d, nil
 		}
 	}
-	return "", fmt.Errorf("no PostgreSQL server binaries (initdb, pg_ctl, postgres) in $PATH or /usr/lib/postgresql/*/bin")
+	return "", fmt.Errorf("no PostgreSQL server binaries (initdb, postgres) in $PATH or /usr/lib/postgresql/*/bin")
 }
 
 func freePort() (int, error) {
