@@ -2,6 +2,7 @@ package systest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,12 +12,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/pgtest"
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/txsink"
 	"github.com/sluicehq/sluice/txsink/pgsink"
 )
 
@@ -338,4 +341,78 @@ func restoring(t *testing.T, cfg sluice.Options) float64 {
 		}
 	}
 	return 0
+}
+
+// A row WriteRow refuses (a key that is not valid UTF-8 for a text
+// column) fails its record, which goes to the dead-letter topic with
+// nothing of it in the table or the output; a row the database refuses at
+// pre-commit (a CHECK constraint WriteRow cannot know) stops the instance
+// with txsink.ErrSinkRefused instead of failing every epoch, and nothing of
+// that epoch is in the table.
+func TestSinkRefusals(t *testing.T) {
+	srv := pgtest.Start(t)
+	brokers := newCluster(t, 2)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE TABLE "+sinkTable+" (key text PRIMARY KEY, count bigint, sum bigint, min bigint, max bigint, CHECK (sum < 1000000))"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := options(brokers, "refuse", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
+	cfg.Checkpoint.TolerableFailures = 10 // it must stop on the refusal, not on a count of failures
+	if err := withSink(&cfg, srv.URL(), "aggregate"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cfg.Sink.Close)
+	inst, err := sluice.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- inst.Run(ctx) }()
+
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	produce := func(key, value string) {
+		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: input, Key: []byte(key), Value: []byte(value)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce("good", "1")
+	produce("bad\xff", "2")
+	dlq, err := check.ReadCommitted(ctx, []string{brokers}, "refuse-dlq", 30*time.Second, check.Settled(1))
+	if err != nil || len(dlq) != 1 || string(dlq[0].Key) != "bad\xff" {
+		t.Fatalf("dead letters: %v, %v", dlq, err)
+	}
+	if out, err := check.ReadCommitted(ctx, []string{brokers}, output, 30*time.Second, check.Settled(1)); err != nil || len(out) != 1 || string(out[0].Key) != "good" {
+		t.Fatalf("output: %v, %v", out, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for aggregateTable(t, srv.URL())["good"] != "1 1 1 1" {
+		if time.Now().After(deadline) {
+			t.Fatalf("table: %v", aggregateTable(t, srv.URL()))
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	produce("big", "2000000")
+	select {
+	case err := <-done:
+		if !errors.Is(err, txsink.ErrSinkRefused) {
+			t.Fatalf("Run: %v, want ErrSinkRefused", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the instance kept running after the database refused a row")
+	}
+	if got := aggregateTable(t, srv.URL()); len(got) != 1 {
+		t.Fatalf("table after the refusal: %v", got)
+	}
+	if n := len(query(t, srv.URL(), "SELECT gid FROM pg_prepared_xacts", pgx.RowTo[string])); n != 0 {
+		t.Fatalf("%d left prepared", n)
+	}
 }
