@@ -68,6 +68,7 @@ type Instance struct {
 	// the epoch applied already (see sinkConflict); only the goroutine
 	// running sessions touches it.
 	sinkConflicts map[int32]uint64
+	sinkM         *sinkMetrics // nil without a sink
 
 	// poison is what sessions learned of inputs whose outputs can never be
 	// produced, per task; only the goroutine running sessions touches it.
@@ -115,6 +116,9 @@ func New(cfg Options) (*Instance, error) {
 		n.NotifyAdvance(in.wakeLoop)
 	}
 	in.m = newMetrics(cfg.Registry, in)
+	if cfg.Sink != nil {
+		in.sinkM = newSinkMetrics(cfg.Registry)
+	}
 	return in, nil
 }
 

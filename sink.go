@@ -7,7 +7,10 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/kstate"
@@ -49,6 +52,29 @@ func sinkFinal(err error) error {
 		return err
 	}
 	return nil
+}
+
+// sinkMetrics are the sink's series, registered only with a sink.
+type sinkMetrics struct {
+	txns      *prometheus.CounterVec
+	preCommit prometheus.Histogram
+	pending   atomic.Int64 // commits and rollbacks waiting to be tried again
+}
+
+func newSinkMetrics(reg prometheus.Registerer) *sinkMetrics {
+	m := &sinkMetrics{
+		txns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_sink_transactions_total",
+			Help: "Sink transactions of tasks' epochs by step: prepared, committed, rolled_back, or failed (a pre-commit that did not prepare)."}, []string{"result"}),
+		preCommit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_sink_precommit_seconds",
+			Help: "Time to write and prepare every task's rows of an epoch in the sink.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+	}
+	for _, r := range []string{"prepared", "committed", "rolled_back", "failed"} {
+		m.txns.WithLabelValues(r)
+	}
+	reg.MustRegister(m.txns, m.preCommit, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_sink_pending_transactions",
+		Help: "Sink transactions whose commit or rollback failed and waits to be tried again (the database unreachable)."},
+		func() float64 { return float64(m.pending.Load()) }))
+	return m
 }
 
 // sinkState is the loop's side of the sink's epochs.
@@ -110,6 +136,7 @@ func (l *loop) sinkPreCommit(ctx context.Context) (barrier.Action, bool) {
 	if err := l.sinkSettle(ctx); err != nil {
 		return l.sinkFailed(fmt.Errorf("settle earlier sink transactions: %w", err)), false
 	}
+	start := time.Now()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
@@ -132,9 +159,13 @@ func (l *loop) sinkPreCommit(ctx context.Context) (barrier.Action, bool) {
 		})
 	}
 	wg.Wait()
+	sm := l.in.sinkM
+	sm.txns.WithLabelValues("failed").Add(float64(len(errs)))
+	sm.txns.WithLabelValues("prepared").Add(float64(len(l.sink.prepared) - len(errs)))
 	if err := errors.Join(errs...); err != nil {
 		return l.sinkFailed(err), false
 	}
+	sm.preCommit.Observe(time.Since(start).Seconds())
 	for _, id := range l.sink.prepared {
 		delete(l.in.sinkConflicts, id.Task)
 	}
@@ -220,6 +251,9 @@ func (l *loop) sinkAborted() {
 // aborts, in parallel; those that fail stay pending.
 func (l *loop) sinkSettle(ctx context.Context) error {
 	if len(l.sink.commits)+len(l.sink.aborts) == 0 {
+		if sm := l.in.sinkM; sm != nil {
+			sm.pending.Store(0) // a new session starts with nothing pending
+		}
 		return nil
 	}
 	l.sink.triedAt = time.Now()
@@ -245,7 +279,11 @@ func (l *loop) sinkSettle(ctx context.Context) error {
 		run(id, sink.Abort, &aborts)
 	}
 	wg.Wait()
+	sm := l.in.sinkM
+	sm.txns.WithLabelValues("committed").Add(float64(len(l.sink.commits) - len(commits)))
+	sm.txns.WithLabelValues("rolled_back").Add(float64(len(l.sink.aborts) - len(aborts)))
 	l.sink.commits, l.sink.aborts = commits, aborts
+	sm.pending.Store(int64(len(commits) + len(aborts)))
 	return errors.Join(errs...)
 }
 

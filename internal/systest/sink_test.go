@@ -318,6 +318,9 @@ func TestSinkDatabaseDown(t *testing.T) {
 		t.Fatalf("after the database came back: %v", rep)
 	}
 	awaitTable(t, srv.URL(), brokers, "sinkdown", "aggregate", f)
+	if n, err := check.MetricSum(cfg.Registry.(*prometheus.Registry), "sluice_sink_transactions_total"); err != nil || n == 0 {
+		t.Fatalf("sluice_sink_transactions_total = %v, %v", n, err)
+	}
 }
 
 // restoring is the number of the instance's tasks restoring
