@@ -11,10 +11,10 @@
 // wins, and one row per key is written at pre-commit) or insert (no key:
 // every row is inserted).
 //
-//	s := pgsink.New(pgsink.Config{URL: url, App: "orders", Table: "totals",
-//		Columns: []pgsink.Column{{"key", pgsink.Text}, {"count", pgsink.BigInt}},
+//	s, err := pgsink.New(pgsink.Config{URL: url, App: "orders", Table: "totals",
+//		Columns: pgsink.Named([]string{"key", "count"}, pgsink.Text, pgsink.BigInt),
 //		Key:     []string{"key"}})
-//	err := s.Setup(ctx) // creates the tables if missing, checks their shape
+//	err = s.Setup(ctx) // creates the tables if missing, checks their shape
 //	txn := s.Begin(task)
 //	txn.Write([]any{"k", int64(3)})
 //	err = txn.PreCommit(ctx, id) // prepared: durable, not visible
