@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/txsink/pgsink"
 )
 
@@ -25,7 +26,7 @@ func Example() {
 		return
 	}
 	defer sink.Close()
-	var running int64 // a real job keeps this in kstate
+	total := kstate.Value[int64]("total", kstate.Int64())
 	opts := sluice.Options{
 		Brokers: []string{"kafka:9092"}, AppID: "totals", InstanceID: "totals-1",
 		InputTopics: []string{"orders"},
@@ -35,8 +36,15 @@ func Example() {
 			if err != nil {
 				return &sluice.DecodeError{Err: err}
 			}
-			running += amount
-			return sluice.WriteRow(ctx, string(rec.Key), running)
+			sum, _, err := total.Get(ctx)
+			if err != nil {
+				return err
+			}
+			sum += amount
+			if err := total.Set(ctx, sum); err != nil {
+				return err
+			}
+			return sluice.WriteRow(ctx, string(rec.Key), sum)
 		}},
 	}
 	inst, err := sluice.New(opts)
