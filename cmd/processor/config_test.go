@@ -289,6 +289,7 @@ var configErrorTests = []configErrorTest{
 		"SLUICE_POSTGRES_URL is required: expected a PostgreSQL connection string such as postgres://user:password@host:5432/db"},
 	{"sink url does not parse, password not echoed", envWith(sinkEnv(), "SLUICE_POSTGRES_URL", "postgres://u:hunter2@db:port/x"), "SLUICE_POSTGRES_URL",
 		`SLUICE_POSTGRES_URL="<redacted>": expected a PostgreSQL connection string such as postgres://user:password@host:5432/db`},
+	{"sink with a long app id", envWith(sinkEnv(), "SLUICE_APP_ID", strings.Repeat("a", 131)), "SLUICE_APP_ID", ""},
 	{"sink without table", envWith(sinkEnv(), "SLUICE_POSTGRES_TABLE", "<unset>"), "SLUICE_POSTGRES_TABLE", ""},
 	{"sink table of three parts", envWith(sinkEnv(), "SLUICE_POSTGRES_TABLE", "a.b.c"), "SLUICE_POSTGRES_TABLE", ""},
 	{"unknown variable", envWith(baseEnv(), "SLUICE_CHECKPOINT_INTERVALL", "200ms"), "SLUICE_CHECKPOINT_INTERVALL",

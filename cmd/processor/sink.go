@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"strings"
 
@@ -29,6 +30,10 @@ var sinkTables = map[string]sinkTable{
 	},
 }
 
+// maxSinkAppIDLen keeps txsink.TaskPrefix within the 150 bytes
+// sluice.Options allows with a sink.
+const maxSinkAppIDLen = 130
+
 func (c Config) validateSink(v *validation, job JobSpec) {
 	v.check("SLUICE_SINK", c.Sink == "" || c.Sink == "postgres", "postgres, or empty for none")
 	if c.Sink == "" {
@@ -37,6 +42,9 @@ func (c Config) validateSink(v *validation, job JobSpec) {
 	if job.Name != "" {
 		v.check("SLUICE_SINK", job.Sink, "empty: job "+job.Name+" writes no rows (aggregate and echo do)")
 	}
+	// PostgreSQL's transaction ids hold 200 bytes: the app id, the task,
+	// the epoch and a nonce (txsink.TxnID).
+	v.check("SLUICE_APP_ID", len(c.AppID) <= maxSinkAppIDLen, fmt.Sprintf("at most %d characters with SLUICE_SINK=postgres (they name its prepared transactions)", maxSinkAppIDLen))
 	v.check("SLUICE_GUARANTEE", c.Guarantee == "exactly_once", "exactly_once: SLUICE_SINK=postgres commits each epoch's rows with the epoch's Kafka transaction")
 	_, err := pgconn.ParseConfig(c.PostgresURL)
 	v.check("SLUICE_POSTGRES_URL", c.PostgresURL != "" && err == nil, "a PostgreSQL connection string such as postgres://user:password@host:5432/db")
