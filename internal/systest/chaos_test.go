@@ -244,9 +244,12 @@ func chaosAggregate(t *testing.T, proto string) {
 	ch.shutdown()
 }
 
+// The exactly-once echo writes to PostgreSQL as well: one row per input
+// record, whatever the chaos.
 func TestChaosEchoExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 22)
-	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed)
+	pg := pgtest.Start(t).URL()
+	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed, "SYSTEST_PG_URL="+pg)
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
@@ -254,6 +257,7 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 		t.Fatalf("echo under chaos: %v", rep)
 	}
 	t.Logf("echo under chaos: %v", rep)
+	awaitTable(t, pg, ch.brokers, "chaos-echo", "echo", ch.feeder)
 	ch.shutdown()
 }
 
