@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/txsink"
 )
 
 // Guarantee is the delivery guarantee of an instance.
@@ -174,6 +176,12 @@ type Options struct {
 	// Registry receives the instance's metrics. Default a private
 	// registry: pass your own to export them.
 	Registry prometheus.Registerer
+
+	// Sink, if set, is an outside system the job writes rows to
+	// (WriteRow), exactly once: each task's rows of an epoch commit with
+	// the epoch (docs/sinks.md). It needs ExactlyOnce. The caller owns it
+	// and closes it after Run returned.
+	Sink txsink.EpochSink
 
 	// Hook, if set, is called on the loop goroutine at each step of the
 	// epoch protocol named by the Point constants: for tracing, and for
@@ -346,6 +354,12 @@ func (c *Options) fill() error {
 	}
 	if err := c.Checkpoint.Validate(); err != nil {
 		return err
+	}
+	if c.Sink != nil && c.Guarantee != ExactlyOnce {
+		return fmt.Errorf("sluice: Options.Sink needs Options.Guarantee %s: at-least-once has no Kafka transaction for the sink's to follow", ExactlyOnce)
+	}
+	if c.Sink != nil && len(txsink.TaskPrefix(c.AppID, math.MaxInt32)) > 150 {
+		return fmt.Errorf("sluice: Options.AppID is too long for the sink's transaction ids (at most 200 bytes with the epoch)")
 	}
 	if c.Guarantee == ExactlyOnce && c.TransactionTimeout <= c.Checkpoint.Interval {
 		return fmt.Errorf("sluice: Options.TransactionTimeout %s must exceed Options.Checkpoint.Interval %s", c.TransactionTimeout, c.Checkpoint.Interval)

@@ -76,6 +76,12 @@ type Instance struct {
 
 	clock Clock // processing time (Options.Clock or the wall clock)
 
+	// sinkConflicts holds, per task, the epoch whose sink pre-commit found
+	// the epoch applied already (see sinkConflict); only the goroutine
+	// running sessions touches it.
+	sinkConflicts map[int32]uint64
+	sinkM         *sinkMetrics // nil without a sink
+
 	// poison is what sessions learned of inputs whose outputs can never be
 	// produced, per task; only the goroutine running sessions touches it.
 	poison map[int32]map[inputRef]*poison
@@ -117,6 +123,9 @@ func New(cfg Options) (*Instance, error) {
 		n.NotifyAdvance(in.wakeLoop)
 	}
 	in.m = newMetrics(cfg.Registry, in)
+	if cfg.Sink != nil {
+		in.sinkM = newSinkMetrics(cfg.Registry)
+	}
 	return in, nil
 }
 
@@ -373,6 +382,16 @@ func (in *Instance) prepare(ctx context.Context) error {
 	}
 	if in.hasControl, err = in.ensureControl(rctx); err != nil {
 		return err
+	}
+	if s := in.cfg.Sink; s != nil {
+		// Waited for like the brokers; a sink that cannot be used as
+		// configured is final.
+		if err := s.Setup(rctx); err != nil {
+			if errors.Is(err, txsink.ErrSinkSetup) {
+				return &startupError{err.Error()}
+			}
+			return fmt.Errorf("sink not reachable yet: %w", err)
+		}
 	}
 	return in.prepareGroup(rctx)
 }

@@ -35,6 +35,7 @@ type loop struct {
 	// group gave this member (copartition.go).
 	owned map[int32]map[string]bool
 	inTxn bool
+	sink  sinkState // the outside sink's transactions (sink.go)
 	// budgetFull: a task's write-set reached the epoch budget
 	// (Options.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
@@ -130,6 +131,9 @@ func (l *loop) iterate() error {
 	in.ready.Store(len(l.restoring) == 0 && l.joined())
 	l.sweepStateFiles()
 	l.purge()
+	if err := l.sinkIdle(); err != nil {
+		return err
+	}
 
 	pctx, cancel := context.WithTimeout(l.ctx, l.pollWait())
 	in.wakeMu.Lock()
@@ -367,6 +371,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	now := in.clock.Now()
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, now, ts, rc.out[:0]
+	rc.rows = rc.rows[:0] // sink rows (sink.go)
 	err := in.cfg.Job.Process(rc, rec)
 	t.noteRegistered()
 	if err == nil {
@@ -408,6 +413,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 // the epoch and produces its outputs (alone, for a suspect: see poison.go).
 func (l *loop) commitHandled(t *task, ref inputRef, ps *poison, out []*kgo.Record) {
 	t.store.CommitRecord()
+	t.sinkRows(l.in, t.rc.rows) // sink.go
 	l.noteBudget(t)
 	if ps != nil {
 		l.produceAlone(t, ref, ps, out)
@@ -506,6 +512,9 @@ func (l *loop) run(act barrier.Action) error {
 			if err := l.abort(); err != nil {
 				return err
 			}
+			if l.fatal != nil {
+				return l.fatal // a sink error retrying cannot fix (sink.go)
+			}
 			act = l.coord.Aborted(time.Now())
 
 		case barrier.ActFail:
@@ -575,6 +584,11 @@ func (l *loop) commit() barrier.Action {
 		}
 	}
 	offsets := l.alignOffsets()
+	// The sink's pre-commit (sink.go): after every Kafka record is
+	// acknowledged, before EndTxn.
+	if act, ok := l.sinkPreCommit(ctx); !ok {
+		return act
+	}
 	in.cfg.at(PointBeforeCommit)
 	stop := l.yieldToRebalance()
 	committed, err := l.sess.End(ctx, true, offsets)
@@ -592,6 +606,7 @@ func (l *loop) commit() barrier.Action {
 	switch {
 	case err != nil:
 		in.m.transactions.WithLabelValues("abort").Inc()
+		l.sinkUnknown() // EndTxn's outcome is unknown: the restores decide
 		l.sessionBroken(err)
 		return l.coord.CommitFailed(err, time.Now())
 	case !committed:
@@ -607,6 +622,11 @@ func (l *loop) commit() barrier.Action {
 		}
 	}
 	in.cfg.at(PointAfterCommit)
+	if err := l.sinkCommitted(); err != nil {
+		l.fatal = fmt.Errorf("sluice: sink: %w", err)
+		l.coord.CommitDone(time.Now())
+		return l.coord.ApplyFailed(l.fatal, time.Now())
+	}
 	return l.coord.CommitDone(time.Now())
 }
 
@@ -724,6 +744,7 @@ func (l *loop) sessionBroken(err error) { l.brokenErr = err }
 // still works), every task's write-set, and the consumer positions, which go
 // back to the tasks' committed offsets.
 func (l *loop) abort() error {
+	l.sinkAborted()
 	// End even without an open transaction: it clears the session's
 	// revoked flag, which would otherwise abort the next epoch too.
 	if l.brokenErr == nil {
@@ -856,6 +877,9 @@ func (l *loop) installRestored() error {
 			if final := l.in.denied(l.ctx, r.err); final != nil {
 				return final
 			}
+			if final := sinkFinal(r.err); final != nil {
+				return fmt.Errorf("sluice: %w", final)
+			}
 			l.in.log.Error("restore failed; retrying", "task", p, "err", r.err)
 			l.startRestoreAfter(p, time.Second)
 			continue
@@ -897,6 +921,7 @@ func (l *loop) shutdown() error {
 	if err != nil {
 		l.in.log.Warn("final checkpoint failed; the next start replays the epoch", "err", err)
 	}
+	l.sinkShutdown()
 	return nil
 }
 

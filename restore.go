@@ -18,6 +18,11 @@ import (
 // is deleted, and the task is restored from the start of its changelog.
 func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 	start := time.Now()
+	// Before anything of the changelog is read (sink.go).
+	claim, err := in.sinkClaim(ctx, p)
+	if err != nil {
+		return restoreResult{p: p, err: err}
+	}
 	fresh := false
 	for {
 		be, meta, err := in.openStore(p, fresh)
@@ -30,6 +35,10 @@ func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 		}
 		switch {
 		case err == nil && !meta.Partial:
+			if err := in.sinkRecover(ctx, claim, meta); err != nil {
+				be.Close()
+				return restoreResult{p: p, err: err}
+			}
 			in.log.Info("task restored", "task", p, "records", res.Records, "epoch", meta.Epoch,
 				"offsets", meta.Offsets, "orphans", len(res.Orphans), "took", time.Since(start).Round(time.Millisecond).String())
 			return restoreResult{p: p, be: be, meta: meta, orphans: res.Orphans}

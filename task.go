@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/txsink"
 )
 
 // task is one input partition number with its store. Only the loop
@@ -37,6 +38,10 @@ type task struct {
 	// co is what the task knows of each input topic, when it reads
 	// several (copartition.go); nil otherwise.
 	co map[string]*coInput
+	// sink holds the epoch's rows for Options.Sink (nil until the first);
+	// sinkID names their transaction once the marker did (see sink.go).
+	sink   txsink.EpochTxn
+	sinkID *txsink.TxnID
 
 	clock  *eventClock // event time; nil unless the job declares EventTime
 	timers taskTimers
@@ -151,6 +156,7 @@ func (t *task) discard(orphaned bool) {
 	t.next = maps.Clone(t.committed)
 	t.advanced = false
 	t.marker, t.dirty = nil, nil
+	t.sink, t.sinkID = nil, nil
 	if t.clock != nil {
 		t.clock.rewind()
 	}
@@ -212,7 +218,7 @@ func (t *task) pending() bool { return t.dirty != nil || t.advanced }
 
 // produceMarker produces the epoch's marker with the next input offsets.
 func (t *task) produceMarker(in *Instance, produce func(*kgo.Record)) {
-	value := changelog.EncodeMarker(changelog.Marker{Epoch: t.epoch + 1, Offsets: t.next, Watermark: t.watermark(), Job: in.cfg.Job.Name})
+	value := changelog.EncodeMarker(changelog.Marker{Epoch: t.epoch + 1, Offsets: t.next, Watermark: t.watermark(), Job: in.cfg.Job.Name, SinkTxn: t.sinkTxn(in)})
 	t.marker = &kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: changelog.MarkerKey, Value: value, Headers: t.epochHeader()}
 	produce(t.marker)
 	in.m.changelogRecords.Inc()
@@ -231,6 +237,9 @@ func (t *task) apply(in *Instance) error {
 		return nil
 	}
 	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now(), Watermark: t.watermark()}
+	if t.sinkID != nil {
+		meta.SinkTxn = t.sinkID.String()
+	}
 	if err := t.store.Apply(t.dirty, meta); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
@@ -239,6 +248,7 @@ func (t *task) apply(in *Instance) error {
 	t.next = maps.Clone(meta.Offsets)
 	t.advanced = false
 	t.marker, t.dirty, t.orphans, t.replayUntil = nil, nil, nil, nil
+	t.sink, t.sinkID = nil, nil
 	t.prunePoison()
 	if t.clock != nil {
 		t.clock.commit()
@@ -261,6 +271,9 @@ type recordContext struct {
 	now time.Time // processing time
 	ts  time.Time // the record's or timer's event time
 	out []*kgo.Record
+	// rows are the record's rows for the sink (WriteRow); they join the
+	// task's epoch only if the record succeeds.
+	rows [][]any
 }
 
 func (c *recordContext) Store() *kstate.Store        { return c.t.store }

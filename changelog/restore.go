@@ -376,9 +376,9 @@ func (r *restorer) flush(partial bool) error {
 	}
 	meta := kstate.Meta{ChangelogOffset: r.batchNext, Partial: partial, AppliedAt: time.Now()}
 	if last := r.marker; last != nil {
-		meta.Epoch, meta.Offsets, meta.Watermark = last.Epoch, last.Offsets, last.Watermark
+		meta.Epoch, meta.Offsets, meta.Watermark, meta.SinkTxn = last.Epoch, last.Offsets, last.Watermark, last.SinkTxn
 	} else if r.res.Last != nil {
-		meta.Epoch, meta.Offsets, meta.Watermark = r.res.Last.Epoch, r.res.Last.Offsets, r.res.Last.Watermark
+		meta.Epoch, meta.Offsets, meta.Watermark, meta.SinkTxn = r.res.Last.Epoch, r.res.Last.Offsets, r.res.Last.Watermark, r.res.Last.SinkTxn
 	}
 	if err := r.p.Apply(muts, meta); err != nil {
 		return fmt.Errorf("changelog: apply restored batch: %w", err)

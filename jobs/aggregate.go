@@ -57,11 +57,30 @@ func (a Aggregation) appendJSON(b []byte) []byte {
 // and emits the running aggregation for every valid input, keyed like the
 // input. A value that does not parse goes to the dead-letter topic without
 // touching state.
-func Aggregate() sluice.Job {
+func Aggregate() sluice.Job { return AggregateWith(AggregateOptions{Emit: true}) }
+
+// AggregateOptions says where the aggregate job's results go.
+type AggregateOptions struct {
+	// Emit sends every valid input's running aggregation to the output
+	// topic (Aggregate's behaviour).
+	Emit bool
+	// Rows writes it to the instance's sink as well (sluice.WriteRow), as
+	// the row (key string, count, sum, min, max int64): with an upserting
+	// sink keyed by the key, the table holds each key's aggregation as of
+	// the last committed epoch (AggregateColumns).
+	Rows bool
+}
+
+// AggregateColumns are the columns of the aggregate job's rows, the
+// first one the key.
+var AggregateColumns = []string{"key", "count", "sum", "min", "max"}
+
+// AggregateWith is Aggregate with its results going where o says.
+func AggregateWith(o AggregateOptions) sluice.Job {
 	return sluice.Job{
 		Name:   "aggregate",
 		States: []string{aggregation.Name()},
-		Emits:  true,
+		Emits:  o.Emit,
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			v, err := strconv.ParseInt(string(rec.Value), 10, 64)
 			if err != nil {
@@ -81,7 +100,14 @@ func Aggregate() sluice.Job {
 			if err := aggregation.Set(ctx, a); err != nil {
 				return err
 			}
-			ctx.Emit(rec.Key, a.appendJSON(make([]byte, 0, 64)))
+			if o.Rows {
+				if err := sluice.WriteRow(ctx, string(rec.Key), a.Count, a.Sum, a.Min, a.Max); err != nil {
+					return err
+				}
+			}
+			if o.Emit {
+				ctx.Emit(rec.Key, a.appendJSON(make([]byte, 0, 64)))
+			}
 			return nil
 		},
 	}

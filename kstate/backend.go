@@ -43,6 +43,11 @@ type Meta struct {
 	// the task has none), kept so that it never moves back across a
 	// restart.
 	Watermark time.Time
+	// SinkTxn is the outside sink's transaction of Epoch (txsink.TxnID,
+	// "" when the epoch wrote nothing there), as its marker named it: a
+	// restarted task recovers it (commits it if it is still prepared)
+	// before it runs.
+	SinkTxn string
 }
 
 // Clone returns a deep copy of m, so a caller's map is never shared with a

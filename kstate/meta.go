@@ -9,25 +9,28 @@ import (
 )
 
 // Meta formats inside a backend file. V2 adds the time of the apply, the
-// partial flag and a checksum; V3 the watermark. Older files are still
-// read.
+// partial flag and a checksum; V3 the watermark; V4 the epoch's sink
+// transaction. Older files are still read.
 const (
 	metaFormatV1 byte = 1
 	metaFormatV2 byte = 2
 	metaFormatV3 byte = 3
+	metaFormatV4 byte = 4
 )
 
 // Meta flags (V2 and later).
 const (
 	metaPartial      byte = 1 << 0
 	metaHasWatermark byte = 1 << 1 // V3: a varint watermark follows the flags
+	metaHasSinkTxn   byte = 1 << 2 // V4: a sink transaction id follows the watermark
 )
 
 // encodeMeta returns
 //
-//	[metaFormatV3][uvarint epoch][varint changelogOffset]
+//	[metaFormatV4][uvarint epoch][varint changelogOffset]
 //	[varint appliedAt, unix milliseconds, 0 = unknown]
-//	[flags: bit 0 partial, bit 1 watermark][varint watermark, unix ms, if bit 1]
+//	[flags: bit 0 partial, bit 1 watermark, bit 2 sink txn]
+//	[varint watermark, unix ms, if bit 1][uvarint len][sink txn, if bit 2]
 //	[uvarint n] n × ([uvarint len(topic)][topic][varint offset])
 //	[crc32c of everything before, big endian]
 //
@@ -35,7 +38,7 @@ const (
 // The checksum catches a meta whose bytes changed on disk: the meta decides
 // where restores resume, so a silently wrong one would lose or repeat state.
 func encodeMeta(m Meta) []byte {
-	b := []byte{metaFormatV3}
+	b := []byte{metaFormatV4}
 	b = binary.AppendUvarint(b, m.Epoch)
 	b = binary.AppendVarint(b, m.ChangelogOffset)
 	var at int64
@@ -50,9 +53,16 @@ func encodeMeta(m Meta) []byte {
 	if !m.Watermark.IsZero() {
 		flags |= metaHasWatermark
 	}
+	if m.SinkTxn != "" {
+		flags |= metaHasSinkTxn
+	}
 	b = append(b, flags)
 	if !m.Watermark.IsZero() {
 		b = binary.AppendVarint(b, m.Watermark.UnixMilli())
+	}
+	if m.SinkTxn != "" {
+		b = binary.AppendUvarint(b, uint64(len(m.SinkTxn)))
+		b = append(b, m.SinkTxn...)
 	}
 	b = binary.AppendUvarint(b, uint64(len(m.Offsets)))
 	topics := make([]string, 0, len(m.Offsets))
@@ -71,7 +81,7 @@ func encodeMeta(m Meta) []byte {
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func decodeMeta(b []byte) (Meta, error) {
-	if len(b) == 0 || b[0] < metaFormatV1 || b[0] > metaFormatV3 {
+	if len(b) == 0 || b[0] < metaFormatV1 || b[0] > metaFormatV4 {
 		return Meta{}, fmt.Errorf("%w: meta: unknown format", ErrCorrupt)
 	}
 	format := b[0]
@@ -97,12 +107,18 @@ func decodeMeta(b []byte) (Meta, error) {
 		if format >= metaFormatV3 {
 			known |= metaHasWatermark
 		}
+		if format >= metaFormatV4 {
+			known |= metaHasSinkTxn
+		}
 		if flags&^known != 0 && r.err == nil {
 			r.err = fmt.Errorf("%w: meta: unknown flags %#x", ErrCorrupt, flags)
 		}
 		m.Partial = flags&metaPartial != 0
 		if flags&metaHasWatermark != 0 {
 			m.Watermark = time.UnixMilli(r.varint())
+		}
+		if flags&metaHasSinkTxn != 0 {
+			m.SinkTxn = string(r.bytes())
 		}
 	}
 	n := r.uvarint()

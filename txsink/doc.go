@@ -6,4 +6,10 @@
 // and TxnOffsetCommit (carrying the group generation, KIP-447) commit or
 // abort together. At-least-once flushes outputs and changelog, then commits
 // the offsets: a crash in between replays the epoch.
+//
+// EpochSink (epoch.go) is the two-phase interface of a sink outside Kafka
+// that joins the epoch: each task's rows are prepared before EndTxn and
+// committed after it, and a restore finishes what the epoch's marker says.
+// Its ordering rules are written beside it; txsink/pgsink implements it for
+// PostgreSQL.
 package txsink

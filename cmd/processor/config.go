@@ -75,6 +75,9 @@ type Config struct {
 	RestoreFrom           string        `env:"SLUICE_RESTORE_FROM" docDefault:"unset" expect:"a savepoint location as processor savepoint prints it" desc:"Seed a new app id from this savepoint: each task whose changelog has no epoch marker yet starts from its part of the savepoint (keys placed by the current partition count, so the input may have gained partitions), then processing resumes at the savepoint's offsets. Tasks that already started ignore it, so it may stay set. A savepoint of another job, or with state the job does not have, stops the instance at start (exit 2). See docs/savepoints.md."`
 	AllowNonRestoredState bool          `env:"SLUICE_ALLOW_NON_RESTORED_STATE" envDefault:"false" desc:"true: restore from SLUICE_RESTORE_FROM even when the savepoint holds state the job no longer has (it is dropped), as Flink's --allowNonRestoredState."`
 	EpochMaxBytes         int           `env:"SLUICE_EPOCH_MAX_BYTES" envDefault:"67108864" desc:"Likewise for the key and value bytes one task changes in an epoch (default 64 MiB). Must be > 0."`
+	Sink                  string        `env:"SLUICE_SINK" docDefault:"empty (none)" expect:"postgres, or empty for none" desc:"postgres: the job's results also go to a PostgreSQL table, exactly once (docs/sinks.md): aggregate upserts one row per key, echo inserts one row per input record. Needs SLUICE_GUARANTEE=exactly_once; SLUICE_OUTPUT_TOPIC becomes optional."`
+	PostgresURL           string        `env:"SLUICE_POSTGRES_URL" secret:"true" docDefault:"required by SLUICE_SINK=postgres" expect:"a PostgreSQL connection string such as postgres://user:password@host:5432/db" desc:"SLUICE_SINK=postgres: the database (postgres://… or key=value). Secret: never logged nor echoed in errors. The server needs max_prepared_transactions > 0."`
+	PostgresTable         string        `env:"SLUICE_POSTGRES_TABLE" docDefault:"required by SLUICE_SINK=postgres" expect:"a table name or schema.table" desc:"SLUICE_SINK=postgres: the table the rows go to, created if missing (its columns: see docs/sinks.md); one of another shape stops the instance at start. The audit table sluice_sink_epochs goes in the same schema."`
 	Security
 }
 
@@ -125,6 +128,8 @@ type JobSpec struct {
 	Emits bool
 	// SideOutput means the job writes to SLUICE_SIDE_OUTPUT_TOPIC, which is then required.
 	SideOutput bool
+	// Sink means the job can write to SLUICE_SINK, and then needs no output topic.
+	Sink bool
 }
 
 // ConfigError is a bad or missing variable. Its Error is one line naming the
@@ -380,7 +385,8 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	}
 
 	v.check("SLUICE_INPUT_TOPICS", len(c.InputTopics) > 0 && everyEntry(c.InputTopics, validTopic), "comma-separated Kafka topic names (letters, digits, '.', '_', '-'), without empty entries")
-	if job.Emits || c.OutputTopic != "" {
+	sinking := c.Sink != "" && job.Sink
+	if (job.Emits && !sinking) || c.OutputTopic != "" {
 		v.check("SLUICE_OUTPUT_TOPIC", validTopic(c.OutputTopic), topic+writtenBy(job))
 	}
 	v.check("SLUICE_STATE_BACKEND", slices.Contains(stateBackends, c.StateBackend), oneOf(stateBackends))
@@ -417,6 +423,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_STATE_CLEANUP_DELAY", c.StateCleanupDelay > 0, "a Go duration greater than 0 such as 10m")
 	v.check("SLUICE_EPOCH_MAX_KEYS", c.EpochMaxKeys > 0, "a number of keys greater than 0")
 	v.check("SLUICE_EPOCH_MAX_BYTES", c.EpochMaxBytes > 0, "a number of bytes greater than 0")
+	c.validateSink(&v, job)
 	c.Security.validate(&v)
 	return v.err
 }

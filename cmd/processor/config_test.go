@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -17,10 +18,11 @@ import (
 )
 
 // testJobs mirrors the built-in jobs of DESIGN §7 as far as configuration
-// cares: all of them emit, temperature-split also to a side output.
+// cares: all of them emit, temperature-split also to a side output;
+// aggregate and echo can write rows to SLUICE_SINK.
 var testJobs = []JobSpec{
-	{Name: "aggregate", Emits: true},
-	{Name: "echo", Emits: true},
+	{Name: "aggregate", Emits: true, Sink: true},
+	{Name: "echo", Emits: true, Sink: true},
 	{Name: "temperature-alert", Emits: true},
 	{Name: "rising-temperature", Emits: true},
 	{Name: "temperature-split", Emits: true, SideOutput: true},
@@ -36,6 +38,26 @@ func baseEnv() map[string]string {
 		"SLUICE_INPUT_TOPICS": "numbers",
 		"SLUICE_OUTPUT_TOPIC": "aggregates",
 		"SLUICE_INSTANCE_ID":  "processor-1",
+	}
+}
+
+// sinkEnv is baseEnv writing to PostgreSQL instead of the output topic.
+func sinkEnv() map[string]string {
+	return envWith(baseEnv(), "SLUICE_OUTPUT_TOPIC", "<unset>", "SLUICE_SINK", "postgres",
+		"SLUICE_POSTGRES_URL", "postgres://sluice:pw@db:5432/sluice", "SLUICE_POSTGRES_TABLE", "aggregates")
+}
+
+// With a sink the output topic is optional; the URL never reaches the
+// startup log line.
+func TestConfigSink(t *testing.T) {
+	for _, env := range []map[string]string{sinkEnv(), envWith(sinkEnv(), "SLUICE_OUTPUT_TOPIC", "aggregates")} {
+		c, err := loadConfig(env, testJobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(c.Summary()...) == "" || strings.Contains(fmt.Sprint(c.Summary()...), "pw@db") {
+			t.Fatalf("summary shows the URL: %v", c.Summary())
+		}
 	}
 }
 
@@ -266,6 +288,16 @@ var configErrorTests = []configErrorTest{
 	{"cleanup delay not a duration", envWith(baseEnv(), "SLUICE_STATE_CLEANUP_DELAY", "soon"), "SLUICE_STATE_CLEANUP_DELAY", ""},
 	{"zero epoch keys", envWith(baseEnv(), "SLUICE_EPOCH_MAX_KEYS", "0"), "SLUICE_EPOCH_MAX_KEYS", ""},
 	{"epoch bytes not a number", envWith(baseEnv(), "SLUICE_EPOCH_MAX_BYTES", "64MiB"), "SLUICE_EPOCH_MAX_BYTES", ""},
+	{"unknown sink", envWith(baseEnv(), "SLUICE_SINK", "mysql"), "SLUICE_SINK", `SLUICE_SINK="mysql": expected postgres, or empty for none`},
+	{"sink for a job without rows", envWith(sinkEnv(), "SLUICE_JOB", "temperature-alert", "SLUICE_OUTPUT_TOPIC", "alerts"), "SLUICE_SINK", ""},
+	{"sink at least once", envWith(sinkEnv(), "SLUICE_GUARANTEE", "at_least_once"), "SLUICE_GUARANTEE", ""},
+	{"sink without url", envWith(sinkEnv(), "SLUICE_POSTGRES_URL", "<unset>"), "SLUICE_POSTGRES_URL",
+		"SLUICE_POSTGRES_URL is required: expected a PostgreSQL connection string such as postgres://user:password@host:5432/db"},
+	{"sink url does not parse, password not echoed", envWith(sinkEnv(), "SLUICE_POSTGRES_URL", "postgres://u:hunter2@db:port/x"), "SLUICE_POSTGRES_URL",
+		`SLUICE_POSTGRES_URL="<redacted>": expected a PostgreSQL connection string such as postgres://user:password@host:5432/db`},
+	{"sink with a long app id", envWith(sinkEnv(), "SLUICE_APP_ID", strings.Repeat("a", 131)), "SLUICE_APP_ID", ""},
+	{"sink without table", envWith(sinkEnv(), "SLUICE_POSTGRES_TABLE", "<unset>"), "SLUICE_POSTGRES_TABLE", ""},
+	{"sink table of three parts", envWith(sinkEnv(), "SLUICE_POSTGRES_TABLE", "a.b.c"), "SLUICE_POSTGRES_TABLE", ""},
 	{"unknown variable", envWith(baseEnv(), "SLUICE_CHECKPOINT_INTERVALL", "200ms"), "SLUICE_CHECKPOINT_INTERVALL",
 		`SLUICE_CHECKPOINT_INTERVALL="200ms": expected a known variable (unknown variable; did you mean SLUICE_CHECKPOINT_INTERVAL? see README env reference)`},
 	{"unknown variable far from any", envWith(baseEnv(), "SLUICE_FROBNICATE", "1"), "SLUICE_FROBNICATE",

@@ -76,8 +76,12 @@ A bad or missing variable exits with status 2 and one line naming it.
 // builtins are the jobs SLUICE_JOB can name, built from the configuration
 // (thresholds and windows are job parameters).
 var builtins = map[string]func(Config) sluice.Job{
-	"aggregate":         func(Config) sluice.Job { return jobs.Aggregate() },
-	"echo":              func(Config) sluice.Job { return jobs.Echo() },
+	"aggregate": func(c Config) sluice.Job {
+		return jobs.AggregateWith(jobs.AggregateOptions{Emit: c.Sink == "" || c.OutputTopic != "", Rows: c.Sink != ""})
+	},
+	"echo": func(c Config) sluice.Job {
+		return jobs.EchoWith(jobs.EchoOptions{Emit: c.Sink == "" || c.OutputTopic != "", Rows: c.Sink != ""})
+	},
 	"temperature-alert": func(c Config) sluice.Job { return jobs.TemperatureAlert(c.AlertThreshold) },
 	"temperature-split": func(Config) sluice.Job { return jobs.TemperatureSplit() },
 	"rising-temperature": func(c Config) sluice.Job {
@@ -100,7 +104,8 @@ func jobSpecs() []JobSpec {
 	}
 	for name, mk := range builtins {
 		j := mk(Config{})
-		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0})
+		_, sink := sinkTables[name]
+		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0, Sink: sink})
 	}
 	return specs
 }
@@ -196,6 +201,9 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	opts.ClientOpts = clientOpts
 	for _, w := range cfg.warnings() {
 		log.Warn(w)
+	}
+	if opts.Sink != nil {
+		defer opts.Sink.Close()
 	}
 	var inst runner
 	if stages, ok := pipelines[cfg.Job]; ok {
@@ -298,5 +306,6 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		AllowNonRestoredState: cfg.AllowNonRestoredState,
 		Logger:                log,
 		Registry:              reg,
+		Sink:                  newSink(cfg, log),
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/pgtest"
 )
 
 // chaos runs three instance processes while input arrives, and meanwhile
@@ -32,8 +33,9 @@ type chaos struct {
 	log      []string
 }
 
-// newChaos prepares the instances; proto is their group protocol.
-func newChaos(t *testing.T, job string, g sluice.Guarantee, proto string, seed uint64) *chaos {
+// newChaos prepares the instances; proto is their group protocol, extra
+// more of their environment.
+func newChaos(t *testing.T, job string, g sluice.Guarantee, proto string, seed uint64, extra ...string) *chaos {
 	brokers := newCluster(t, 6)
 	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed)}
 	for i := range 3 {
@@ -42,7 +44,7 @@ func newChaos(t *testing.T, job string, g sluice.Guarantee, proto string, seed u
 		ch.states = append(ch.states, state)
 		// 200ms checkpoints, as the acceptance runs use.
 		ch.children = append(ch.children, newChild(t, brokers, "chaos-"+job, id, state, job, g,
-			"SYSTEST_INTERVAL=200ms", "SYSTEST_GROUP_PROTOCOL="+proto))
+			append([]string{"SYSTEST_INTERVAL=200ms", "SYSTEST_GROUP_PROTOCOL=" + proto}, extra...)...))
 	}
 	return ch
 }
@@ -206,7 +208,16 @@ func TestChaosAggregateExactlyOnce(t *testing.T) {
 
 func chaosAggregate(t *testing.T, proto string) {
 	seed := chaosSeed(t, 21)
-	ch := newChaos(t, "aggregate", sluice.ExactlyOnce, proto, seed)
+	// The classic run writes to PostgreSQL as well (txsink/pgsink): the
+	// table must equal a recomputation from the input, and the audit
+	// table must hold each committed epoch once.
+	var pg string
+	var extra []string
+	if proto == "classic" {
+		pg = pgtest.Start(t).URL()
+		extra = append(extra, "SYSTEST_PG_URL="+pg)
+	}
+	ch := newChaos(t, "aggregate", sluice.ExactlyOnce, proto, seed, extra...)
 	ch.run(20*time.Second, 50, seed)
 	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
@@ -215,6 +226,9 @@ func chaosAggregate(t *testing.T, proto string) {
 		t.Fatalf("aggregate under chaos: %v", rep)
 	}
 	t.Logf("aggregate under chaos: %v", rep)
+	if pg != "" {
+		awaitTable(t, pg, ch.brokers, "chaos-aggregate", "aggregate", ch.feeder)
+	}
 	// The invalid inputs went to the dead-letter topic, each exactly once.
 	dlq, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, "chaos-aggregate-dlq", 5*time.Second,
 		func(r []*kgo.Record) bool { return len(r) > ch.feeder.bad })
@@ -260,9 +274,12 @@ func TestChaosWordcountExactlyOnce(t *testing.T) {
 	ch.shutdown()
 }
 
+// The exactly-once echo writes to PostgreSQL as well: one row per input
+// record, whatever the chaos.
 func TestChaosEchoExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 22)
-	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed)
+	pg := pgtest.Start(t).URL()
+	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed, "SYSTEST_PG_URL="+pg)
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
@@ -270,6 +287,7 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 		t.Fatalf("echo under chaos: %v", rep)
 	}
 	t.Logf("echo under chaos: %v", rep)
+	awaitTable(t, pg, ch.brokers, "chaos-echo", "echo", ch.feeder)
 	ch.shutdown()
 }
 

@@ -56,6 +56,13 @@ func runChild() int {
 		level = slog.LevelDebug
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if url := env("SYSTEST_PG_URL"); url != "" {
+		if err := withSink(&cfg, url, env("SYSTEST_JOB")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		defer cfg.Sink.Close()
+	}
 	if point := env("SYSTEST_CRASH_AT"); point != "" {
 		seen := 0
 		when := crashCondition(cfg.Registry.(*prometheus.Registry), env("SYSTEST_CRASH_WHEN"))
