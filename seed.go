@@ -254,15 +254,20 @@ func (s *seedSource) cut(ctx context.Context, in *Instance, p int32) (changelog.
 // in the order of the savepoint's data files. Without a rescale that is
 // task p's own file. After one, every file is read and an entry goes where
 // the input partitioner (Kafka's default, murmur2 over the record key) now
-// sends its key; operator state goes to every task (union semantics), and
-// the state of the empty key stays with its partition number.
+// sends its key, and the state of the empty key stays with its partition
+// number. Operator lists (kstate.OperatorList) go to one task each, the
+// one of the writer's number modulo the new count; union lists
+// (kstate.UnionList) go to every task, rescaled or not, as Flink restores
+// them.
 func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []byte) error) error {
 	tasks := s.sp.Manifest.Tasks
 	rescaled := int32(len(tasks)) != parts
+	unions := slices.ContainsFunc(s.sp.Manifest.States, func(st savepoint.State) bool { return st.Kind == kstate.KindOperator.String() })
 	byKey := kgo.StickyKeyPartitioner(nil).ForTopic("")
 	probe := &kgo.Record{}
 	for _, t := range tasks {
-		if !rescaled && t.Partition != p {
+		own := rescaled || t.Partition == p
+		if !own && !unions {
 			continue
 		}
 		err := s.sp.Scan(ctx, t, func(k, v []byte) error {
@@ -273,7 +278,20 @@ func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []by
 			if s.drop[key.Name] && key.Kind != kstate.KindTimer || s.dropTimers && key.Kind == kstate.KindTimer {
 				return nil
 			}
-			if rescaled && key.Kind != kstate.KindOperator {
+			if key.Kind == kstate.KindOperator {
+				mode, writer, err := kstate.OperatorEntry(key)
+				if err != nil {
+					return err
+				}
+				if mode == kstate.OperatorUnion || writer%parts == p {
+					return fn(k, v)
+				}
+				return nil
+			}
+			if !own {
+				return nil
+			}
+			if rescaled {
 				owner := t.Partition
 				recordKey := key.UserKey
 				if key.Kind == kstate.KindTimer {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,5 +193,60 @@ func TestPausedSeederIsFenced(t *testing.T) {
 	v, _, _ := be.Get(kKey)
 	if res.Last == nil || res.Last.Epoch != 6 || string(v) != "epoch 6" {
 		t.Errorf("after restore: last marker %+v, k = %q; want epoch 6, \"epoch 6\"", res.Last, v)
+	}
+}
+
+// Operator lists through a savepoint, as Flink redistributes them: a union
+// list gives every task every task's elements, rescaled or not; a split
+// list stays with its task, and after a rescale goes to the task of its
+// writer's number modulo the new count.
+func TestSeedOperatorLists(t *testing.T) {
+	entry := func(mode byte, task int32, elems ...string) [2][]byte {
+		sub := []byte{mode, 0, 0, 0, byte(task)}
+		var v []byte
+		for _, e := range elems {
+			v = append(append(v, byte(len(e))), e...)
+		}
+		return [2][]byte{kstate.EncodeKey(kstate.KindOperator, map[byte]string{kstate.OperatorUnion: "seen", kstate.OperatorSplit: "offsets"}[mode], nil, sub), v}
+	}
+	dir := writeTestSavepoint(t, []entries{
+		{entry(kstate.OperatorUnion, 0, "a"), entry(kstate.OperatorSplit, 0, "x")},
+		{entry(kstate.OperatorUnion, 1, "b"), entry(kstate.OperatorSplit, 1, "y")},
+	})
+	sp, err := savepoint.Open(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &seedSource{sp: sp, drop: map[string]bool{}, inputs: map[string]bool{"in": true}}
+	seeded := func(p, parts int32) string {
+		var got []string
+		err := s.scan(context.Background(), p, parts, func(k, v []byte) error {
+			key, err := kstate.DecodeKey(k)
+			if err != nil {
+				return err
+			}
+			got = append(got, key.Name+"="+string(v[1:]))
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Strings(got)
+		return strings.Join(got, " ")
+	}
+	for _, tt := range []struct {
+		p, parts int32
+		want     string
+	}{
+		{0, 2, "offsets=x seen=a seen=b"},
+		{1, 2, "offsets=y seen=a seen=b"},
+		{0, 4, "offsets=x seen=a seen=b"},
+		{1, 4, "offsets=y seen=a seen=b"},
+		{2, 4, "seen=a seen=b"},
+		{3, 4, "seen=a seen=b"},
+	} {
+		if got := seeded(tt.p, tt.parts); got != tt.want {
+			t.Errorf("task %d of %d seeded %q, want %q", tt.p, tt.parts, got, tt.want)
+		}
 	}
 }
