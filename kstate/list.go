@@ -69,15 +69,25 @@ func (l *ListState[T]) Update(s Scope, vs []T) error {
 	if len(vs) == 0 {
 		return l.Clear(s)
 	}
+	buf, err := encodeElements(&l.d, l.codec, vs)
+	if err != nil {
+		return err
+	}
+	return l.d.save(s, l.d.key(s, nil), buf)
+}
+
+// encodeElements is vs as a list's value: each element's encoding
+// prefixed with its uvarint length.
+func encodeElements[T any](d *descriptor, c Codec[T], vs []T) ([]byte, error) {
 	var buf []byte
 	for _, v := range vs {
-		b, err := encode(&l.d, l.codec, v)
+		b, err := encode(d, c, v)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		buf = appendElement(buf, b)
 	}
-	return l.d.save(s, l.d.key(s, nil), buf)
+	return buf, nil
 }
 
 // Clear deletes the current key's list.

@@ -108,13 +108,9 @@ func (l *OperatorListState[T]) Update(s TaskScope, vs []T) error {
 	if len(vs) == 0 {
 		return nil
 	}
-	var buf []byte
-	for _, v := range vs {
-		b, err := encode(&l.d, l.codec, v)
-		if err != nil {
-			return err
-		}
-		buf = appendElement(buf, b)
+	buf, err := encodeElements(&l.d, l.codec, vs)
+	if err != nil {
+		return err
 	}
 	return l.d.save(s, l.own(s), buf)
 }
