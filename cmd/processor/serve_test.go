@@ -42,7 +42,7 @@ func startServe(t *testing.T, environ map[string]string) *served {
 		cancel()
 		<-s.done
 		if t.Failed() {
-			t.Logf("log of %s:\n%s", cfg.AppID, s.log.String())
+			t.Logf("log of %s (serve returned %v):\n%s", cfg.AppID, s.err, s.log.String())
 		}
 	})
 	return s
