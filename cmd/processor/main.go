@@ -29,6 +29,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -76,13 +77,20 @@ var builtins = map[string]func(Config) sluice.Job{
 	},
 }
 
+// functionJob is SLUICE_JOB's value for sidecar mode: the job is the
+// user's function at SLUICE_FUNCTION_URL, built from its Describe answer at
+// start (see functionJob in serve), so it is not in builtins.
+const functionJob = "function"
+
 func jobSpecs() []JobSpec {
-	specs := make([]JobSpec, 0, len(builtins))
+	specs := make([]JobSpec, 0, len(builtins)+1)
 	for name, mk := range builtins {
 		j := mk(Config{})
 		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0})
 	}
-	return specs
+	// The function job emits; its side output is bound only if the
+	// function declares one.
+	return append(specs, JobSpec{Name: functionJob, Emits: true})
 }
 
 func main() {
@@ -154,6 +162,9 @@ func runProcessor(envm map[string]string) int {
 			// error: one line, like a bad variable.
 			return configFail(fmt.Errorf("SLUICE_RESTORE_FROM: %s", re.Reason))
 		}
+		if ce := (*ConfigError)(nil); errors.As(err, &ce) {
+			return configFail(err) // the function does not fit the configuration
+		}
 		log.Error("processor stopped", "err", err)
 		return 1
 	}
@@ -170,6 +181,11 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	}
 	opts := engineOptions(cfg, log, reg)
 	opts.ClientOpts = clientOpts
+	if cfg.Job == functionJob {
+		if err := bindFunction(ctx, cfg, &opts); err != nil {
+			return err
+		}
+	}
 	for _, w := range cfg.warnings() {
 		log.Warn(w)
 	}
@@ -218,8 +234,41 @@ func tolerable(n int) int {
 	return n
 }
 
+// bindFunction asks the function to describe itself (waiting while it does
+// not answer yet) and makes it the job. A function whose declarations do not
+// fit the configuration is a *ConfigError.
+func bindFunction(ctx context.Context, cfg Config, opts *sluice.Options) error {
+	fo := cfg.FunctionConfig.options()
+	fo.AppID, fo.Logger, fo.Registry = cfg.AppID, opts.Logger, opts.Registry
+	job, err := function.New(ctx, fo)
+	if de := (*function.DescribeError)(nil); errors.As(err, &de) {
+		return &ConfigError{Var: "SLUICE_FUNCTION_URL", Value: cfg.FunctionURL, Expected: "a function this processor can run: " + de.Reason}
+	}
+	if err != nil {
+		return err
+	}
+	// The binary binds at most one side output, to SLUICE_SIDE_OUTPUT_TOPIC.
+	switch {
+	case len(job.SideOutputs) > 1:
+		return &ConfigError{Var: "SLUICE_FUNCTION_URL", Value: cfg.FunctionURL, Expected: fmt.Sprintf("a function with at most one side output (it declares %v; the processor binds one, to SLUICE_SIDE_OUTPUT_TOPIC)", job.SideOutputs)}
+	case len(job.SideOutputs) == 1 && cfg.SideOutputTopic == "":
+		return &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Expected: fmt.Sprintf("a Kafka topic name (the function declares side output %q)", job.SideOutputs[0])}
+	case len(job.SideOutputs) == 0 && cfg.SideOutputTopic != "":
+		return &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Value: cfg.SideOutputTopic, Expected: "unset: the function declares no side output"}
+	}
+	opts.Job = job
+	opts.SideOutputTopics = map[sluice.OutputTag]string{}
+	for _, tag := range job.SideOutputs {
+		opts.SideOutputTopics[tag] = cfg.SideOutputTopic
+	}
+	return nil
+}
+
 func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) sluice.Options {
-	job := builtins[cfg.Job](cfg)
+	var job sluice.Job // the function job is bound in serve (bindFunction)
+	if mk := builtins[cfg.Job]; mk != nil {
+		job = mk(cfg)
+	}
 	// The built-in jobs have at most one side output, bound to
 	// SLUICE_SIDE_OUTPUT_TOPIC.
 	side := map[sluice.OutputTag]string{}
