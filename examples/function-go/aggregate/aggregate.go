@@ -34,6 +34,7 @@ func Func(_ context.Context, c *sdk.Call) *sdk.Result {
 			return r.DeadLetter(fmt.Sprintf("state: %v", err))
 		}
 	}
+	var last []byte // the state is the last output: one encoding per event
 	for _, e := range c.Events {
 		if e.Record == nil {
 			continue // no timers are set
@@ -49,12 +50,11 @@ func Func(_ context.Context, c *sdk.Call) *sdk.Result {
 		a.Sum += v
 		a.Min = min(a.Min, v)
 		a.Max = max(a.Max, v)
-		out, _ := json.Marshal(a)
-		r.Emit(e.Record.GetKey(), out)
+		last, _ = json.Marshal(a)
+		r.Emit(e.Record.GetKey(), last)
 	}
-	if a != nil {
-		b, _ := json.Marshal(a)
-		r.Set("aggregate", b)
+	if last != nil {
+		r.Set("aggregate", last)
 	}
 	return r
 }
