@@ -1,6 +1,6 @@
 // Command function-go serves the aggregate function (package aggregate) for
 // a processor run with SLUICE_JOB=function; it listens on
-// SLUICE_FUNCTION_LISTEN (host:port or unix:/path; default 127.0.0.1:8080).
+// FUNCTION_LISTEN (host:port or unix:/path; default 127.0.0.1:8080).
 package main
 
 import (
@@ -12,7 +12,7 @@ import (
 )
 
 func main() {
-	addr := os.Getenv("SLUICE_FUNCTION_LISTEN")
+	addr := os.Getenv("FUNCTION_LISTEN")
 	if addr == "" {
 		addr = "127.0.0.1:8080"
 	}

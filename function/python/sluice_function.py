@@ -178,8 +178,8 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 def serve(fn, states=(), side_outputs=(), address=None):
     """Serve fn until the process ends. address defaults to
-    $SLUICE_FUNCTION_LISTEN, then 127.0.0.1:8080."""
-    address = address or os.environ.get("SLUICE_FUNCTION_LISTEN", "127.0.0.1:8080")
+    $FUNCTION_LISTEN, then 127.0.0.1:8080."""
+    address = address or os.environ.get("FUNCTION_LISTEN", "127.0.0.1:8080")
     handler = _handler(fn, states, side_outputs)
     if address.startswith("unix:"):
         path = address[len("unix:"):]
