@@ -15,12 +15,14 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/function"
 	functionv1 "github.com/sluicehq/sluice/function/functionv1"
 	"github.com/sluicehq/sluice/function/functionv1/functionv1connect"
 	"github.com/sluicehq/sluice/function/sdk"
+	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/tutorial"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -168,7 +170,8 @@ func stuckAggregate(ctx context.Context, c *sdk.Call) *sdk.Result {
 // budget with sluice.stage=function, and nothing is lost.
 func TestKeyNeverAnsweredGoesToTheDeadLetterTopic(t *testing.T) {
 	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "n"}}}, stuckAggregate)
-	job := newJob(t, function.Options{URL: url, Timeout: 200 * time.Millisecond, Retries: 2, Backoff: 10 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	job := newJob(t, function.Options{URL: url, Timeout: 200 * time.Millisecond, Retries: 2, Backoff: 10 * time.Millisecond, Registry: reg})
 	h := sluicetest.New(t, job, sluicetest.Options{})
 	for _, k := range []string{"a", "stuck", "b", "stuck", "a"} {
 		h.Send([]byte(k), []byte("1"), time.Time{})
@@ -188,6 +191,18 @@ func TestKeyNeverAnsweredGoesToTheDeadLetterTopic(t *testing.T) {
 	}
 	if off := header(dl[0], sluice.HeaderOffset); off != "1" {
 		t.Errorf("first dead letter is of offset %s, want 1", off)
+	}
+	// Each stuck record's key was tried three times: two retries each.
+	for _, m := range []struct {
+		name string
+		min  float64
+	}{{"sluice_function_retries_total", 2}, {"sluice_function_calls_total", 3}} {
+		if v, err := check.MetricSum(reg, m.name); err != nil || v < m.min {
+			t.Errorf("%s = %v (%v), want at least %v", m.name, v, err, m.min)
+		}
+	}
+	if n := callsWithResult(t, reg, "error"); n < 3 {
+		t.Errorf(`sluice_function_calls_total{result="error"} = %v, want at least 3 (the stuck key's calls timed out)`, n)
 	}
 }
 
@@ -269,4 +284,26 @@ func TestStateAboveTheCapIsAnError(t *testing.T) {
 	if !strings.Contains(msg, `state "blob" of key "far-too-long-key" is 1600 bytes`) || header(dl[0], sluice.HeaderStage) != "function" {
 		t.Fatalf("dead letter error %q, stage %q", msg, header(dl[0], sluice.HeaderStage))
 	}
+}
+
+// callsWithResult is sluice_function_calls_total{result=result}.
+func callsWithResult(t *testing.T, reg *prometheus.Registry, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_function_calls_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -122,3 +122,39 @@ func TestKeyLargerThanABatch(t *testing.T) {
 		t.Fatalf("a call carried %d events, above the batch of 2", most)
 	}
 }
+
+// Calls for disjoint keys of one task are in flight together: the function
+// answers key a only once the call for key b has arrived, which with one
+// call at a time would never happen (a would run out of retries).
+func TestCallsForOtherKeysRunConcurrently(t *testing.T) {
+	bArrived := make(chan struct{})
+	var once sync.Once
+	fn := func(ctx context.Context, c *sdk.Call) *sdk.Result {
+		switch string(c.Key) {
+		case "a":
+			select {
+			case <-bArrived:
+			case <-ctx.Done():
+				return (&sdk.Result{}).Retry("b never came")
+			}
+		case "b":
+			once.Do(func() { close(bArrived) })
+		}
+		r := &sdk.Result{}
+		r.Emit(c.Key, c.Key)
+		return r
+	}
+	job := newJob(t, function.Options{URL: startGo(t, sdk.Declaration{}, fn), Batch: 1, Concurrency: 2, Timeout: 5 * time.Second, Retries: -1})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Kill() // both records wait, so that one poll takes them together
+	h.Send([]byte("a"), []byte("1"), time.Time{})
+	h.Send([]byte("b"), []byte("1"), time.Time{})
+	h.Restart()
+	h.Settle()
+	if got := values(h.Output()); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("outputs %q, want a then b (each key's result applied at its record)", got)
+	}
+	if dl := h.DeadLetters(); len(dl) != 0 {
+		t.Fatalf("dead letters: %q", values(dl))
+	}
+}
