@@ -35,9 +35,10 @@ type StateSpec struct {
 	TTL  time.Duration // 0: never expires
 }
 
-// describe asks the function for its Spec. While it cannot be reached (it
-// starts beside the processor and may not listen yet) describe waits with
-// backoff until ctx ends.
+// describe asks the function for its Spec. While it cannot be reached or
+// fails to answer (it starts beside the processor and may not listen yet)
+// describe asks again with backoff until ctx ends; a server that does not
+// serve Describe at all is a *DescribeError.
 func describe(ctx context.Context, o Options, client functionv1connect.FunctionServiceClient) (Spec, error) {
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -49,11 +50,13 @@ func describe(ctx context.Context, o Options, client functionv1connect.FunctionS
 		if ctx.Err() != nil {
 			return Spec{}, fmt.Errorf("function at %s: describe: %w", o.URL, ctx.Err())
 		}
-		if !unreachable(err) && connect.CodeOf(err) != connect.CodeDeadlineExceeded {
-			return Spec{}, fmt.Errorf("function at %s: describe: %w", o.URL, err)
+		switch connect.CodeOf(err) {
+		case connect.CodeUnimplemented, connect.CodeNotFound:
+			// Something answers, but not the protocol: a wrong URL.
+			return Spec{}, &DescribeError{URL: o.URL, Reason: fmt.Sprintf("Describe is not served there (%v)", err)}
 		}
 		wait := o.backoff(attempt)
-		o.Logger.Warn("function not reachable yet; describe again", "url", o.URL, "retry_in", wait, "err", err)
+		o.Logger.Warn("function does not answer Describe yet; asking again", "url", o.URL, "retry_in", wait, "err", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -307,3 +307,14 @@ func callsWithResult(t *testing.T, reg *prometheus.Registry, result string) floa
 	}
 	return 0
 }
+
+// A server that does not serve the protocol at the URL is refused, not
+// waited for.
+func TestDescribeNotServedIsRefused(t *testing.T) {
+	url := serve(t, http.NotFoundHandler())
+	_, err := function.New(context.Background(), function.Options{URL: url})
+	var de *function.DescribeError
+	if !errorAs(err, &de) || !strings.Contains(de.Reason, "Describe is not served there") {
+		t.Fatalf("New: %v, want a DescribeError", err)
+	}
+}
