@@ -38,7 +38,7 @@ func startPython(t *testing.T, script string, env ...string) string {
 	}
 	sock := filepath.Join(t.TempDir(), "fn.sock")
 	cmd := exec.Command(py, filepath.Join("..", "examples", "function-python", script))
-	cmd.Env = append(os.Environ(), append(env, "FUNCTION_LISTEN=unix:"+sock)...)
+	cmd.Env = append(os.Environ(), append(env, "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")...)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {

@@ -46,7 +46,7 @@ func (f *pyFunction) start() {
 	f.t.Helper()
 	os.Remove(f.sock)
 	f.cmd = exec.Command("python3", "-c", "import sys; sys.path.insert(0, '../../function/python')\n"+f.code)
-	f.cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+f.sock)
+	f.cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+f.sock, "PYTHONDONTWRITEBYTECODE=1")
 	f.log = &lockedBuffer{}
 	f.cmd.Stdout, f.cmd.Stderr = f.log, f.log
 	f.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -44,7 +44,7 @@ func (f *pyFunction) start() {
 		f.t.Fatal(err)
 	}
 	cmd := exec.Command("python3", filepath.Join("..", "..", "examples", "function-python", "aggregate.py"))
-	cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+f.sock)
+	cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+f.sock, "PYTHONDONTWRITEBYTECODE=1")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
