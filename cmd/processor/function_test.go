@@ -105,8 +105,9 @@ func TestFunctionDescribeMismatchExitsTwo(t *testing.T) {
 	}
 }
 
-// The binary in sidecar mode: the Python aggregate beside it, killed with
-// -9 mid-run. While it is gone the processor stays up and answers /readyz
+// The binary in sidecar mode: started before its function it serves
+// /healthz but not /readyz until the function answers; the Python aggregate
+// beside it is then killed with -9 mid-run. While it is gone the processor stays up and answers /readyz
 // 503; once it is back the processor is ready again, and the output is
 // exactly once.
 func TestFunctionEndToEndWithTheFunctionKilled(t *testing.T) {
@@ -117,10 +118,24 @@ func TestFunctionEndToEndWithTheFunctionKilled(t *testing.T) {
 	defer c.Close()
 	brokers := c.ListenAddrs()[0]
 	fn := newPyFunction(t, pyAggregate)
-	fn.start()
 	p := newProc(t, brokers, "a")
 	p.env = append(p.env, "SLUICE_JOB=function", "SLUICE_FUNCTION_URL="+fn.url())
 	p.start()
+	// Before its function listens the processor is alive, not ready.
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.log.String(), "function does not answer Describe yet") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the processor does not wait for its function; log:\n%s", p.log.String())
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	if code, _ := p.get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz while the function is awaited: %d, want 200", code)
+	}
+	if code, _ := p.get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz while the function is awaited: %d, want 503", code)
+	}
+	fn.start()
 	p.awaitReady()
 
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers))
@@ -145,7 +160,7 @@ func TestFunctionEndToEndWithTheFunctionKilled(t *testing.T) {
 	send(500)
 	fn.kill()
 	send(500)
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		if code, _ := p.get("/readyz"); code == http.StatusServiceUnavailable {
 			break

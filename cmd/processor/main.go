@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -181,6 +182,17 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	}
 	opts := engineOptions(cfg, log, reg)
 	opts.ClientOpts = clientOpts
+	// The endpoints serve from the start: while a function is awaited
+	// (bindFunction) the process is alive but not ready.
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("SLUICE_METRICS_ADDR=%s: %w", cfg.MetricsAddr, err)
+	}
+	var inst atomic.Pointer[sluice.Instance]
+	ready := func() bool { in := inst.Load(); return in != nil && in.Ready() }
+	srv := &http.Server{Handler: httpHandler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
 	if cfg.Job == functionJob {
 		if err := bindFunction(ctx, cfg, &opts); err != nil {
 			return err
@@ -189,19 +201,13 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	for _, w := range cfg.warnings() {
 		log.Warn(w)
 	}
-	inst, err := sluice.New(opts)
+	in, err := sluice.New(opts)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.MetricsAddr)
-	if err != nil {
-		return fmt.Errorf("SLUICE_METRICS_ADDR=%s: %w", cfg.MetricsAddr, err)
-	}
-	srv := &http.Server{Handler: httpHandler(reg, inst), ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	defer srv.Close()
+	inst.Store(in)
 	log.Info("processor starting", append(cfg.Summary(), "metrics", ln.Addr().String())...)
-	err = inst.Run(ctx)
+	err = in.Run(ctx)
 	log.Info("processor stopped")
 	if ae := (*sluice.AuthError)(nil); errors.As(err, &ae) {
 		return fmt.Errorf("%w; the processor connects with %s", err, cfg.identity())
@@ -209,15 +215,17 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	return err
 }
 
-func httpHandler(reg *prometheus.Registry, inst *sluice.Instance) http.Handler {
+// httpHandler serves /metrics, /healthz (the process is alive) and /readyz
+// (ready: see sluice.Instance.Ready).
+func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !inst.Ready() {
-			http.Error(w, "not ready: joining the group, restoring tasks, or the brokers are unreachable", http.StatusServiceUnavailable)
+		if !ready() {
+			http.Error(w, "not ready: joining the group, restoring tasks, the brokers or the function (SLUICE_JOB=function) unreachable", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
