@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -316,5 +318,73 @@ func TestDescribeNotServedIsRefused(t *testing.T) {
 	var de *function.DescribeError
 	if !errorAs(err, &de) || !strings.Contains(de.Reason, "Describe is not served there") {
 		t.Fatalf("New: %v, want a DescribeError", err)
+	}
+}
+
+// The Python SDK's side outputs, headers, timers and deletes: readings of
+// 30 or more to the output and the others to the side output "low", headers
+// kept; a minute after a sensor's first reading its timer reports how many
+// it saw and clears the count.
+func TestPythonSideOutputsHeadersAndTimers(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
+	}
+	sock := filepath.Join(t.TempDir(), "fn.sock")
+	cmd := exec.Command(py, filepath.Join("testdata", "split_timer.py"))
+	cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	job := newJob(t, function.Options{URL: "unix://" + sock})
+	if !slices.Equal(job.SideOutputs, []sluice.OutputTag{"low"}) {
+		t.Fatalf("side outputs from Describe: %v", job.SideOutputs)
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	var high, low []string
+	for _, r := range tutorial.Readings {
+		f := strings.Split(r, ",")
+		id := f[0]
+		h.Send([]byte(id), []byte(r), time.Time{}, sluice.Header{Key: "src", Value: []byte(id)})
+		if temp, _ := strconv.ParseFloat(f[2], 64); temp >= 30 {
+			high = append(high, r)
+		} else {
+			low = append(low, r)
+		}
+	}
+	h.Settle()
+	out, side := h.Output(), h.SideOutput("low")
+	// Per sensor the order is kept; across sensors partitions interleave.
+	slices.Sort(high)
+	slices.Sort(low)
+	got := func(recs []sluice.Record) []string {
+		v := values(recs)
+		slices.Sort(v)
+		return v
+	}
+	if g := got(out); !slices.Equal(g, high) {
+		t.Fatalf("output %q, want %q", g, high)
+	}
+	if g := got(side); !slices.Equal(g, low) {
+		t.Fatalf("side output %q, want %q", g, low)
+	}
+	for _, r := range append(out, side...) {
+		if header(r, "src") != string(r.Key) {
+			t.Fatalf("record %q lost its header: %v", r.Value, r.Headers)
+		}
+	}
+	h.Advance(2 * time.Minute)
+	h.Settle()
+	counts := map[string]string{}
+	for _, r := range h.Output()[len(out):] {
+		counts[string(r.Key)] = string(r.Value)
+		if header(r, "timer-at") == "" {
+			t.Errorf("timer output %q has no timer-at header", r.Value)
+		}
+	}
+	want := map[string]string{"sensor_1": "seen:3", "sensor_6": "seen:3", "sensor_7": "seen:2", "sensor_10": "seen:2"}
+	if !maps.Equal(counts, want) {
+		t.Fatalf("timer outputs %v, want %v", counts, want)
 	}
 }
