@@ -178,7 +178,13 @@ func (f *fn) callKeys(ctx context.Context, task int32, now time.Time, ks []*keyC
 		}
 		f.m.retries.Add(float64(len(next)))
 		if sleep(ctx, f.o.backoff(next[0].attempts)) != nil {
-			continue // the budget passed: the keys fail above
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return ctx.Err() // cancelled: the batch comes again
+			}
+			for _, k := range next {
+				k.err = fmt.Errorf("%w (%s): %w", errBudget, f.o.Budget(), k.lastErr)
+			}
+			return nil
 		}
 		if err != nil && len(next) > 1 {
 			var mu sync.Mutex
