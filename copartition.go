@@ -233,5 +233,5 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			break
 		}
 	}
-	return l.afterProcess(rewind, worked && l.aborts == aborts, err)
+	return l.afterProcess(rewind, worked && l.aborts == aborts, false, err)
 }

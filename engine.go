@@ -107,6 +107,9 @@ func New(cfg Options) (*Instance, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
+	if len(cfg.InputTopics) > 1 && cfg.Job.Prefetch != nil {
+		return nil, fmt.Errorf("sluice: job %s: Prefetch with several input topics is not supported yet", cfg.Job.Name)
+	}
 	in := &Instance{
 		cfg:            cfg,
 		log:            cfg.Logger.With("app", cfg.AppID, "instance", cfg.InstanceID),

@@ -3,6 +3,7 @@ module github.com/sluicehq/sluice
 go 1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/caarlos0/env/v11 v11.4.2
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/johannesboyne/gofakes3 v1.2.0
@@ -16,6 +17,7 @@ require (
 	go.etcd.io/bbolt v1.5.0
 	go.yaml.in/yaml/v3 v3.0.5
 	gocloud.dev v0.49.0
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -70,5 +72,4 @@ require (
 	google.golang.org/api v0.308.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261019180522-ce908d29299b // indirect
 	google.golang.org/grpc v1.84.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )

@@ -163,7 +163,61 @@ type Job struct {
 	// record time (KafkaTime), which an EventTime job must choose
 	// explicitly: producer clocks are rarely the time a job means.
 	Timestamp TimestampFunc
+
+	// Prefetch, when set, sees each polled batch of a running task before
+	// any of its records is processed: a job that computes remotely (the
+	// function job, package function) makes its calls here, for the
+	// batch's keys at once, and Process then applies the answers record
+	// by record. See PrefetchFunc for what the engine guarantees.
+	Prefetch PrefetchFunc
 }
+
+// PrefetchFunc is called once per polled batch of a task, per input topic
+// partition, with the batch's records that are not yet reflected in state,
+// in partition order, before Process sees the first of them. It may only
+// read state: anything it writes through the store is dropped.
+//
+// The same records may come again (an abort rewinds the task and the
+// batch is polled anew; Prefetch is then called again), so what Prefetch
+// computes must depend only on the state and the records.
+//
+// A *UnavailableError rewinds the task's consumer to the batch's first
+// record: none of the batch is processed, the instance reports not ready
+// (/readyz) and the batch comes again after a backoff. Any other error
+// stops the instance.
+type PrefetchFunc func(ctx PrefetchContext, recs []*Record) error
+
+// PrefetchContext is what a Prefetch gets: the task, the clock and read
+// access to the task's state as it is before the batch (a kstate.Scope for
+// any key can be built over Store).
+type PrefetchContext interface {
+	// Context is cancelled when the instance shuts down.
+	Context() context.Context
+	// Task is the task (input partition number) of the batch.
+	Task() int32
+	// Now is the processing-time clock.
+	Now() time.Time
+	// Store is the task's state; read only.
+	Store() *kstate.Store
+}
+
+// UnavailableError says that the service a Prefetch calls cannot be reached
+// (connection refused or reset, no such host): the batch is not a failure
+// of its records, it waits until the service is back.
+type UnavailableError struct{ Err error }
+
+func (e *UnavailableError) Error() string { return "unavailable: " + e.Err.Error() }
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// StageError names the stage a record failed in, for the dead-letter
+// header sluice.stage (HeaderStage) instead of "process".
+type StageError struct {
+	Stage string
+	Err   error
+}
+
+func (e *StageError) Error() string { return e.Stage + ": " + e.Err.Error() }
+func (e *StageError) Unwrap() error { return e.Err }
 
 // Validate checks the declaration before any I/O happens.
 func (j Job) Validate() error {

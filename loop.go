@@ -50,6 +50,11 @@ type loop struct {
 	// aborts counts aborted epochs: process stops at an abort, since the
 	// consumer and the tasks were rewound under the batch it holds.
 	aborts uint64
+	// unavailable: the last Job.Prefetch could not reach its service, so
+	// the instance is not ready and batches wait unavailableFor between
+	// attempts (see prefetch).
+	unavailable    bool
+	unavailableFor time.Duration
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
 	// promise goroutine); brokenErr says the session must be rebuilt once
@@ -128,7 +133,7 @@ func (l *loop) iterate() error {
 		return err
 	}
 	l.answerProbes()
-	in.ready.Store(len(l.restoring) == 0 && l.joined())
+	in.ready.Store(len(l.restoring) == 0 && l.joined() && !l.unavailable)
 	l.sweepStateFiles()
 	l.purge()
 	if err := l.sinkIdle(); err != nil {
@@ -266,6 +271,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 	worked := false
 	aborts := l.aborts
 	var err error
+	down := false // a Prefetch found its service unavailable in this fetch
 	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
 		if err != nil || len(ftp.Records) == 0 || l.aborts != aborts {
 			return
@@ -279,6 +285,12 @@ func (l *loop) process(fs kgo.Fetches) error {
 		}
 		last := ftp.Records[len(ftp.Records)-1]
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
+		if in.cfg.Job.Prefetch != nil {
+			var ok bool
+			if ok, err = l.prefetch(t, ftp, rewind, &down); !ok || err != nil {
+				return
+			}
+		}
 		for _, r := range ftp.Records {
 			took, stop, e := l.take(t, r, rewind)
 			if err = e; err != nil || stop || l.aborts != aborts {
@@ -290,7 +302,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 			worked = worked || took
 		}
 	})
-	return l.afterProcess(rewind, worked && l.aborts == aborts, err)
+	return l.afterProcess(rewind, worked && l.aborts == aborts, down, err)
 }
 
 // take processes one polled record of running task t, unless its effects
@@ -317,14 +329,23 @@ func (l *loop) take(t *task, r *kgo.Record, rewind offsets) (took, stop bool, er
 }
 
 // afterProcess places the consumer where records must be fetched again,
+// waits a little when a Prefetch found its service unavailable (down),
 // tells the coordinator about work done, and ends the epoch early when a
 // task's write-set reached the epoch budget.
-func (l *loop) afterProcess(rewind offsets, worked bool, err error) error {
+func (l *loop) afterProcess(rewind offsets, worked, down bool, err error) error {
 	if len(rewind) > 0 {
 		l.sess.Client().SetOffsets(rewind)
 	}
 	if err != nil {
 		return err
+	}
+	if down {
+		// The batches come again once the service may be back; the
+		// epoch's other work still commits meanwhile (the loop goes on
+		// after the wait).
+		if err := sleep(l.ctx, l.unavailableFor); err != nil {
+			return nil // shutting down
+		}
 	}
 	if worked {
 		if err := l.run(l.coord.Work(time.Now())); err != nil {
@@ -337,6 +358,77 @@ func (l *loop) afterProcess(rewind offsets, worked bool, err error) error {
 	}
 	return nil
 }
+
+// Bounds of the wait between attempts while Job.Prefetch finds its service
+// unavailable; it doubles from the first to the last.
+const (
+	unavailableMinWait = 50 * time.Millisecond
+	unavailableMaxWait = time.Second
+)
+
+// prefetch hands a partition's batch to Job.Prefetch: the records process
+// would process, those not reflected in state yet and before a replay's
+// bound, the same filter as its loop. It reports whether the batch may be
+// processed. When the service is unavailable (now, or for an earlier
+// partition of the same fetch, *down) the partition is rewound to the
+// batch's first such record and nothing of it is processed: Ordering rule:
+// no record is processed, so none is committed, before the answers it
+// depends on were received.
+func (l *loop) prefetch(t *task, ftp kgo.FetchTopicPartition, rewind offsets, down *bool) (bool, error) {
+	in := l.in
+	var recs []*Record
+	for _, r := range ftp.Records {
+		if next, ok := t.next[r.Topic]; ok && r.Offset < next {
+			continue
+		}
+		if until, ok := t.replayUntil[r.Topic]; ok && r.Offset >= until {
+			break
+		}
+		recs = append(recs, apiRecord(r))
+	}
+	if len(recs) == 0 {
+		return true, nil
+	}
+	var err error
+	if !*down {
+		err = in.cfg.Job.Prefetch(batchContext{ctx: l.ctx, t: t, now: in.clock.Now()}, recs)
+		// Prefetch reads only; a lazy TTL expiry it triggered is done
+		// again by Process, in the record's own write-set.
+		t.store.RollbackRecord()
+	}
+	var ue *UnavailableError
+	switch {
+	case *down || errors.As(err, &ue):
+		rewind.set(ftp.Topic, ftp.Partition, recs[0].Offset)
+		if !*down {
+			*down = true
+			l.unavailable = true
+			in.ready.Store(false)
+			l.unavailableFor = min(max(2*l.unavailableFor, unavailableMinWait), unavailableMaxWait)
+			in.log.Warn("job's service unavailable; the batch waits", "job", in.cfg.Job.Name, "task", t.p, "topic", ftp.Topic, "offset", recs[0].Offset, "retry_in", l.unavailableFor, "err", err)
+		}
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("job %s: task %d offset %d: prefetch: %w", in.cfg.Job.Name, t.p, recs[0].Offset, err)
+	}
+	if l.unavailable {
+		in.log.Info("job's service is back", "job", in.cfg.Job.Name, "task", t.p)
+	}
+	l.unavailable, l.unavailableFor = false, 0
+	return true, nil
+}
+
+// batchContext is the PrefetchContext of a task's batch.
+type batchContext struct {
+	ctx context.Context
+	t   *task
+	now time.Time
+}
+
+func (c batchContext) Context() context.Context { return c.ctx }
+func (c batchContext) Task() int32              { return c.t.p }
+func (c batchContext) Now() time.Time           { return c.now }
+func (c batchContext) Store() *kstate.Store     { return c.t.store }
 
 func (l *loop) processOne(t *task, r *kgo.Record) error {
 	in := l.in
@@ -390,7 +482,11 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 		t.store.RollbackRecord()
 		stage := "process"
 		var de *DecodeError
-		if errors.As(err, &de) {
+		var se *StageError
+		switch {
+		case errors.As(err, &se):
+			stage = se.Stage
+		case errors.As(err, &de):
 			stage = "decode"
 		}
 		l.produceFor(t, ref, in.deadLetter(r, err, stage), true)

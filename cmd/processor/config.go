@@ -33,6 +33,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/savepoint"
 )
 
@@ -42,7 +43,7 @@ import (
 type Config struct {
 	Brokers               []string      `env:"SLUICE_BROKERS" docDefault:"required for run, generate, savepoint, inspect and reset" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID                 string        `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split, rising-temperature, window-average or wordcount (two stages: see docs/topology.md)."`
+	Job                   string        `env:"SLUICE_JOB" docDefault:"required" desc:"Built-in job to run: aggregate, echo, temperature-alert, temperature-split, rising-temperature, window-average or wordcount (two stages: see docs/topology.md); or function, a user's function in any language beside the processor (SLUICE_FUNCTION_*, docs/sidecar.md)."`
 	InputTopics           []string      `env:"SLUICE_INPUT_TOPICS,required,notEmpty" expect:"comma-separated Kafka topic names" desc:"Input topics. Several must be co-partitioned (equal partition counts; others stop the instance at start): a task then owns partition p of each, processes their records in timestamp order and shares one keyed state (docs/topology.md). The built-in jobs read one."`
 	OutputTopic           string        `env:"SLUICE_OUTPUT_TOPIC" docDefault:"required by jobs that emit" expect:"a Kafka topic name" desc:"Topic the job writes its results to."`
 	StateDir              string        `env:"SLUICE_STATE_DIR" envDefault:"./state" expect:"a directory path" desc:"Local state directory: one bbolt file per task. Kept across restarts; the container image sets /var/lib/sluice (a volume)."`
@@ -78,7 +79,70 @@ type Config struct {
 	Sink                  string        `env:"SLUICE_SINK" docDefault:"empty (none)" expect:"postgres, or empty for none" desc:"postgres: the job's results also go to a PostgreSQL table, exactly once (docs/sinks.md): aggregate upserts one row per key, echo inserts one row per input record. Needs SLUICE_GUARANTEE=exactly_once; SLUICE_OUTPUT_TOPIC becomes optional."`
 	PostgresURL           string        `env:"SLUICE_POSTGRES_URL" secret:"true" docDefault:"required by SLUICE_SINK=postgres" expect:"a PostgreSQL connection string such as postgres://user:password@host:5432/db" desc:"SLUICE_SINK=postgres: the database (postgres://… or key=value). Secret: never logged nor echoed in errors. The server needs max_prepared_transactions > 0."`
 	PostgresTable         string        `env:"SLUICE_POSTGRES_TABLE" docDefault:"required by SLUICE_SINK=postgres" expect:"a table name or schema.table" desc:"SLUICE_SINK=postgres: the table the rows go to, created if missing (its columns: see docs/sinks.md); one of another shape stops the instance at start. The audit table sluice_sink_epochs goes in the same schema."`
+	FunctionConfig
 	Security
+}
+
+// FunctionConfig is the part of Config for SLUICE_JOB=function (sidecar
+// mode, docs/sidecar.md): where the function listens and how it is called.
+type FunctionConfig struct {
+	FunctionURL           string        `env:"SLUICE_FUNCTION_URL" docDefault:"required by function" expect:"http://host:port, https://host:port or unix:///path/to/socket" desc:"function: where the user's function listens (sidecar mode, see docs/sidecar.md): http://, https:// or unix:///path."`
+	FunctionProtocol      string        `env:"SLUICE_FUNCTION_PROTOCOL" envDefault:"json" desc:"function: json (Connect's unary protocol with JSON: a plain HTTP/1.1 POST), proto (the same with binary protobuf) or grpc."`
+	FunctionTimeout       time.Duration `env:"SLUICE_FUNCTION_TIMEOUT" envDefault:"1s" desc:"function: timeout of one call. A batch's calls with their retries take at most (SLUICE_FUNCTION_RETRIES + 2) × this plus the backoffs, which must stay below SLUICE_TRANSACTION_TIMEOUT minus the epoch."`
+	FunctionBatch         int           `env:"SLUICE_FUNCTION_BATCH" envDefault:"500" desc:"function: most records per call. Must be > 0."`
+	FunctionConcurrency   int           `env:"SLUICE_FUNCTION_CONCURRENCY" envDefault:"4" desc:"function: most calls in flight per task, each for other keys. Must be > 0."`
+	FunctionRetries       int           `env:"SLUICE_FUNCTION_RETRIES" envDefault:"3" desc:"function: retries of a key whose call timed out or failed, or that the function answered RETRY; then SLUICE_FUNCTION_ON_FAILURE applies. Must be >= 0."`
+	FunctionBackoff       time.Duration `env:"SLUICE_FUNCTION_BACKOFF" envDefault:"100ms" desc:"function: wait before the first retry, doubled at each (at most 5s). Must be > 0."`
+	FunctionOnFailure     string        `env:"SLUICE_FUNCTION_ON_FAILURE" envDefault:"dead_letter" desc:"function: what happens to a key's records when the function answered DEAD_LETTER or the retries are spent: dead_letter (to the DLQ with sluice.stage=function) or fail (the instance stops)."`
+	FunctionMaxStateBytes int           `env:"SLUICE_FUNCTION_MAX_STATE_BYTES" envDefault:"1048576" desc:"function: largest state value the function may set (default 1 MiB); a larger one fails the key with an error naming key and state. Must be > 0."`
+}
+
+// functionProtocols are the values of SLUICE_FUNCTION_PROTOCOL.
+var (
+	functionProtocols = []string{"json", "proto", "grpc"}
+	functionFailures  = []string{"dead_letter", "fail"}
+)
+
+// validate checks the function variables; the timeout only as far as the
+// whole retry budget fits the transaction, txn the timeout in effect.
+func (f FunctionConfig) validate(v *validation, job string, txn, epoch time.Duration) {
+	if job == "function" || f.FunctionURL != "" {
+		scheme, rest, _ := strings.Cut(f.FunctionURL, "://")
+		v.check("SLUICE_FUNCTION_URL", (scheme == "http" || scheme == "https" || scheme == "unix") && rest != "" && rest != "/",
+			"http://host:port, https://host:port or unix:///path/to/socket (the job function calls it)")
+	}
+	v.check("SLUICE_FUNCTION_PROTOCOL", slices.Contains(functionProtocols, f.FunctionProtocol), oneOf(functionProtocols))
+	v.check("SLUICE_FUNCTION_BATCH", f.FunctionBatch > 0, "a number of records greater than 0")
+	v.check("SLUICE_FUNCTION_CONCURRENCY", f.FunctionConcurrency > 0, "a number of calls greater than 0")
+	v.check("SLUICE_FUNCTION_RETRIES", f.FunctionRetries >= 0, "a number of retries of 0 or more")
+	v.check("SLUICE_FUNCTION_BACKOFF", f.FunctionBackoff > 0, "a Go duration greater than 0 such as 100ms")
+	v.check("SLUICE_FUNCTION_ON_FAILURE", slices.Contains(functionFailures, f.FunctionOnFailure), oneOf(functionFailures))
+	v.check("SLUICE_FUNCTION_MAX_STATE_BYTES", f.FunctionMaxStateBytes > 0, "a number of bytes greater than 0")
+	v.check("SLUICE_FUNCTION_TIMEOUT", f.FunctionTimeout > 0, "a Go duration greater than 0 such as 1s")
+	if job == "function" && f.FunctionTimeout > 0 && f.FunctionBackoff > 0 && f.FunctionRetries >= 0 {
+		budget := f.options().Budget()
+		v.check("SLUICE_FUNCTION_TIMEOUT", budget < txn-epoch,
+			fmt.Sprintf("a timeout whose retry budget ((SLUICE_FUNCTION_RETRIES + 2) × timeout + backoffs = %v) stays below SLUICE_TRANSACTION_TIMEOUT minus the epoch (%v)", budget, txn-epoch))
+	}
+}
+
+// options are the function job's options, without logger and registry.
+func (f FunctionConfig) options() function.Options {
+	retries := f.FunctionRetries
+	if retries == 0 {
+		retries = -1 // none; 0 is the library's default
+	}
+	return function.Options{
+		URL:           f.FunctionURL,
+		Protocol:      function.Protocol(f.FunctionProtocol),
+		Timeout:       f.FunctionTimeout,
+		Batch:         f.FunctionBatch,
+		Concurrency:   f.FunctionConcurrency,
+		Retries:       retries,
+		Backoff:       f.FunctionBackoff,
+		OnFailure:     function.OnFailure(f.FunctionOnFailure),
+		MaxStateBytes: f.FunctionMaxStateBytes,
+	}
 }
 
 // GenerateConfig is the environment of `processor generate`, which produces
@@ -424,6 +488,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_EPOCH_MAX_KEYS", c.EpochMaxKeys > 0, "a number of keys greater than 0")
 	v.check("SLUICE_EPOCH_MAX_BYTES", c.EpochMaxBytes > 0, "a number of bytes greater than 0")
 	c.validateSink(&v, job)
+	c.FunctionConfig.validate(&v, c.Job, c.TransactionTimeout(), c.epoch())
 	c.Security.validate(&v)
 	return v.err
 }

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -97,8 +99,13 @@ var pipelines = map[string]func(Config) []sluice.Stage{
 	"wordcount": func(Config) []sluice.Stage { return jobs.WordCount() },
 }
 
+// functionJob is SLUICE_JOB's value for sidecar mode: the job is the
+// user's function at SLUICE_FUNCTION_URL, built from its Describe answer at
+// start (see functionJob in serve), so it is not in builtins.
+const functionJob = "function"
+
 func jobSpecs() []JobSpec {
-	specs := make([]JobSpec, 0, len(builtins)+len(pipelines))
+	specs := make([]JobSpec, 0, len(builtins)+len(pipelines)+1)
 	for name := range pipelines {
 		specs = append(specs, JobSpec{Name: name, Emits: true})
 	}
@@ -107,7 +114,9 @@ func jobSpecs() []JobSpec {
 		_, sink := sinkTables[name]
 		specs = append(specs, JobSpec{Name: name, Emits: j.Emits, SideOutput: len(j.SideOutputs) > 0, Sink: sink})
 	}
-	return specs
+	// The function job emits; its side output is bound only if the
+	// function declares one.
+	return append(specs, JobSpec{Name: functionJob, Emits: true})
 }
 
 func main() {
@@ -183,6 +192,9 @@ func runProcessor(envm map[string]string) int {
 			// error: one line, like a bad variable.
 			return configFail(fmt.Errorf("SLUICE_RESTORE_FROM: %s", re.Reason))
 		}
+		if ce := (*ConfigError)(nil); errors.As(err, &ce) {
+			return configFail(err) // the function does not fit the configuration
+		}
 		log.Error("processor stopped", "err", err)
 		return 1
 	}
@@ -199,30 +211,40 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	}
 	opts := engineOptions(cfg, log, reg)
 	opts.ClientOpts = clientOpts
-	for _, w := range cfg.warnings() {
-		log.Warn(w)
-	}
 	if opts.Sink != nil {
 		defer opts.Sink.Close()
 	}
-	var inst runner
-	if stages, ok := pipelines[cfg.Job]; ok {
-		inst, err = sluice.NewPipeline(opts, stages(cfg)...)
-	} else {
-		inst, err = sluice.New(opts)
-	}
-	if err != nil {
-		return err
-	}
+	// The endpoints serve from the start: while a function is awaited
+	// (bindFunction) the process is alive but not ready.
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	if err != nil {
 		return fmt.Errorf("SLUICE_METRICS_ADDR=%s: %w", cfg.MetricsAddr, err)
 	}
-	srv := &http.Server{Handler: httpHandler(reg, inst), ReadHeaderTimeout: 5 * time.Second}
+	var inst atomic.Pointer[runner]
+	ready := func() bool { in := inst.Load(); return in != nil && (*in).Ready() }
+	srv := &http.Server{Handler: httpHandler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	defer srv.Close()
+	if cfg.Job == functionJob {
+		if err := bindFunction(ctx, cfg, &opts); err != nil {
+			return err
+		}
+	}
+	for _, w := range cfg.warnings() {
+		log.Warn(w)
+	}
+	var in runner
+	if stages, ok := pipelines[cfg.Job]; ok {
+		in, err = sluice.NewPipeline(opts, stages(cfg)...)
+	} else {
+		in, err = sluice.New(opts)
+	}
+	if err != nil {
+		return err
+	}
+	inst.Store(&in)
 	log.Info("processor starting", append(cfg.Summary(), "metrics", ln.Addr().String())...)
-	err = inst.Run(ctx)
+	err = in.Run(ctx)
 	log.Info("processor stopped")
 	if ae := (*sluice.AuthError)(nil); errors.As(err, &ae) {
 		return fmt.Errorf("%w; the processor connects with %s", err, cfg.identity())
@@ -236,15 +258,17 @@ type runner interface {
 	Ready() bool
 }
 
-func httpHandler(reg *prometheus.Registry, inst runner) http.Handler {
+// httpHandler serves /metrics, /healthz (the process is alive) and /readyz
+// (ready: see sluice.Instance.Ready).
+func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !inst.Ready() {
-			http.Error(w, "not ready: joining the group, restoring tasks, or the brokers are unreachable", http.StatusServiceUnavailable)
+		if !ready() {
+			http.Error(w, "not ready: joining the group, restoring tasks, the brokers or the function (SLUICE_JOB=function) unreachable", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
@@ -261,8 +285,38 @@ func tolerable(n int) int {
 	return n
 }
 
+// bindFunction asks the function to describe itself (waiting while it does
+// not answer yet) and makes it the job. A function whose declarations do not
+// fit the configuration is a *ConfigError.
+func bindFunction(ctx context.Context, cfg Config, opts *sluice.Options) error {
+	fo := cfg.FunctionConfig.options()
+	fo.AppID, fo.Logger, fo.Registry = cfg.AppID, opts.Logger, opts.Registry
+	job, err := function.New(ctx, fo)
+	if de := (*function.DescribeError)(nil); errors.As(err, &de) {
+		return &ConfigError{Var: "SLUICE_FUNCTION_URL", Value: cfg.FunctionURL, Expected: "a function this processor can run: " + de.Reason}
+	}
+	if err != nil {
+		return err
+	}
+	// The binary binds at most one side output, to SLUICE_SIDE_OUTPUT_TOPIC.
+	switch {
+	case len(job.SideOutputs) > 1:
+		return &ConfigError{Var: "SLUICE_FUNCTION_URL", Value: cfg.FunctionURL, Expected: fmt.Sprintf("a function with at most one side output (it declares %v; the processor binds one, to SLUICE_SIDE_OUTPUT_TOPIC)", job.SideOutputs)}
+	case len(job.SideOutputs) == 1 && cfg.SideOutputTopic == "":
+		return &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Expected: fmt.Sprintf("a Kafka topic name (the function declares side output %q)", job.SideOutputs[0])}
+	case len(job.SideOutputs) == 0 && cfg.SideOutputTopic != "":
+		return &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Value: cfg.SideOutputTopic, Expected: "unset: the function declares no side output"}
+	}
+	opts.Job = job
+	opts.SideOutputTopics = map[sluice.OutputTag]string{}
+	for _, tag := range job.SideOutputs {
+		opts.SideOutputTopics[tag] = cfg.SideOutputTopic
+	}
+	return nil
+}
+
 func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) sluice.Options {
-	var job sluice.Job
+	var job sluice.Job // the function job is bound in serve (bindFunction)
 	if mk, ok := builtins[cfg.Job]; ok {
 		job = mk(cfg)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/jobs"
 )
@@ -76,6 +77,18 @@ func runChild() int {
 			}
 		}
 	}
+	ctx, stop := signalContext()
+	defer stop()
+	if env("SYSTEST_JOB") == "function" {
+		// The aggregate computed by a function beside the instance (see
+		// function_test.go): the job comes from its Describe.
+		job, err := function.New(ctx, function.Options{URL: env("SYSTEST_FUNCTION_URL"), AppID: cfg.AppID, Registry: cfg.Registry, Logger: cfg.Logger})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		cfg.Job = job
+	}
 	var inst interface{ Run(context.Context) error }
 	var err error
 	if env("SYSTEST_JOB") == "wordcount" {
@@ -87,8 +100,6 @@ func runChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	ctx, stop := signalContext()
-	defer stop()
 	if err := inst.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "run:", err)
 		return 1

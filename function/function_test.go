@@ -1,0 +1,390 @@
+package function_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/function"
+	functionv1 "github.com/sluicehq/sluice/function/functionv1"
+	"github.com/sluicehq/sluice/function/functionv1/functionv1connect"
+	"github.com/sluicehq/sluice/function/sdk"
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/tutorial"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// startPython runs one of the example functions as a subprocess on a unix
+// socket and returns its URL. python3 is required (.ci/run installs it):
+// without it the test fails rather than skips.
+func startPython(t *testing.T, script string, env ...string) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
+	}
+	sock := filepath.Join(t.TempDir(), "fn.sock")
+	cmd := exec.Command(py, filepath.Join("..", "examples", "function-python", script))
+	cmd.Env = append(os.Environ(), append(env, "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s:\n%s", script, log.String())
+		}
+	})
+	return "unix://" + sock
+}
+
+// startGo serves a Go SDK function on a loopback port.
+func startGo(t *testing.T, d sdk.Declaration, fn sdk.Func) string {
+	t.Helper()
+	return serve(t, sdk.Handler(d, fn))
+}
+
+func serve(t *testing.T, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go sdk.Serve(ln, h)
+	t.Cleanup(func() { ln.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+func newJob(t *testing.T, o function.Options) sluice.Job {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	job, err := function.New(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+func values(recs []sluice.Record) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = string(r.Value)
+	}
+	return out
+}
+
+func header(r sluice.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// The tutorial's temperature-alert, computed by the Python example function,
+// emits exactly the tutorial's three alerts.
+func TestPythonTemperatureAlert(t *testing.T) {
+	job := newJob(t, function.Options{URL: startPython(t, "temperature_alert.py")})
+	if !slices.Equal(job.States, []string{"last-temperature"}) {
+		t.Fatalf("states from Describe: %v", job.States)
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	for _, r := range tutorial.Readings {
+		id, _, _ := strings.Cut(r, ",")
+		h.Send([]byte(id), []byte(r), time.Time{})
+	}
+	h.Settle()
+	out := h.Output()
+	if got, want := values(out), tutorial.AlertValues(); !slices.Equal(got, want) {
+		t.Fatalf("alerts:\n got %q\nwant %q", got, want)
+	}
+	for i, r := range out {
+		if string(r.Key) != tutorial.Alerts[i].ID {
+			t.Errorf("alert %d keyed %q, want %q", i, r.Key, tutorial.Alerts[i].ID)
+		}
+	}
+	if dl := h.DeadLetters(); len(dl) != 0 {
+		t.Fatalf("dead letters: %q", values(dl))
+	}
+}
+
+// The Python aggregate keeps its state across calls and across a restart
+// of the processor (the state lives in Sluice, not in the function).
+func TestPythonAggregateKeepsState(t *testing.T) {
+	job := newJob(t, function.Options{URL: startPython(t, "aggregate.py")})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("k"), []byte("5"), time.Time{})
+	h.Send([]byte("k"), []byte("-2"), time.Time{})
+	h.Settle()
+	h.Kill()
+	h.Restart()
+	h.Send([]byte("k"), []byte("9"), time.Time{})
+	h.Settle()
+	want := []string{
+		`{"count":1,"sum":5,"min":5,"max":5}`,
+		`{"count":2,"sum":3,"min":-2,"max":5}`,
+		`{"count":3,"sum":12,"min":-2,"max":9}`,
+	}
+	if got := values(h.Output()); !slices.Equal(got, want) {
+		t.Fatalf("outputs:\n got %q\nwant %q", got, want)
+	}
+}
+
+// stuckAggregate counts values per key but never answers for the key
+// "stuck": the call hangs until the processor gives up on it.
+func stuckAggregate(ctx context.Context, c *sdk.Call) *sdk.Result {
+	if string(c.Key) == "stuck" {
+		<-ctx.Done()
+		return (&sdk.Result{}).Retry("gave up")
+	}
+	r := &sdk.Result{}
+	n := len(c.States["n"])
+	for _, e := range c.Events {
+		n++
+		r.Emit(e.Record.GetKey(), fmt.Appendf(nil, "%s:%d", e.Record.GetKey(), n))
+	}
+	r.Set("n", make([]byte, n))
+	return r
+}
+
+// A function that never answers for one key: the batch's other keys
+// commit, that key's records end in the dead-letter topic after the retry
+// budget with sluice.stage=function, and nothing is lost.
+func TestKeyNeverAnsweredGoesToTheDeadLetterTopic(t *testing.T) {
+	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "n"}}}, stuckAggregate)
+	reg := prometheus.NewRegistry()
+	job := newJob(t, function.Options{URL: url, Timeout: 200 * time.Millisecond, Retries: 2, Backoff: 10 * time.Millisecond, Registry: reg})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	for _, k := range []string{"a", "stuck", "b", "stuck", "a"} {
+		h.Send([]byte(k), []byte("1"), time.Time{})
+	}
+	h.Settle()
+	if got, want := values(h.Output()), []string{"a:1", "b:1", "a:2"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+	dl := h.DeadLetters()
+	if len(dl) != 2 {
+		t.Fatalf("dead letters %q, want the two records of key stuck", values(dl))
+	}
+	for i, r := range dl {
+		if string(r.Key) != "stuck" || header(r, sluice.HeaderStage) != "function" || !strings.Contains(header(r, sluice.HeaderError), "no answer after 3 attempts") {
+			t.Errorf("dead letter %d: key %q, headers %v", i, r.Key, r.Headers)
+		}
+	}
+	if off := header(dl[0], sluice.HeaderOffset); off != "1" {
+		t.Errorf("first dead letter is of offset %s, want 1", off)
+	}
+	// Each stuck record's key was tried three times: two retries each.
+	for _, m := range []struct {
+		name string
+		min  float64
+	}{{"sluice_function_retries_total", 2}, {"sluice_function_calls_total", 3}} {
+		if v, err := check.MetricSum(reg, m.name); err != nil || v < m.min {
+			t.Errorf("%s = %v (%v), want at least %v", m.name, v, err, m.min)
+		}
+	}
+	if n := callsWithResult(t, reg, "error"); n < 3 {
+		t.Errorf(`sluice_function_calls_total{result="error"} = %v, want at least 3 (the stuck key's calls timed out)`, n)
+	}
+}
+
+// With OnFailure = Fail the instance stops instead, and the key's records
+// are not committed: a restart gives them to the function again.
+func TestKeyNeverAnsweredStopsTheInstanceWithFail(t *testing.T) {
+	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "n"}}}, stuckAggregate)
+	job := newJob(t, function.Options{URL: url, Timeout: 100 * time.Millisecond, Retries: 1, Backoff: 10 * time.Millisecond, OnFailure: function.Fail})
+	run := startInstance(t, job)
+	run.send(t, "a", "stuck")
+	err := run.wait(t)
+	if err == nil || !sluice.IsFatal(err) || !strings.Contains(err.Error(), `key "stuck"`) {
+		t.Fatalf("Run returned %v, want a fatal error naming key stuck", err)
+	}
+	if off := run.committed(t); off > 1 {
+		t.Fatalf("committed offset %d: the stuck key's record (offset 1) was committed", off)
+	}
+}
+
+// describeOnly is a function server whose Describe answer the test
+// chooses; Invoke is never reached.
+type describeOnly struct {
+	functionv1connect.UnimplementedFunctionServiceHandler
+	resp *functionv1.DescribeResponse
+}
+
+func (d describeOnly) Describe(context.Context, *connect.Request[functionv1.DescribeRequest]) (*connect.Response[functionv1.DescribeResponse], error) {
+	return connect.NewResponse(d.resp), nil
+}
+
+func TestDescribeMismatchIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		resp *functionv1.DescribeResponse
+		want string
+	}{
+		{"version", &functionv1.DescribeResponse{ProtocolVersion: 2}, "protocol version 2 is not supported"},
+		{"no version", &functionv1.DescribeResponse{}, "protocol version 0 is not supported"},
+		{"empty state name", &functionv1.DescribeResponse{ProtocolVersion: 1, States: []*functionv1.StateSpec{{}}}, "a state has an empty name"},
+		{"state twice", &functionv1.DescribeResponse{ProtocolVersion: 1, States: []*functionv1.StateSpec{{Name: "s"}, {Name: "s"}}}, `state "s" is declared twice`},
+		{"negative ttl", &functionv1.DescribeResponse{ProtocolVersion: 1, States: []*functionv1.StateSpec{{Name: "s", TtlMs: -1}}}, "negative ttl_ms"},
+		{"tag twice", &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: []string{"x", "x"}}, `side output "x" is declared twice`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mux := http.NewServeMux()
+			mux.Handle(functionv1connect.NewFunctionServiceHandler(describeOnly{resp: tc.resp}))
+			url := serve(t, mux)
+			_, err := function.New(context.Background(), function.Options{URL: url})
+			var de *function.DescribeError
+			if !errorAs(err, &de) || !strings.Contains(de.Reason, tc.want) {
+				t.Fatalf("New: %v, want a DescribeError saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A state value above the cap fails the key, naming key and state, rather
+// than being truncated.
+func TestStateAboveTheCapIsAnError(t *testing.T) {
+	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "blob"}}}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		r.Set("blob", make([]byte, 100*len(c.Key)))
+		r.Emit(c.Key, []byte("ok"))
+		return r
+	})
+	job := newJob(t, function.Options{URL: url, MaxStateBytes: 1000})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("short"), []byte("1"), time.Time{})            // 500 bytes
+	h.Send([]byte("far-too-long-key"), []byte("1"), time.Time{}) // 1600 bytes
+	h.Settle()
+	if got := values(h.Output()); !slices.Equal(got, []string{"ok"}) {
+		t.Fatalf("outputs %q, want the short key's only", got)
+	}
+	dl := h.DeadLetters()
+	if len(dl) != 1 {
+		t.Fatalf("dead letters: %q", values(dl))
+	}
+	msg := header(dl[0], sluice.HeaderError)
+	if !strings.Contains(msg, `state "blob" of key "far-too-long-key" is 1600 bytes`) || header(dl[0], sluice.HeaderStage) != "function" {
+		t.Fatalf("dead letter error %q, stage %q", msg, header(dl[0], sluice.HeaderStage))
+	}
+}
+
+// callsWithResult is sluice_function_calls_total{result=result}.
+func callsWithResult(t *testing.T, reg *prometheus.Registry, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_function_calls_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// A server that does not serve the protocol at the URL is refused, not
+// waited for.
+func TestDescribeNotServedIsRefused(t *testing.T) {
+	url := serve(t, http.NotFoundHandler())
+	_, err := function.New(context.Background(), function.Options{URL: url})
+	var de *function.DescribeError
+	if !errorAs(err, &de) || !strings.Contains(de.Reason, "Describe is not served there") {
+		t.Fatalf("New: %v, want a DescribeError", err)
+	}
+}
+
+// The Python SDK's side outputs, headers, timers and deletes: readings of
+// 30 or more to the output and the others to the side output "low", headers
+// kept; a minute after a sensor's first reading its timer reports how many
+// it saw and clears the count.
+func TestPythonSideOutputsHeadersAndTimers(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
+	}
+	sock := filepath.Join(t.TempDir(), "fn.sock")
+	cmd := exec.Command(py, filepath.Join("testdata", "split_timer.py"))
+	cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	job := newJob(t, function.Options{URL: "unix://" + sock})
+	if !slices.Equal(job.SideOutputs, []sluice.OutputTag{"low"}) {
+		t.Fatalf("side outputs from Describe: %v", job.SideOutputs)
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	var high, low []string
+	for _, r := range tutorial.Readings {
+		f := strings.Split(r, ",")
+		id := f[0]
+		h.Send([]byte(id), []byte(r), time.Time{}, sluice.Header{Key: "src", Value: []byte(id)})
+		if temp, _ := strconv.ParseFloat(f[2], 64); temp >= 30 {
+			high = append(high, r)
+		} else {
+			low = append(low, r)
+		}
+	}
+	h.Settle()
+	out, side := h.Output(), h.SideOutput("low")
+	// Per sensor the order is kept; across sensors partitions interleave.
+	slices.Sort(high)
+	slices.Sort(low)
+	got := func(recs []sluice.Record) []string {
+		v := values(recs)
+		slices.Sort(v)
+		return v
+	}
+	if g := got(out); !slices.Equal(g, high) {
+		t.Fatalf("output %q, want %q", g, high)
+	}
+	if g := got(side); !slices.Equal(g, low) {
+		t.Fatalf("side output %q, want %q", g, low)
+	}
+	for _, r := range append(out, side...) {
+		if header(r, "src") != string(r.Key) {
+			t.Fatalf("record %q lost its header: %v", r.Value, r.Headers)
+		}
+	}
+	h.Advance(2 * time.Minute)
+	h.Settle()
+	counts := map[string]string{}
+	for _, r := range h.Output()[len(out):] {
+		counts[string(r.Key)] = string(r.Value)
+		if header(r, "timer-at") == "" {
+			t.Errorf("timer output %q has no timer-at header", r.Value)
+		}
+	}
+	want := map[string]string{"sensor_1": "seen:3", "sensor_6": "seen:3", "sensor_7": "seen:2", "sensor_10": "seen:2"}
+	if !maps.Equal(counts, want) {
+		t.Fatalf("timer outputs %v, want %v", counts, want)
+	}
+}

@@ -1,0 +1,275 @@
+package function
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	functionv1 "github.com/sluicehq/sluice/function/functionv1"
+	"github.com/sluicehq/sluice/function/functionv1/functionv1connect"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// JobName is the name of the function job (logs, metrics, dead-letter
+// headers, savepoints).
+const JobName = "function"
+
+// New asks the function at o.URL to describe itself, waiting while it
+// cannot be reached, and returns the job that runs it. A *DescribeError
+// says the function cannot run with this processor. The job's States and
+// SideOutputs are the function's declarations; bind the side outputs in
+// sluice.Options.SideOutputTopics.
+func New(ctx context.Context, o Options) (sluice.Job, error) {
+	o = o.withDefaults()
+	if err := o.validate(); err != nil {
+		return sluice.Job{}, err
+	}
+	client, err := newClient(o)
+	if err != nil {
+		return sluice.Job{}, err
+	}
+	spec, err := describe(ctx, o, client)
+	if err != nil {
+		return sluice.Job{}, err
+	}
+	f := newFn(o, client, spec)
+	job := sluice.Job{
+		Name:     JobName,
+		Emits:    true,
+		Prefetch: f.prefetch,
+		Process:  f.process,
+		OnTimer:  f.onTimer,
+	}
+	for _, st := range spec.States {
+		job.States = append(job.States, st.Name)
+	}
+	for _, tag := range spec.SideOutputs {
+		job.SideOutputs = append(job.SideOutputs, sluice.OutputTag(tag))
+	}
+	return job, nil
+}
+
+// fn is the function job's state. Prefetch and Process run on the engine's
+// loop goroutine (one at a time); only the calls run concurrently, and they
+// touch neither the store nor batches.
+type fn struct {
+	o      Options
+	client functionv1connect.FunctionServiceClient
+	m      *metrics
+	states []*kstate.ValueState[[]byte]
+	index  map[string]int // state name → states
+	tags   map[string]bool
+	// batches are each task's answers for its current batch, replaced by
+	// every Prefetch of the task.
+	batches map[int32]map[recordID]*recordPlan
+}
+
+type recordID struct {
+	topic  string
+	offset int64
+}
+
+// recordPlan is what Process does for one record: apply the key's result
+// at its last record, fail every record of a failed key, nothing else.
+type recordPlan struct {
+	key  *keyCall
+	last bool
+}
+
+func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec) *fn {
+	f := &fn{o: o, client: client, m: newMetrics(o.Registry), index: map[string]int{}, tags: map[string]bool{}, batches: map[int32]map[recordID]*recordPlan{}}
+	for i, st := range spec.States {
+		var opts []kstate.Option
+		if st.TTL > 0 {
+			opts = append(opts, kstate.WithTTL(max(st.TTL, time.Millisecond), kstate.OnCreateAndWrite))
+		}
+		f.states = append(f.states, kstate.Value[[]byte](st.Name, kstate.Bytes(), opts...))
+		f.index[st.Name] = i
+	}
+	for _, tag := range spec.SideOutputs {
+		f.tags[tag] = true
+	}
+	return f
+}
+
+// keyScope is read access to one key's state outside a record's Context.
+type keyScope struct {
+	st  *kstate.Store
+	key []byte
+	now time.Time
+}
+
+func (s keyScope) Store() *kstate.Store { return s.st }
+func (s keyScope) Key() []byte          { return s.key }
+func (s keyScope) Now() time.Time       { return s.now }
+
+// readStates returns the key's current value of every declared state,
+// leaving out those unset.
+func (f *fn) readStates(s kstate.Scope) ([]*functionv1.State, error) {
+	var out []*functionv1.State
+	for _, st := range f.states {
+		v, ok, err := st.Get(s)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, &functionv1.State{Name: st.Name(), Value: v})
+		}
+	}
+	return out, nil
+}
+
+// prefetch calls the function for the batch's keys and keeps the answers
+// for process.
+func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
+	var keys []*keyCall
+	byKey := map[string]*keyCall{}
+	plans := make(map[recordID]*recordPlan, len(recs))
+	last := map[string]recordID{}
+	for _, r := range recs {
+		k := byKey[string(r.Key)]
+		if k == nil {
+			k = &keyCall{key: r.Key}
+			byKey[string(r.Key)] = k
+			keys = append(keys, k)
+		}
+		k.events = append(k.events, recordEvent(r))
+		id := recordID{r.Topic, r.Offset}
+		plans[id] = &recordPlan{key: k}
+		last[string(r.Key)] = id
+	}
+	for _, id := range last {
+		plans[id].last = true
+	}
+	for _, k := range keys {
+		states, err := f.readStates(keyScope{pc.Store(), k.key, pc.Now()})
+		if err != nil {
+			return fmt.Errorf("function: key %q: read state: %w", k.key, err)
+		}
+		k.states = states
+	}
+	if err := f.run(pc.Context(), pc.Task(), pc.Now(), keys); err != nil {
+		return err
+	}
+	f.batches[pc.Task()] = plans
+	return nil
+}
+
+// process applies the answer of the record's key at its last record.
+func (f *fn) process(ctx sluice.Context, rec *sluice.Record) error {
+	p := f.batches[ctx.Task()][recordID{rec.Topic, rec.Offset}]
+	if p == nil {
+		// The engine calls Prefetch before the batch's records.
+		return sluice.Fatal(fmt.Errorf("function: task %d offset %d was not prefetched", ctx.Task(), rec.Offset))
+	}
+	if p.key.err != nil {
+		return f.failure(p.key)
+	}
+	if !p.last {
+		return nil
+	}
+	return f.apply(ctx, p.key.result)
+}
+
+// onTimer makes one call for the timer's key and applies its answer.
+func (f *fn) onTimer(ctx sluice.Context, t sluice.Timer) error {
+	if t.Domain != sluice.ProcessingTime {
+		return fmt.Errorf("function: %s timers are not supported", t.Domain)
+	}
+	states, err := f.readStates(ctx)
+	if err != nil {
+		return err
+	}
+	k := &keyCall{key: t.Key, states: states, events: []*functionv1.Event{{Event: &functionv1.Event_Timer{Timer: &functionv1.Timer{AtMs: t.At.UnixMilli()}}}}}
+	// A timer cannot wait for a later poll like a batch can: while the
+	// function is unreachable it is retried here, and once the budget is
+	// spent the instance stops (and the timer fires again after the
+	// restart, the epoch being aborted).
+	for attempt := 1; ; attempt++ {
+		err := f.run(ctx.Context(), ctx.Task(), ctx.Now(), []*keyCall{k})
+		if err == nil {
+			break
+		}
+		if attempt > f.o.Retries || ctx.Context().Err() != nil {
+			return sluice.Fatal(fmt.Errorf("function: timer of key %q: %w", t.Key, err))
+		}
+		if serr := sleep(ctx.Context(), f.o.backoff(attempt)); serr != nil {
+			return sluice.Fatal(serr)
+		}
+	}
+	if k.err != nil {
+		return f.failure(k)
+	}
+	return f.apply(ctx, k.result)
+}
+
+// failure is the error a failed key's records return: a dead letter with
+// sluice.stage=function, or with OnFailure=Fail a fatal one.
+func (f *fn) failure(k *keyCall) error {
+	err := fmt.Errorf("key %q: %w", k.key, k.err)
+	if f.o.OnFailure == Fail {
+		return sluice.Fatal(fmt.Errorf("function: %w", err))
+	}
+	return &sluice.StageError{Stage: "function", Err: err}
+}
+
+// apply carries out a key's result through the record's Context: it joins
+// the epoch like an in-process job's writes and outputs. The result was
+// checked when it arrived (check).
+func (f *fn) apply(ctx sluice.Context, r *functionv1.KeyResult) error {
+	for _, m := range r.GetStates() {
+		st := f.states[f.index[m.GetName()]]
+		var err error
+		if m.GetDelete() {
+			err = st.Clear(ctx)
+		} else {
+			err = st.Set(ctx, m.GetValue())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, o := range r.GetOutputs() {
+		hs := make([]sluice.Header, len(o.GetHeaders()))
+		for i, h := range o.GetHeaders() {
+			hs[i] = sluice.Header{Key: h.GetKey(), Value: h.GetValue()}
+		}
+		if o.GetTag() == "" {
+			ctx.Emit(o.GetKey(), o.GetValue(), hs...)
+		} else {
+			ctx.Output(sluice.OutputTag(o.GetTag()), o.GetKey(), o.GetValue(), hs...)
+		}
+	}
+	for _, t := range r.GetTimers() {
+		at := time.UnixMilli(t.GetAtMs())
+		if t.GetDelete() {
+			ctx.Timers().DeleteProcessingTime(at)
+		} else {
+			ctx.Timers().RegisterProcessingTime(at)
+		}
+	}
+	return nil
+}
+
+func recordEvent(r *sluice.Record) *functionv1.Event {
+	var hs []*functionv1.Header
+	for _, h := range r.Headers {
+		hs = append(hs, &functionv1.Header{Key: h.Key, Value: h.Value})
+	}
+	return &functionv1.Event{Event: &functionv1.Event_Record{Record: &functionv1.Record{
+		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, TimestampMs: r.Timestamp.UnixMilli(),
+		Key: r.Key, Value: r.Value, Headers: hs,
+	}}}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,160 @@
+package function_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/examples/function-go/aggregate"
+	"github.com/sluicehq/sluice/function"
+	"github.com/sluicehq/sluice/function/sdk"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// The Go SDK answers each protocol, over TCP and a unix socket alike.
+func TestGoSDKOverEveryProtocol(t *testing.T) {
+	tcp := startGo(t, aggregate.Declaration, aggregate.Func)
+	sock := filepath.Join(t.TempDir(), "fn.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go sdk.Serve(ln, sdk.Handler(aggregate.Declaration, aggregate.Func))
+	for _, tc := range []struct {
+		name string
+		url  string
+		p    function.Protocol
+	}{
+		{"json", tcp, function.JSON},
+		{"proto", tcp, function.Proto},
+		{"grpc", tcp, function.GRPC},
+		{"grpc over unix", "unix://" + sock, function.GRPC},
+		{"json over unix", "unix://" + sock, function.JSON},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := newJob(t, function.Options{URL: tc.url, Protocol: tc.p})
+			h := sluicetest.New(t, job, sluicetest.Options{})
+			// Settled one by one: each is a batch (and a call) of its own.
+			for _, v := range []string{"4", "x", "-1"} {
+				h.Send([]byte("k"), []byte(v), time.Time{})
+				h.Settle()
+			}
+			want := []string{`{"count":1,"sum":4,"min":4,"max":4}`, `{"count":2,"sum":3,"min":-1,"max":4}`}
+			if got := values(h.Output()); !slices.Equal(got, want) {
+				t.Fatalf("outputs %q, want %q", got, want)
+			}
+			if dl := h.DeadLetters(); len(dl) != 1 || string(dl[0].Value) != "x" || header(dl[0], "sluice.stage") != "function" {
+				t.Fatalf("dead letters %q, want the bad value's", values(dl))
+			}
+		})
+	}
+}
+
+// Processing-time timers: the function sets one, it fires between polls
+// once the clock passes it, and the function's answer to the timer event
+// (an output, a state delete) commits.
+func TestProcessingTimeTimersThroughTheFunction(t *testing.T) {
+	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "armed"}}}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		for _, e := range c.Events {
+			if e.Record == nil {
+				r.Emit(c.Key, append([]byte("fired:"), c.States["armed"]...))
+				r.Delete("armed")
+				continue
+			}
+			r.Set("armed", e.Record.GetValue())
+			r.SetTimer(c.Now.Add(time.Minute))
+		}
+		return r
+	})
+	job := newJob(t, function.Options{URL: url})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("k"), []byte("v1"), time.Time{})
+	h.Settle()
+	if out := h.Output(); len(out) != 0 {
+		t.Fatalf("outputs before the timer: %q", values(out))
+	}
+	h.Advance(2 * time.Minute)
+	h.Settle()
+	if got := values(h.Output()); !slices.Equal(got, []string{"fired:v1"}) {
+		t.Fatalf("outputs %q, want the timer's", got)
+	}
+	h.Advance(2 * time.Minute) // fired once: it is gone
+	h.Settle()
+	if got := values(h.Output()); len(got) != 1 {
+		t.Fatalf("outputs %q, want the timer's only", got)
+	}
+}
+
+// A key with more records in a poll than a call carries goes in consecutive
+// calls, each given the state the previous one left: the running
+// aggregation stays exact. The records wait while no instance runs, so the
+// restarted one polls them together.
+func TestKeyLargerThanABatch(t *testing.T) {
+	var mu sync.Mutex
+	most := 0
+	fn := func(ctx context.Context, c *sdk.Call) *sdk.Result {
+		mu.Lock()
+		most = max(most, len(c.Events))
+		mu.Unlock()
+		return aggregate.Func(ctx, c)
+	}
+	job := newJob(t, function.Options{URL: startGo(t, aggregate.Declaration, fn), Batch: 2})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Kill()
+	var want []string
+	for i := 1; i <= 9; i++ {
+		h.Send([]byte("k"), []byte("1"), time.Time{})
+		want = append(want, fmt.Sprintf(`{"count":%d,"sum":%d,"min":1,"max":1}`, i, i))
+	}
+	h.Restart()
+	h.Settle()
+	if got := values(h.Output()); !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+	if most > 2 {
+		t.Fatalf("a call carried %d events, above the batch of 2", most)
+	}
+}
+
+// Calls for disjoint keys of one task are in flight together: the function
+// answers key a only once the call for key b has arrived, which with one
+// call at a time would never happen (a would run out of retries).
+func TestCallsForOtherKeysRunConcurrently(t *testing.T) {
+	bArrived := make(chan struct{})
+	var once sync.Once
+	fn := func(ctx context.Context, c *sdk.Call) *sdk.Result {
+		switch string(c.Key) {
+		case "a":
+			select {
+			case <-bArrived:
+			case <-ctx.Done():
+				return (&sdk.Result{}).Retry("b never came")
+			}
+		case "b":
+			once.Do(func() { close(bArrived) })
+		}
+		r := &sdk.Result{}
+		r.Emit(c.Key, c.Key)
+		return r
+	}
+	job := newJob(t, function.Options{URL: startGo(t, sdk.Declaration{}, fn), Batch: 1, Concurrency: 2, Timeout: 5 * time.Second, Retries: -1})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Kill() // both records wait, so that one poll takes them together
+	h.Send([]byte("a"), []byte("1"), time.Time{})
+	h.Send([]byte("b"), []byte("1"), time.Time{})
+	h.Restart()
+	h.Settle()
+	if got := values(h.Output()); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("outputs %q, want a then b (each key's result applied at its record)", got)
+	}
+	if dl := h.DeadLetters(); len(dl) != 0 {
+		t.Fatalf("dead letters: %q", values(dl))
+	}
+}

@@ -1,0 +1,194 @@
+"""Sluice sidecar SDK for Python: the standard library only.
+
+A function is called with one key's events and current states and returns a
+Result; Sluice keeps the state, fires the timers and commits exactly once.
+The protocol is docs/sidecar.md: Connect's unary protocol with JSON bodies,
+POST /sluice.function.v1.FunctionService/{Describe,Invoke}.
+
+    import sluice_function as sf
+
+    def handle(call):                 # a sf.Call
+        n = int(call.states.get("count", b"0"))
+        res = sf.Result()
+        for ev in call.events:        # records (and timers) in order
+            n += 1
+            res.emit(ev.key, str(n).encode())
+        res.set("count", str(n).encode())
+        return res
+
+    sf.serve(handle, states=[sf.State("count")], address="127.0.0.1:8080")
+
+address is host:port or unix:/path/to/socket.
+"""
+
+import base64
+import json
+import os
+import socket
+import socketserver
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PROTOCOL_VERSION = 1
+SERVICE = "/sluice.function.v1.FunctionService/"
+
+
+class State:
+    """A declared state: a name and a TTL in milliseconds (0: never)."""
+
+    def __init__(self, name, ttl_ms=0):
+        self.name, self.ttl_ms = name, ttl_ms
+
+
+class Event:
+    """A record (timer_at_ms is None) or a fired processing-time timer."""
+
+    def __init__(self, d):
+        r = d.get("record")
+        self.timer_at_ms = None
+        if r is None:
+            self.timer_at_ms = int(d.get("timer", {}).get("atMs", 0))
+            r = {}
+        self.topic = r.get("topic", "")
+        self.partition = int(r.get("partition", 0))
+        self.offset = int(r.get("offset", 0))
+        self.timestamp_ms = int(r.get("timestampMs", 0))
+        self.key = _b(r.get("key"))
+        self.value = _b(r.get("value"))
+        self.headers = [(h.get("key", ""), _b(h.get("value"))) for h in r.get("headers", [])]
+
+    @property
+    def is_timer(self):
+        return self.timer_at_ms is not None
+
+
+class Call:
+    """One key's events: key, states (name -> bytes, unset ones absent),
+    events (oldest first), task and now_ms (the processor's clock)."""
+
+    def __init__(self, d, task, now_ms):
+        self.key = _b(d.get("key"))
+        self.states = {s["name"]: _b(s.get("value")) for s in d.get("states", [])}
+        self.events = [Event(e) for e in d.get("events", [])]
+        self.task, self.now_ms = task, now_ms
+
+
+class Result:
+    """What to do for the key: state changes, outputs, timers, a status."""
+
+    def __init__(self):
+        self.status, self.reason = "OK", ""
+        self._states, self._outputs, self._timers = {}, [], []
+
+    def set(self, name, value):
+        self._states[name] = value
+
+    def delete(self, name):
+        self._states[name] = None
+
+    def emit(self, key, value, headers=(), tag=""):
+        """Produce a record: to the output topic, or to a side output tag."""
+        self._outputs.append((key, value, list(headers), tag))
+
+    def set_timer(self, at_ms):
+        self._timers.append((int(at_ms), False))
+
+    def delete_timer(self, at_ms):
+        self._timers.append((int(at_ms), True))
+
+    def retry(self, reason=""):
+        self.status, self.reason = "RETRY", reason
+        return self
+
+    def dead_letter(self, reason):
+        self.status, self.reason = "DEAD_LETTER", reason
+        return self
+
+    def to_json(self, key):
+        out = {"key": _e(key), "status": self.status}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.status != "OK":
+            return out
+        out["states"] = [{"name": n, "delete": True} if v is None else {"name": n, "value": _e(v)}
+                         for n, v in self._states.items()]
+        out["outputs"] = [{"key": _e(k), "value": _e(v), "tag": t,
+                           "headers": [{"key": hk, "value": _e(hv)} for hk, hv in hs]}
+                          for k, v, hs, t in self._outputs]
+        out["timers"] = [{"atMs": str(at), "delete": d} for at, d in self._timers]
+        return out
+
+
+def _b(s):
+    return base64.b64decode(s) if s else b""
+
+
+def _e(b):
+    if isinstance(b, str):
+        b = b.encode()
+    return base64.b64encode(b or b"").decode("ascii")
+
+
+def _handler(fn, states, side_outputs):
+    describe = {"protocolVersion": PROTOCOL_VERSION,
+                "states": [{"name": s.name, "ttlMs": str(s.ttl_ms)} for s in states],
+                "sideOutputs": list(side_outputs)}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: one connection per caller
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path == SERVICE + "Describe":
+                return self._reply(200, describe)
+            if self.path != SERVICE + "Invoke":
+                return self._reply(404, {"code": "unimplemented", "message": self.path})
+            try:
+                req = json.loads(body or b"{}")
+                task, now = int(req.get("task", 0)), int(req.get("nowMs", 0))
+                results = []
+                for k in req.get("keys", []):
+                    call = Call(k, task, now)
+                    results.append(fn(call).to_json(call.key))
+            except Exception as e:  # the processor retries, then dead-letters
+                return self._reply(500, {"code": "internal", "message": repr(e)})
+            self._reply(200, {"results": results})
+
+        def _reply(self, status, obj):
+            b = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+
+    return Handler
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def get_request(self):
+        conn, _ = super().get_request()
+        return conn, ("unix", 0)  # http.server wants a (host, port)
+
+
+def serve(fn, states=(), side_outputs=(), address=None):
+    """Serve fn until the process ends. address defaults to
+    $FUNCTION_LISTEN, then 127.0.0.1:8080."""
+    address = address or os.environ.get("FUNCTION_LISTEN", "127.0.0.1:8080")
+    handler = _handler(fn, states, side_outputs)
+    if address.startswith("unix:"):
+        path = address[len("unix:"):]
+        if os.path.exists(path):
+            os.unlink(path)
+        srv = _UnixServer(path, handler)
+    else:
+        host, _, port = address.rpartition(":")
+        srv = ThreadingHTTPServer((host, int(port)), handler)
+        srv.daemon_threads = True
+    print("sluice function listening on", address, flush=True, file=sys.stderr)
+    srv.serve_forever()

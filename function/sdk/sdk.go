@@ -1,0 +1,161 @@
+package sdk
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	functionv1 "github.com/sluicehq/sluice/function/functionv1"
+	"github.com/sluicehq/sluice/function/functionv1/functionv1connect"
+)
+
+// State is a declared state: its name and TTL (0: never expires).
+type State struct {
+	Name string
+	TTL  time.Duration
+}
+
+// Declaration is what the function answers to Describe.
+type Declaration struct {
+	States      []State
+	SideOutputs []string
+}
+
+// Call is one key's events with its current states (unset states absent).
+type Call struct {
+	Task   int32
+	Now    time.Time // the processor's processing-time clock
+	Key    []byte
+	States map[string][]byte
+	Events []Event
+}
+
+// Event is a record, or a processing-time timer of the key that fired
+// (Record nil, Timer set).
+type Event struct {
+	Record *functionv1.Record
+	Timer  time.Time
+}
+
+// Func handles one key. It must be a pure function of the call: the same
+// events come again after a failure or a rebalance.
+type Func func(ctx context.Context, c *Call) *Result
+
+// Result is what to do for the key. The zero value is OK with no effects.
+type Result struct{ r functionv1.KeyResult }
+
+// Set gives state name a new value.
+func (r *Result) Set(name string, value []byte) {
+	r.r.States = append(r.r.States, &functionv1.StateMutation{Name: name, Value: value})
+}
+
+// Delete unsets state name.
+func (r *Result) Delete(name string) {
+	r.r.States = append(r.r.States, &functionv1.StateMutation{Name: name, Delete: true})
+}
+
+// Emit produces a record to the job's output topic.
+func (r *Result) Emit(key, value []byte, headers ...*functionv1.Header) {
+	r.EmitTo("", key, value, headers...)
+}
+
+// EmitTo produces a record to a declared side output ("" is the output).
+func (r *Result) EmitTo(tag string, key, value []byte, headers ...*functionv1.Header) {
+	r.r.Outputs = append(r.r.Outputs, &functionv1.Output{Key: key, Value: value, Headers: headers, Tag: tag})
+}
+
+// SetTimer sets a processing-time timer of the key.
+func (r *Result) SetTimer(at time.Time) {
+	r.r.Timers = append(r.r.Timers, &functionv1.TimerMutation{AtMs: at.UnixMilli()})
+}
+
+// DeleteTimer deletes the key's timer at at.
+func (r *Result) DeleteTimer(at time.Time) {
+	r.r.Timers = append(r.r.Timers, &functionv1.TimerMutation{AtMs: at.UnixMilli(), Delete: true})
+}
+
+// Retry asks for the key's events again (within the processor's budget).
+func (r *Result) Retry(reason string) *Result {
+	r.r = functionv1.KeyResult{Status: functionv1.Status_RETRY, Reason: reason}
+	return r
+}
+
+// DeadLetter sends the key's events of the call to the dead-letter topic.
+func (r *Result) DeadLetter(reason string) *Result {
+	r.r = functionv1.KeyResult{Status: functionv1.Status_DEAD_LETTER, Reason: reason}
+	return r
+}
+
+// Handler serves fn under the protocol's paths.
+func Handler(d Declaration, fn Func) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(functionv1connect.NewFunctionServiceHandler(&service{d: d, fn: fn}))
+	return mux
+}
+
+type service struct {
+	d  Declaration
+	fn Func
+}
+
+func (s *service) Describe(context.Context, *connect.Request[functionv1.DescribeRequest]) (*connect.Response[functionv1.DescribeResponse], error) {
+	resp := &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: s.d.SideOutputs}
+	for _, st := range s.d.States {
+		resp.States = append(resp.States, &functionv1.StateSpec{Name: st.Name, TtlMs: st.TTL.Milliseconds()})
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *service) Invoke(ctx context.Context, req *connect.Request[functionv1.InvokeRequest]) (*connect.Response[functionv1.InvokeResponse], error) {
+	in := req.Msg
+	out := &functionv1.InvokeResponse{Results: make([]*functionv1.KeyResult, 0, len(in.GetKeys()))}
+	for _, k := range in.GetKeys() {
+		c := &Call{Task: in.GetTask(), Now: time.UnixMilli(in.GetNowMs()), Key: k.GetKey(), States: make(map[string][]byte, len(k.GetStates())), Events: make([]Event, len(k.GetEvents()))}
+		for _, st := range k.GetStates() {
+			c.States[st.GetName()] = st.GetValue()
+		}
+		for i, e := range k.GetEvents() {
+			if t := e.GetTimer(); t != nil {
+				c.Events[i] = Event{Timer: time.UnixMilli(t.GetAtMs())}
+			} else {
+				c.Events[i] = Event{Record: e.GetRecord()}
+			}
+		}
+		r := s.fn(ctx, c)
+		if r == nil {
+			r = &Result{}
+		}
+		r.r.Key = k.GetKey()
+		out.Results = append(out.Results, &r.r)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ListenAndServe serves h on addr (host:port, or unix:/path) with HTTP/1.1
+// and cleartext HTTP/2 (for gRPC), until the listener fails.
+func ListenAndServe(addr string, h http.Handler) error {
+	network := "tcp"
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		network, addr = "unix", path
+		os.Remove(path)
+	}
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		return err
+	}
+	return Serve(ln, h)
+}
+
+// Serve is ListenAndServe on a listener of the caller's.
+func Serve(ln net.Listener, h http.Handler) error {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, Protocols: &p, ReadHeaderTimeout: 10 * time.Second}
+	return srv.Serve(ln)
+}
