@@ -82,6 +82,9 @@ func (c Options) ACLs() []ACL {
 		topic(changelogTopic, kmsg.ACLOperationWrite, "write each epoch's state changes and markers"),
 		topic(changelogTopic, kmsg.ACLOperationRead, "restore state"),
 	)
+	if c.BroadcastTopic != "" {
+		acls = append(acls, topic(c.BroadcastTopic, kmsg.ACLOperationRead, "read the broadcast topic whole"))
+	}
 	controlTopic := c.AppID + "-control"
 	create(controlTopic)
 	acls = append(acls, topic(controlTopic, kmsg.ACLOperationRead, "follow stop requests (processor savepoint --stop)"))

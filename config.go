@@ -149,6 +149,12 @@ type Options struct {
 	// per loop iteration. Default 10,000.
 	MaxPollRecords int
 	// Logger receives the instance's logs. Default slog.Default().
+	// BroadcastTopic is read whole by every instance; every task applies
+	// each of its records to its own copy of the job's broadcast state
+	// through Job.OnBroadcast, in its epochs (docs/topology.md). Empty:
+	// none.
+	BroadcastTopic string
+
 	// RestoreFrom is a savepoint to seed the app's tasks from (the
 	// location `processor savepoint` printed): each task whose changelog
 	// holds no epoch marker yet starts from its part of the savepoint, its
@@ -279,6 +285,9 @@ func (c *Options) fillTiming() {
 
 func (c *Options) fill() error {
 	c.fillTiming()
+	if err := c.checkBroadcast(); err != nil {
+		return err
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -42,6 +42,8 @@ type Instance struct {
 	partitions int32
 	// hasControl: the app's control topic exists (control.go).
 	hasControl bool
+	// bcPartitions is the broadcast topic's partition count (broadcast.go).
+	bcPartitions int32
 	// purging: a purge of consumed repartition records is under way;
 	// purgeFailed: the last one failed (pipeline.go).
 	purging, purgeFailed atomic.Bool
@@ -350,6 +352,13 @@ func (in *Instance) prepare(ctx context.Context) error {
 		parts = n
 	}
 	in.partitions = parts
+	if b := in.cfg.BroadcastTopic; b != "" {
+		d, ok := topics[b]
+		if !ok || d.Err != nil {
+			return fmt.Errorf("broadcast topic %s is not there yet: %v", b, d.Err)
+		}
+		in.bcPartitions = int32(len(d.Partitions))
+	}
 	if in.seed != nil {
 		if err := in.seed.checkPartitions(in.cfg.RestoreFrom, parts); err != nil {
 			return err

@@ -151,6 +151,11 @@ type Job struct {
 	// state it cannot map; a job that lists none is not checked.
 	States []string
 
+	// OnBroadcast handles the records of Options.BroadcastTopic, the only
+	// place where broadcast state (kstate.Broadcast) may be written; a job
+	// without a broadcast topic leaves it nil.
+	OnBroadcast BroadcastFunc
+
 	// OnTimer handles the timers the job registers (Context.Timers); a job
 	// that registers none leaves it nil.
 	OnTimer TimerFunc

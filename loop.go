@@ -36,6 +36,10 @@ type loop struct {
 	owned map[int32]map[string]bool
 	inTxn bool
 	sink  sinkState // the outside sink's transactions (sink.go)
+	// bc reads the broadcast topic; bcRestart: the tasks' positions may
+	// have moved back, so it must start again from them (broadcast.go).
+	bc        *broadcastReader
+	bcRestart bool
 	// budgetFull: a task's write-set reached the epoch budget
 	// (Options.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
 	budgetFull bool
@@ -184,6 +188,9 @@ func (l *loop) iterate() error {
 	}
 
 	if err := l.process(fs); err != nil {
+		return err
+	}
+	if err := l.applyBroadcast(); err != nil {
 		return err
 	}
 	if err := l.fireTimers(); err != nil {
@@ -853,6 +860,7 @@ func (l *loop) abort() error {
 	}
 	l.inTxn = false
 	l.aborts++
+	l.bcRestart = true
 	l.in.txnOpenedAt.Store(0)
 	l.produceErr.Store(nil)
 	refused := l.refused
@@ -1003,6 +1011,7 @@ func (l *loop) installRestored() error {
 		}
 		cl.ResumeFetchPartitions(resume)
 		installed = true
+		l.bcRestart = true
 	}
 	if !installed {
 		return nil
@@ -1038,6 +1047,9 @@ func (l *loop) close() {
 	// it forever.
 	l.sess.AllowRebalance()
 	l.sess.Close()
+	if l.bc != nil {
+		l.bc.stop()
+	}
 	for p, t := range l.tasks {
 		if err := t.store.Backend().Close(); err != nil {
 			l.in.log.Warn("closing task store", "task", p, "err", err)

@@ -69,6 +69,9 @@ func NewPipeline(opts Options, stages ...Stage) (*Pipeline, error) {
 	if opts.RestoreFrom != "" {
 		return nil, errors.New("sluice: Options.RestoreFrom: restoring a pipeline from a savepoint is not supported yet")
 	}
+	if opts.BroadcastTopic != "" {
+		return nil, errors.New("sluice: Options.BroadcastTopic: broadcast state in a pipeline is not supported yet")
+	}
 	if opts.Sink != nil {
 		return nil, errors.New("sluice: Options.Sink: a pipeline writing to an outside sink is not supported yet")
 	}

@@ -258,7 +258,9 @@ func (s *seedSource) cut(ctx context.Context, in *Instance, p int32) (changelog.
 // number. Operator lists (kstate.OperatorList) go to one task each, the
 // one of the writer's number modulo the new count; union lists
 // (kstate.UnionList) go to every task, rescaled or not, as Flink restores
-// them.
+// them. Task p's copy of the broadcast table (kstate.Broadcast) and its
+// position in the broadcast stream come from old task p modulo the old
+// count, together.
 func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []byte) error) error {
 	tasks := s.sp.Manifest.Tasks
 	rescaled := int32(len(tasks)) != parts
@@ -283,8 +285,19 @@ func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []by
 				if err != nil {
 					return err
 				}
-				if mode == kstate.OperatorUnion || writer%parts == p {
+				switch mode {
+				case kstate.OperatorUnion:
 					return fn(k, v)
+				case kstate.OperatorBroadcast, kstate.OperatorPosition:
+					// A copy of the broadcast table and how far in
+					// the stream it is: one task's pair, whole.
+					if t.Partition == p%int32(len(tasks)) {
+						return fn(k, v)
+					}
+				default:
+					if writer%parts == p {
+						return fn(k, v)
+					}
 				}
 				return nil
 			}

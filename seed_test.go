@@ -199,7 +199,8 @@ func TestPausedSeederIsFenced(t *testing.T) {
 // Operator lists through a savepoint, as Flink redistributes them: a union
 // list gives every task every task's elements, rescaled or not; a split
 // list stays with its task, and after a rescale goes to the task of its
-// writer's number modulo the new count.
+// writer's number modulo the new count. A task's copy of broadcast state
+// comes from the old task of its number modulo the old count.
 func TestSeedOperatorLists(t *testing.T) {
 	entry := func(mode byte, task int32, elems ...string) [2][]byte {
 		sub := []byte{mode, 0, 0, 0, byte(task)}
@@ -209,9 +210,12 @@ func TestSeedOperatorLists(t *testing.T) {
 		}
 		return [2][]byte{kstate.EncodeKey(kstate.KindOperator, map[byte]string{kstate.OperatorUnion: "seen", kstate.OperatorSplit: "offsets"}[mode], nil, sub), v}
 	}
+	table := func(v string) [2][]byte { // a task's copy of broadcast state
+		return [2][]byte{kstate.EncodeKey(kstate.KindOperator, "table", nil, []byte{kstate.OperatorBroadcast, 'k'}), append([]byte{byte(len(v))}, v...)}
+	}
 	dir := writeTestSavepoint(t, []entries{
-		{entry(kstate.OperatorUnion, 0, "a"), entry(kstate.OperatorSplit, 0, "x")},
-		{entry(kstate.OperatorUnion, 1, "b"), entry(kstate.OperatorSplit, 1, "y")},
+		{entry(kstate.OperatorUnion, 0, "a"), entry(kstate.OperatorSplit, 0, "x"), table("t0")},
+		{entry(kstate.OperatorUnion, 1, "b"), entry(kstate.OperatorSplit, 1, "y"), table("t1")},
 	})
 	sp, err := savepoint.Open(context.Background(), dir)
 	if err != nil {
@@ -238,12 +242,12 @@ func TestSeedOperatorLists(t *testing.T) {
 		p, parts int32
 		want     string
 	}{
-		{0, 2, "offsets=x seen=a seen=b"},
-		{1, 2, "offsets=y seen=a seen=b"},
-		{0, 4, "offsets=x seen=a seen=b"},
-		{1, 4, "offsets=y seen=a seen=b"},
-		{2, 4, "seen=a seen=b"},
-		{3, 4, "seen=a seen=b"},
+		{0, 2, "offsets=x seen=a seen=b table=t0"},
+		{1, 2, "offsets=y seen=a seen=b table=t1"},
+		{0, 4, "offsets=x seen=a seen=b table=t0"},
+		{1, 4, "offsets=y seen=a seen=b table=t1"},
+		{2, 4, "seen=a seen=b table=t0"},
+		{3, 4, "seen=a seen=b table=t1"},
 	} {
 		if got := seeded(tt.p, tt.parts); got != tt.want {
 			t.Errorf("task %d of %d seeded %q, want %q", tt.p, tt.parts, got, tt.want)

@@ -274,7 +274,13 @@ type recordContext struct {
 	// rows are the record's rows for the sink (WriteRow); they join the
 	// task's epoch only if the record succeeds.
 	rows [][]any
+	// broadcasting: the context is Job.OnBroadcast's (broadcast.go).
+	broadcasting bool
 }
+
+// Broadcasting reports whether the broadcast stream is being handled: only
+// then may broadcast state be written (kstate.Broadcast).
+func (c *recordContext) Broadcasting() bool { return c.broadcasting }
 
 func (c *recordContext) Store() *kstate.Store        { return c.t.store }
 func (c *recordContext) Key() []byte                 { return c.key }

@@ -23,13 +23,22 @@ const (
 	OperatorUnion byte = 'u'
 )
 
-// OperatorEntry decodes an operator entry's tail: its mode and the task that
-// wrote it.
+// OperatorEntry decodes an operator entry's tail: its mode (OperatorSplit,
+// OperatorUnion, OperatorBroadcast, OperatorPosition) and, for a list, the
+// task that wrote it (-1 otherwise).
 func OperatorEntry(k Key) (mode byte, task int32, err error) {
-	if k.Kind != KindOperator || len(k.Sub) != 5 || (k.Sub[0] != OperatorSplit && k.Sub[0] != OperatorUnion) {
-		return 0, 0, fmt.Errorf("%w: not an operator list entry", ErrBadKey)
+	if k.Kind != KindOperator || len(k.Sub) == 0 {
+		return 0, 0, fmt.Errorf("%w: not an operator entry", ErrBadKey)
 	}
-	return k.Sub[0], int32(binary.BigEndian.Uint32(k.Sub[1:])), nil
+	switch mode := k.Sub[0]; {
+	case mode == OperatorBroadcast:
+		return mode, -1, nil
+	case mode == OperatorPosition && len(k.Sub) == 5:
+		return mode, -1, nil
+	case (mode == OperatorSplit || mode == OperatorUnion) && len(k.Sub) == 5:
+		return mode, int32(binary.BigEndian.Uint32(k.Sub[1:])), nil
+	}
+	return 0, 0, fmt.Errorf("%w: operator entry of an unknown form", ErrBadKey)
 }
 
 // OperatorListState is a list per task, not per record key: Flink's

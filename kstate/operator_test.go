@@ -1,6 +1,7 @@
 package kstate_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -66,5 +67,19 @@ func TestOperatorList(t *testing.T) {
 				t.Fatalf("after Clear: %v", got)
 			}
 		})
+	}
+}
+
+// Broadcast state is written only by the broadcast handler: a write from any
+// other scope is refused, and fails the record.
+func TestBroadcastReadOnly(t *testing.T) {
+	st := kstate.NewStore(kstatetest.MustOpen(t, "memory"))
+	sc := kstatetest.NewScope(st)
+	table := kstate.Broadcast("table", kstate.Int64())
+	if err := table.Put(sc, "k", 1); !errors.Is(err, kstate.ErrBroadcastReadOnly) || !errors.Is(st.RecordErr(), kstate.ErrBroadcastReadOnly) {
+		t.Fatalf("Put = %v, record error %v: want ErrBroadcastReadOnly", err, st.RecordErr())
+	}
+	if _, ok, err := table.Get(sc, "k"); ok || err != nil {
+		t.Fatalf("Get after a refused Put: %v, %v", ok, err)
 	}
 }
