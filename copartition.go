@@ -106,6 +106,10 @@ func (l *loop) learnEnds(t *task) {
 
 // behind reports whether the task has not read topic up to its last known
 // high-water mark: records are on the broker that a poll has not brought.
+// One offset short is not behind: a transactional producer's input ends
+// with its commit marker, which takes an offset no record has (found by
+// review: such an input looked behind for good, and held the others back
+// for maxTaskIdle every time it went quiet).
 func (t *task) behind(topic string) bool {
 	ci := t.co[topic]
 	if ci == nil || ci.hwm <= 0 {
@@ -115,7 +119,7 @@ func (t *task) behind(topic string) bool {
 	if !ok {
 		next, ok = t.committed[topic]
 	}
-	return !ok || next < ci.hwm
+	return !ok || next+1 < ci.hwm
 }
 
 // merged returns the records of a poll for task t in the order the task
@@ -219,9 +223,13 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 				break
 			}
 			if stop {
-				// The rest of the task's records come again.
+				// The rest of the task's records come again, each
+				// topic from its first record not taken (before
+				// what merged held back: found by review).
+				seen := map[string]bool{r.Topic: true}
 				for _, later := range recs[i+1:] {
-					if _, ok := rewind[later.Topic][p]; !ok {
+					if !seen[later.Topic] {
+						seen[later.Topic] = true
 						rewind.set(later.Topic, p, later.Offset)
 					}
 				}

@@ -164,14 +164,14 @@ func (l *loop) iterate() error {
 	// touching the records the poll returned.
 	for _, ev := range in.takeEvents() {
 		l.noteOwned(ev)
-		gone := ev.tasks
-		if ev.kind == "assigned" {
-			// A task we still hold missed its revoke; its partition is
-			// paused again, so drop it and restore it anew.
-			gone = slices.DeleteFunc(slices.Clone(ev.tasks), func(p int32) bool {
-				return l.tasks[p] == nil && l.restoring[p] == nil
-			})
-		}
+		// Only tasks that run or restore are released: a partition of a
+		// task that never started (another input's partition was still
+		// elsewhere) takes no epoch down with it. An assignment of a task
+		// we still hold means it missed its revoke; its partition is
+		// paused again, so drop it and restore it anew.
+		gone := slices.DeleteFunc(slices.Clone(ev.tasks), func(p int32) bool {
+			return l.tasks[p] == nil && l.restoring[p] == nil
+		})
 		if len(gone) > 0 {
 			if err := l.release(ev.kind, gone); err != nil {
 				return err

@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -272,6 +273,12 @@ func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []by
 		if !own && !unions {
 			continue
 		}
+		// A union list's restore is the concatenation of every old
+		// task's whole list, as in Flink: what a task holds under every
+		// writer's entry (its own, and the copies an earlier union
+		// restore gave it) goes out as one entry per old task, so that
+		// the old tasks' lists cannot overwrite each other.
+		union := map[string][]byte{}
 		err := s.sp.Scan(ctx, t, func(k, v []byte) error {
 			key, err := kstate.DecodeKey(k)
 			if err != nil {
@@ -287,7 +294,7 @@ func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []by
 				}
 				switch mode {
 				case kstate.OperatorUnion:
-					return fn(k, v)
+					union[key.Name] = append(union[key.Name], v...)
 				case kstate.OperatorBroadcast, kstate.OperatorPosition:
 					// A copy of the broadcast table and how far in
 					// the stream it is: one task's pair, whole.
@@ -325,6 +332,12 @@ func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []by
 			}
 			return fn(k, v)
 		})
+		for _, name := range slices.Sorted(maps.Keys(union)) {
+			if err != nil {
+				break
+			}
+			err = fn(kstate.UnionEntryKey(name, t.Partition), union[name])
+		}
 		if err != nil {
 			return fmt.Errorf("savepoint task %d: %w", t.Partition, err)
 		}

@@ -3,6 +3,7 @@ package sluice
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -251,6 +252,44 @@ func TestSeedOperatorLists(t *testing.T) {
 	} {
 		if got := seeded(tt.p, tt.parts); got != tt.want {
 			t.Errorf("task %d of %d seeded %q, want %q", tt.p, tt.parts, got, tt.want)
+		}
+	}
+}
+
+// A union list restores as the concatenation of every old task's whole
+// list, as Flink's does, even when a task's file holds copies an earlier
+// union restore gave it: task 0 folded the copies into its own list and
+// added "new"; task 1 never wrote and still holds its copies. (Found by
+// review: seeding writer by writer let task 1's stale copy of task 0's list
+// overwrite the folded one.)
+func TestSeedUnionListOfAnEarlierUnion(t *testing.T) {
+	entry := func(writer int32, elems ...string) [2][]byte {
+		var v []byte
+		for _, e := range elems {
+			v = append(append(v, byte(len(e))), e...)
+		}
+		return [2][]byte{kstate.UnionEntryKey("seen", writer), v}
+	}
+	dir := writeTestSavepoint(t, []entries{
+		{entry(0, "a", "b", "new")},
+		{entry(0, "a"), entry(1, "b")},
+	})
+	sp, err := savepoint.Open(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &seedSource{sp: sp, drop: map[string]bool{}, inputs: map[string]bool{"in": true}}
+	for _, p := range []int32{0, 1} {
+		seeded := map[string]string{}
+		if err := s.scan(context.Background(), p, 2, func(k, v []byte) error {
+			seeded[string(k)] = string(v)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{string(entry(0)[0]): string(entry(0, "a", "b", "new")[1]), string(entry(1)[0]): string(entry(1, "a", "b")[1])}
+		if fmt.Sprint(seeded) != fmt.Sprint(want) {
+			t.Errorf("task %d seeded %q, want %q", p, seeded, want)
 		}
 	}
 }

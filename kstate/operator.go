@@ -83,9 +83,15 @@ func (l *OperatorListState[T]) Name() string { return l.d.name }
 func (l *OperatorListState[T]) prefix() []byte { return EncodeKey(KindOperator, l.d.name, nil, nil) }
 
 func (l *OperatorListState[T]) own(s TaskScope) []byte {
-	sub := binary.BigEndian.AppendUint32([]byte{l.mode}, uint32(s.Task()))
-	return EncodeKey(KindOperator, l.d.name, nil, sub)
+	return operatorKey(l.d.name, l.mode, s.Task())
 }
+
+func operatorKey(name string, mode byte, task int32) []byte {
+	return EncodeKey(KindOperator, name, nil, binary.BigEndian.AppendUint32([]byte{mode}, uint32(task)))
+}
+
+// UnionEntryKey is the key of the union list name's entry of task.
+func UnionEntryKey(name string, task int32) []byte { return operatorKey(name, OperatorUnion, task) }
 
 // Get returns the task's list: its own elements and those a restore gave
 // it, nil if there are none.

@@ -32,9 +32,9 @@ func controlTopic(app string) string { return app + "-control" }
 
 // resetPlan is what a reset deletes.
 type resetPlan struct {
-	group    bool     // the consumer group exists
-	topics   []string // internal topics that exist
-	stateDir string   // "" when this machine has none
+	groups    []string // the consumer groups that exist
+	topics    []string // internal topics that exist
+	stateDirs []string // this machine's state dirs
 }
 
 // resetApp is `processor reset [--yes]` with its streams: without --yes it
@@ -71,26 +71,32 @@ func resetApp(ctx context.Context, args []string, envm map[string]string, stdout
 	adm := kadm.NewClient(cl)
 	app := cfg.AppID
 
-	g, err := describeGroup(ctx, cl, adm, app)
+	plan, apps, err := planReset(ctx, adm, app, cfg.StateDir)
 	if err != nil {
 		return fail(err)
 	}
-	if n := len(g.Members); n > 0 {
-		// A dry run refuses too: what a reset would delete is not what a
-		// running app will have by the time it stops.
-		return fail(fmt.Errorf("group %s has %s (%s): stop every instance first", app, count(n, "member"), memberNames(g.Members)))
+	// The app, and each later stage of a pipeline (sluice.NewPipeline):
+	// a stage runs as an app id of its own, <app>-<stage>.
+	for _, a := range apps {
+		g, err := describeGroup(ctx, cl, adm, a)
+		if err != nil {
+			return fail(err)
+		}
+		if n := len(g.Members); n > 0 {
+			// A dry run refuses too: what a reset would delete is not
+			// what a running app will have by the time it stops.
+			return fail(fmt.Errorf("group %s has %s (%s): stop every instance first", a, count(n, "member"), memberNames(g.Members)))
+		}
+		if g.State != "Dead" {
+			plan.groups = append(plan.groups, a)
+		}
 	}
-	plan, err := planReset(ctx, adm, app, cfg.StateDir)
-	if err != nil {
-		return fail(err)
-	}
-	plan.group = g.State != "Dead"
 
 	verb := "would delete"
 	if *yes {
 		verb = "deleted"
-		if plan.group {
-			if err := deleteGroup(ctx, adm, app); err != nil {
+		for _, group := range plan.groups {
+			if err := deleteGroup(ctx, adm, group); err != nil {
 				return fail(err)
 			}
 		}
@@ -103,8 +109,8 @@ func resetApp(ctx context.Context, args []string, envm map[string]string, stdout
 				return fail(fmt.Errorf("delete topics %s: %w", strings.Join(plan.topics, ", "), err))
 			}
 		}
-		if plan.stateDir != "" {
-			if err := os.RemoveAll(plan.stateDir); err != nil {
+		for _, dir := range plan.stateDirs {
+			if err := os.RemoveAll(dir); err != nil {
 				return fail(fmt.Errorf("delete state dir: %w", err))
 			}
 		}
@@ -112,47 +118,59 @@ func resetApp(ctx context.Context, args []string, envm map[string]string, stdout
 	} else {
 		fmt.Fprintf(stdout, "reset of app %s (dry run: nothing deleted; run with --yes to delete):\n", app)
 	}
-	if !plan.group && len(plan.topics) == 0 && plan.stateDir == "" {
+	if len(plan.groups) == 0 && len(plan.topics) == 0 && len(plan.stateDirs) == 0 {
 		fmt.Fprintf(stdout, "  nothing to delete: no group %s, no internal topics, no state dir %s\n", app, filepath.Join(cfg.StateDir, app))
 	}
-	if plan.group {
-		fmt.Fprintf(stdout, "  %s consumer group %s (its committed offsets)\n", verb, app)
+	for _, group := range plan.groups {
+		fmt.Fprintf(stdout, "  %s consumer group %s (its committed offsets)\n", verb, group)
 	}
 	for _, t := range plan.topics {
 		fmt.Fprintf(stdout, "  %s topic %s\n", verb, t)
 	}
-	if plan.stateDir != "" {
-		fmt.Fprintf(stdout, "  %s state dir %s (this machine's only: delete every other instance's too)\n", verb, plan.stateDir)
+	for _, dir := range plan.stateDirs {
+		fmt.Fprintf(stdout, "  %s state dir %s (this machine's only: delete every other instance's too)\n", verb, dir)
 	}
 	fmt.Fprintf(stdout, "  kept: the output topics and the DLQ topic (%s-dlq unless SLUICE_DLQ_TOPIC names another) are yours to keep or delete\n", app)
 	return 0
 }
 
-// planReset finds the app's internal topics and local state dir.
-func planReset(ctx context.Context, adm *kadm.Client, app, stateRoot string) (resetPlan, error) {
+// planReset finds the app's internal topics and local state dirs, and the
+// app ids whose groups go too: the app's, and those of a pipeline's later
+// stages, <app>-<stage>, one for each repartition topic
+// <app>-<stage>-repartition (each with a changelog and state dir of its
+// own).
+func planReset(ctx context.Context, adm *kadm.Client, app, stateRoot string) (resetPlan, []string, error) {
 	var plan resetPlan
 	details, err := adm.ListTopics(ctx)
 	if err != nil {
-		return plan, fmt.Errorf("list topics: %w", err)
+		return plan, nil, fmt.Errorf("list topics: %w", err)
+	}
+	apps := []string{app}
+	for _, t := range details.Names() {
+		if stage, ok := strings.CutSuffix(t, "-repartition"); ok && isInternalTopic(app, t) {
+			apps = append(apps, stage)
+		}
 	}
 	for _, t := range details.Names() {
-		if isInternalTopic(app, t) {
+		if isInternalTopic(app, t) || slices.ContainsFunc(apps[1:], func(a string) bool { return t == changelog.TopicName(a) }) {
 			plan.topics = append(plan.topics, t)
 		}
 	}
 	slices.Sort(plan.topics)
-	// The engine keeps an app's task files in <SLUICE_STATE_DIR>/<app>.
-	dir, err := filepath.Abs(filepath.Join(stateRoot, app))
-	if err != nil {
-		return plan, fmt.Errorf("SLUICE_STATE_DIR: %w", err)
+	for _, a := range apps {
+		// The engine keeps an app's task files in <SLUICE_STATE_DIR>/<app>.
+		dir, err := filepath.Abs(filepath.Join(stateRoot, a))
+		if err != nil {
+			return plan, nil, fmt.Errorf("SLUICE_STATE_DIR: %w", err)
+		}
+		switch _, err := os.Stat(dir); {
+		case err == nil:
+			plan.stateDirs = append(plan.stateDirs, dir)
+		case !errors.Is(err, os.ErrNotExist):
+			return plan, nil, fmt.Errorf("state dir: %w", err)
+		}
 	}
-	switch _, err := os.Stat(dir); {
-	case err == nil:
-		plan.stateDir = dir
-	case !errors.Is(err, os.ErrNotExist):
-		return plan, fmt.Errorf("state dir: %w", err)
-	}
-	return plan, nil
+	return plan, apps, nil
 }
 
 // isInternalTopic reports whether topic is one the app made for itself:

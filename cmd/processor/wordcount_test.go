@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -181,4 +183,53 @@ func TestSavepointOfPipelineRefused(t *testing.T) {
 		t.Fatalf("exit %d, stderr %s", code, stderr.String())
 	}
 	s.stop(t)
+}
+
+// A reset of a pipeline deletes every stage's group, changelog and state
+// dir, not only the first's: the app then counts its input again from
+// scratch, 1..n per word. (Found by review: the count stage kept its state
+// and dropped every word after the reset.)
+func TestResetOfAPipeline(t *testing.T) {
+	brokers, cl := wordcountCluster(t)
+	env := aggregateEnv(t, brokers, "wcr")
+	env["SLUICE_JOB"], env["SLUICE_INPUT_TOPICS"], env["SLUICE_OUTPUT_TOPIC"] = "wordcount", "lines", "counts"
+	s := startServe(t, env)
+	words := map[string]int{}
+	produceLines(t, cl, rand.New(rand.NewPCG(1, 1)), 50, words)
+	awaitCounts(t, brokers, total(words))
+	s.stop(t)
+
+	resetEnv := map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": "wcr", "SLUICE_STATE_DIR": env["SLUICE_STATE_DIR"]}
+	if code, stdout, stderr := runResetWith(t, resetEnv, "--yes"); code != 0 || !strings.Contains(stdout, "consumer group wcr-count") {
+		t.Fatalf("reset exited %d:\n%s\n%s", code, stdout, stderr)
+	}
+	for _, name := range topicNames(t, brokers) {
+		if strings.HasPrefix(name, "wcr-") && name != "wcr-dlq" {
+			t.Errorf("topic %s survived the reset", name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(env["SLUICE_STATE_DIR"], "wcr-count")); err == nil {
+		t.Errorf("state dir wcr-count survived the reset")
+	}
+
+	ends, err := kadm.NewClient(cl).ListEndOffsets(context.Background(), "counts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env["SLUICE_METRICS_ADDR"] = freeAddr(t)
+	s = startServe(t, env)
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, "counts", 30*time.Second, check.Settled(2*total(words)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.stop(t)
+	var after []*kgo.Record // the outputs of the run after the reset
+	for _, r := range recs {
+		if end, _ := ends.Lookup("counts", r.Partition); r.Offset >= end.Offset {
+			after = append(after, r)
+		}
+	}
+	if rep := check.WordCount(words, after); !rep.OK() {
+		t.Fatalf("after the reset: %v", rep)
+	}
 }
