@@ -208,6 +208,19 @@ func (l *loop) applyOne(t *task, r *kgo.Record) (bool, error) {
 	if err := l.begin(); err != nil {
 		return false, err
 	}
+	// The partition is part of the reference: a task applies records of
+	// every broadcast partition (recordRef assumes the task's own).
+	ref := inputRef{topic: fmt.Sprintf("%s/%d", r.Topic, r.Partition), offset: r.Offset}
+	var ps *poison
+	if len(t.poison) > 0 {
+		if ps = t.poison[ref]; ps != nil && ps.confirmed {
+			// Its outputs can never be produced (see poison.go): a
+			// dead letter instead, and the position moves on.
+			t.store.Put(kstate.PositionKey(r.Partition), kstate.EncodePosition(r.Offset+1))
+			t.store.CommitRecord()
+			return true, l.deadLetterEmit(t, ref, in.deadLetter(r, ps.err, "emit"), ps)
+		}
+	}
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, in.clock.Now(), r.Timestamp, rc.out[:0]
 	rc.rows = rc.rows[:0]
@@ -218,11 +231,10 @@ func (l *loop) applyOne(t *task, r *kgo.Record) (bool, error) {
 	if err == nil {
 		err = t.store.RecordErr()
 	}
-	ref := inputRef{timer: fmt.Sprintf("broadcast/%d/%d", r.Partition, r.Offset)}
 	switch {
 	case err == nil:
 		t.store.Put(kstate.PositionKey(r.Partition), kstate.EncodePosition(r.Offset+1))
-		l.commitHandled(t, ref, nil, rc.out)
+		l.commitHandled(t, ref, ps, rc.out)
 	case IsFatal(err):
 		t.store.RollbackRecord()
 		return false, fmt.Errorf("job %s: task %d: broadcast %s/%d offset %d: %w", in.cfg.Job.Name, t.p, r.Topic, r.Partition, r.Offset, err)
