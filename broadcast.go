@@ -227,6 +227,7 @@ func (l *loop) applyOne(t *task, r *kgo.Record) (bool, error) {
 	rc.broadcasting = true
 	err = in.cfg.Job.OnBroadcast(rc, apiRecord(r))
 	rc.broadcasting = false
+	t.noteRegistered() // a timer it registered fires without waiting for an input record
 	defer clear(rc.out)
 	if err == nil {
 		err = t.store.RecordErr()

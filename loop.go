@@ -346,17 +346,19 @@ func (l *loop) afterProcess(rewind offsets, worked, down bool, err error) error 
 	if err != nil {
 		return err
 	}
+	// Work is reported before any wait: a shutdown that ends the wait
+	// must find it for the final checkpoint (found by review).
+	if worked {
+		if err := l.run(l.coord.Work(time.Now())); err != nil {
+			return err
+		}
+	}
 	if down {
 		// The batches come again once the service may be back; the
 		// epoch's other work still commits meanwhile (the loop goes on
 		// after the wait).
 		if err := sleep(l.ctx, l.unavailableFor); err != nil {
 			return nil // shutting down
-		}
-	}
-	if worked {
-		if err := l.run(l.coord.Work(time.Now())); err != nil {
-			return err
 		}
 	}
 	if l.budgetFull {
@@ -402,6 +404,13 @@ func (l *loop) prefetch(t *task, ftp kgo.FetchTopicPartition, rewind offsets, do
 		// Prefetch reads only; a lazy TTL expiry it triggered is done
 		// again by Process, in the record's own write-set.
 		t.store.RollbackRecord()
+		if l.ctx.Err() != nil {
+			// Shutting down: the batch comes again after the restart,
+			// and the loop goes on to the final checkpoint instead of
+			// stopping on the cancelled call's error (found by review).
+			rewind.set(ftp.Topic, ftp.Partition, recs[0].Offset)
+			return false, nil
+		}
 	}
 	var ue *UnavailableError
 	switch {
@@ -924,6 +933,9 @@ func (l *loop) release(why string, gone []int32) error {
 		l.in.m.forgetTask(p, l.in.cfg.InputTopics)
 		l.pauseOwned(p)
 	}
+	// A batch that waited for its service may have been the released
+	// task's: the next Prefetch says again whether the service is down.
+	l.unavailable = false
 	return l.run(l.coord.SetTasks(l.taskList()))
 }
 

@@ -94,8 +94,12 @@ func (in *Instance) openSeed(ctx context.Context) (*seedSource, error) {
 	}
 	src := &seedSource{sp: sp, drop: map[string]bool{}, inputs: map[string]bool{}}
 	var unknown []string
+	operatorDropped := false
 	for _, s := range m.States {
 		switch {
+		case s.Name == kstate.PositionState:
+			// The engine's own (broadcast.go): it goes with the
+			// broadcast tables, never on its own.
 		case s.Kind == kstate.KindTimer.String():
 			if job.OnTimer == nil {
 				src.dropTimers = true
@@ -104,7 +108,20 @@ func (in *Instance) openSeed(ctx context.Context) (*seedSource, error) {
 		case len(job.States) > 0 && !slices.Contains(job.States, s.Name):
 			src.drop[s.Name] = true
 			unknown = append(unknown, fmt.Sprintf("%s state %q", s.Kind, s.Name))
+			operatorDropped = operatorDropped || s.Kind == kstate.KindOperator.String()
 		}
+	}
+	hasPositions := slices.ContainsFunc(m.States, func(s savepoint.State) bool { return s.Name == kstate.PositionState })
+	switch {
+	case hasPositions && job.OnBroadcast == nil:
+		// Positions in a broadcast stream the job no longer reads.
+		src.drop[kstate.PositionState] = true
+	case hasPositions && operatorDropped:
+		// Dropping a broadcast table but keeping the task's position
+		// (or the reverse) would leave a table that is not the stream's
+		// up to the position: never done, even when asked.
+		sp.Close()
+		return nil, &RestoreError{loc, fmt.Sprintf("it holds broadcast positions and operator state job %q does not declare (%s); a broadcast job's savepoint restores with all its operator state or not at all", job.Name, strings.Join(unknown, ", "))}
 	}
 	for _, t := range m.Inputs {
 		if slices.Contains(in.cfg.InputTopics, t.Topic) {

@@ -293,3 +293,30 @@ func TestSeedUnionListOfAnEarlierUnion(t *testing.T) {
 		}
 	}
 }
+
+// A broadcast job's savepoint holds the engine's position entries beside
+// the tables: a job that declares its States restores it, position and
+// table together, and never one without the other. (Found by review: the
+// position was taken for undeclared state, and dropping it re-applied the
+// broadcast topic onto the restored table.)
+func TestSeedBroadcastPositionGoesWithItsTable(t *testing.T) {
+	table := [2][]byte{kstate.EncodeKey(kstate.KindOperator, "table", nil, []byte{kstate.OperatorBroadcast, 'k'}), {1, 'v'}}
+	other := [2][]byte{kstate.UnionEntryKey("gone", 0), {1, 'x'}}
+	pos := [2][]byte{kstate.PositionKey(0), kstate.EncodePosition(7)}
+	open := func(states []string, allow bool, tasks ...entries) (*seedSource, error) {
+		in := &Instance{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		in.cfg.RestoreFrom = writeTestSavepoint(t, tasks)
+		in.cfg.InputTopics = []string{"in"}
+		in.cfg.AllowNonRestoredState = allow
+		noop := func(Context, *Record) error { return nil }
+		in.cfg.Job = Job{Name: "j", States: states, Process: noop, OnBroadcast: noop}
+		return in.openSeed(context.Background())
+	}
+	src, err := open([]string{"table"}, false, entries{table, pos})
+	if err != nil || len(src.drop) != 0 {
+		t.Fatalf("a job declaring its broadcast state restores its own savepoint: drop %v, %v", src.drop, err)
+	}
+	if _, err := open([]string{"table"}, true, entries{table, pos, other}); err == nil || !strings.Contains(err.Error(), "restores with all its operator state or not at all") {
+		t.Fatalf("dropping operator state of a broadcast job's savepoint: %v, want a refusal", err)
+	}
+}
