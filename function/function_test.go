@@ -187,8 +187,14 @@ func TestKeyNeverAnsweredGoesToTheDeadLetterTopic(t *testing.T) {
 		t.Fatalf("dead letters %q, want the two records of key stuck", values(dl))
 	}
 	for i, r := range dl {
-		if string(r.Key) != "stuck" || header(r, sluice.HeaderStage) != "function" || !strings.Contains(header(r, sluice.HeaderError), "no answer after 3 attempts") {
-			t.Errorf("dead letter %d: key %q, headers %v", i, r.Key, r.Headers)
+		// Given up after its attempts, or when its batch's budget ran out
+		// first: the records may come in one batch or in two, and a
+		// busy machine can spend a batch's budget before the third
+		// attempt.
+		why := header(r, sluice.HeaderError)
+		if string(r.Key) != "stuck" || header(r, sluice.HeaderStage) != "function" ||
+			!strings.Contains(why, "no answer after 3 attempts") && !strings.Contains(why, "the retry budget of the batch is spent") {
+			t.Errorf("dead letter %d: key %q, error %q, headers %v", i, r.Key, why, r.Headers)
 		}
 	}
 	if off := header(dl[0], sluice.HeaderOffset); off != "1" {
