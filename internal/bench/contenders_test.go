@@ -52,6 +52,7 @@ var (
 // measurement of one contender, or the machine.
 type row struct {
 	Kind      string  `json:"kind"` // machine, throughput or latency
+	Rounds    int     `json:"rounds,omitempty"`
 	Contender string  `json:"contender,omitempty"`
 	Sluice    bool    `json:"sluice,omitempty"`
 	Job       string  `json:"job,omitempty"`
@@ -108,11 +109,14 @@ func (s spec) row(kind string) row {
 // BENCH_OUT=path writes the rows as JSON lines; BENCH_ONLY=regexp keeps the
 // contenders whose name/interval matches; BENCH_PROFILE=dir writes a CPU
 // and an allocation profile of each throughput contender there;
-// BENCH_RECORDS overrides 1,000,000.
+// BENCH_RECORDS overrides 1,000,000 and BENCH_ROUNDS the 3 rounds.
 func BenchmarkContenders(b *testing.B) {
-	n := 1000000
+	n, rounds := 1000000, 3
 	if v, err := strconv.Atoi(os.Getenv("BENCH_RECORDS")); err == nil && v > 0 {
 		n = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
 	}
 	only := regexp.MustCompile(os.Getenv("BENCH_ONLY"))
 	keep := func(s spec) bool { return only.MatchString(s.Name + "/" + s.Interval.String()) }
@@ -148,15 +152,34 @@ func BenchmarkContenders(b *testing.B) {
 			b.Fatal(err)
 		}
 
-		var rows []row
-		for i, s := range throughputContenders {
-			if !keep(s) {
-				continue
+		// Rounds interleave (every contender once, then again) so that
+		// a change in the machine's load falls on all of them; each
+		// figure is the median over the rounds.
+		tps, lats := map[int][]row{}, map[int][]row{}
+		for round := range rounds {
+			for i, s := range throughputContenders {
+				if !keep(s) {
+					continue
+				}
+				r := throughputRun(b, adm, brokers, s, fmt.Sprintf("tp%d-r%d", i, round), n)
+				b.Logf("round %d %s/%v: %.0f records/s, %.2f CPU s/M, %.0f MiB, checkpoint p50 %.1f ms p99 %.1f ms, %.1f allocs/record",
+					round, s.Name, s.Interval, r.RecordsPerS, r.CPUPerM, r.PeakRSS, r.CkptP50, r.CkptP99, r.AllocsPerRec)
+				tps[i] = append(tps[i], r)
 			}
-			r := throughputRun(b, adm, brokers, s, fmt.Sprintf("tp%d", i), n)
-			b.Logf("%s/%v: %.0f records/s, %.1f CPU s/M, %.0f MiB, checkpoint p50 %.1f ms p99 %.1f ms, %.1f allocs/record",
-				s.Name, s.Interval, r.RecordsPerS, r.CPUPerM, r.PeakRSS, r.CkptP50, r.CkptP99, r.AllocsPerRec)
-			rows = append(rows, r)
+			for i, s := range latencyContenders {
+				if !keep(s) {
+					continue
+				}
+				r := latencyRun(b, adm, brokers, s, fmt.Sprintf("lat%d-r%d", i, round))
+				b.Logf("round %d latency %s/%v: p50 %.1f ms p99 %.1f ms (%d of %d records)", round, s.Name, s.Interval, r.LatP50, r.LatP99, r.Received, r.Produced)
+				lats[i] = append(lats[i], r)
+			}
+		}
+		var rows []row
+		for i := range throughputContenders {
+			if len(tps[i]) > 0 {
+				rows = append(rows, median(tps[i]))
+			}
 		}
 		var rawALOS, rawEOS float64
 		for _, r := range rows {
@@ -176,13 +199,10 @@ func BenchmarkContenders(b *testing.B) {
 			}
 			emit(r)
 		}
-		for i, s := range latencyContenders {
-			if !keep(s) {
-				continue
+		for i := range latencyContenders {
+			if len(lats[i]) > 0 {
+				emit(median(lats[i]))
 			}
-			r := latencyRun(b, adm, brokers, s, fmt.Sprintf("lat%d", i))
-			b.Logf("latency %s/%v: p50 %.1f ms p99 %.1f ms (%d records)", s.Name, s.Interval, r.LatP50, r.LatP99, r.Received)
-			emit(r)
 		}
 		cl.Close()
 	}
@@ -198,6 +218,61 @@ func createTopics(b *testing.B, adm *kadm.Client, topics ...string) {
 	}
 }
 
+// deleteTopics deletes the topics of a finished contender (its output,
+// changelog, and input for latency runs: all named group-...), so that the
+// broker's heap, and its GC, do not grow over the run and slow the later
+// contenders.
+func deleteTopics(b *testing.B, adm *kadm.Client, group string) {
+	td, err := adm.ListTopics(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var names []string
+	for _, name := range td.Names() {
+		if strings.HasPrefix(name, group+"-") {
+			names = append(names, name)
+		}
+	}
+	if _, err := adm.DeleteTopics(context.Background(), names...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// median is the row of rs (one contender's rounds) with each measured
+// figure the median over the rounds (the mean of the middle two for an
+// even count).
+func median(rs []row) row {
+	m := rs[0]
+	med := func(get func(r *row) *float64) {
+		vs := make([]float64, len(rs))
+		for i := range rs {
+			vs[i] = *get(&rs[i])
+		}
+		slices.Sort(vs)
+		v := vs[len(vs)/2]
+		if len(vs)%2 == 0 {
+			v = (vs[len(vs)/2-1] + v) / 2
+		}
+		*get(&m) = v
+	}
+	for _, f := range []func(r *row) *float64{
+		func(r *row) *float64 { return &r.RecordsPerS },
+		func(r *row) *float64 { return &r.CPUPerM },
+		func(r *row) *float64 { return &r.PeakRSS },
+		func(r *row) *float64 { return &r.AllocsPerRec },
+		func(r *row) *float64 { return &r.BytesPerRec },
+		func(r *row) *float64 { return &r.CkptP50 },
+		func(r *row) *float64 { return &r.CkptP99 },
+		func(r *row) *float64 { return &r.CkptShare },
+		func(r *row) *float64 { return &r.LatP50 },
+		func(r *row) *float64 { return &r.LatP99 },
+	} {
+		med(f)
+	}
+	m.Rounds = len(rs)
+	return m
+}
+
 // throughputRun runs contender s over the n preloaded records with group
 // and output topic named after id.
 func throughputRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id string, n int) row {
@@ -209,6 +284,7 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id st
 		s.CPUProf, s.AllocProf = base+".cpu.pprof", base+".allocs.pprof"
 	}
 	createTopics(b, adm, s.Out)
+	defer deleteTopics(b, adm, s.Group)
 	pid, stop := startContender(b, s)
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
@@ -283,6 +359,7 @@ func latencyRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id strin
 	s.Brokers, s.Group, s.In, s.Out, s.State = brokers, id, id+"-in", id+"-out", filepath.Join(dir, "state")
 	s.Result = filepath.Join(dir, "result.json")
 	createTopics(b, adm, s.In, s.Out)
+	defer deleteTopics(b, adm, s.Group)
 	_, stop := startContender(b, s)
 	lat, produced := measureLatencyOn(b, brokers, s.In, s.Out, rate, duration)
 	stop()
