@@ -19,8 +19,12 @@ SOAK ?= 10m
 soak:
 	SYSTEST_SOAK=$(SOAK) $(GO) test -race -count=1 -timeout 0 -run '^TestSoak$$' -v ./internal/systest/
 
+# The contenders, each in a process of its own against one broker process
+# (BENCHMARKS.md). BENCH_OUT=path writes the results as JSON lines, which
+# scripts/bench-charts.py draws. The other benchmarks of internal/bench
+# (restore, timers, sidecar, sink) run by name: -bench Restore1M etc.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 3x ./internal/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkContenders$$' -benchtime 1x -timeout 20m -v ./internal/bench/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

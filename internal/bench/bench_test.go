@@ -79,8 +79,13 @@ func awaitCommitted(b *testing.B, brokers, group string, n int) (firstAt time.Ti
 // committing every interval, exactly-once (GroupTransactSession) or
 // at-least-once (flush, then commit).
 func rawLoop(ctx context.Context, brokers, group string, eos bool, interval time.Duration) error {
+	return rawLoopOn(ctx, brokers, group, input, output, eos, interval)
+}
+
+// rawLoopOn is rawLoop from topic in to topic out.
+func rawLoopOn(ctx context.Context, brokers, group, in, out string, eos bool, interval time.Duration) error {
 	opts := []kgo.Opt{
-		kgo.SeedBrokers(brokers), kgo.ConsumerGroup(group), kgo.ConsumeTopics(input),
+		kgo.SeedBrokers(brokers), kgo.ConsumerGroup(group), kgo.ConsumeTopics(in),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.DisableAutoCommit(), kgo.ProducerLinger(0),
 	}
@@ -101,7 +106,7 @@ func rawLoop(ctx context.Context, brokers, group string, eos bool, interval time
 				fs := s.PollRecords(pctx, 10000)
 				cancel()
 				fs.EachRecord(func(r *kgo.Record) {
-					s.Produce(ctx, &kgo.Record{Topic: output, Partition: r.Partition, Key: r.Key, Value: r.Value}, nil)
+					s.Produce(ctx, &kgo.Record{Topic: out, Partition: r.Partition, Key: r.Key, Value: r.Value}, nil)
 				})
 			}
 			if _, err := s.End(context.Background(), kgo.TryCommit); err != nil {
@@ -122,7 +127,7 @@ func rawLoop(ctx context.Context, brokers, group string, eos bool, interval time
 			fs := cl.PollRecords(pctx, 10000)
 			cancel()
 			fs.EachRecord(func(r *kgo.Record) {
-				cl.Produce(ctx, &kgo.Record{Topic: output, Partition: r.Partition, Key: r.Key, Value: r.Value}, nil)
+				cl.Produce(ctx, &kgo.Record{Topic: out, Partition: r.Partition, Key: r.Key, Value: r.Value}, nil)
 			})
 		}
 		if err := cl.Flush(context.Background()); err != nil {
@@ -136,17 +141,27 @@ func rawLoop(ctx context.Context, brokers, group string, eos bool, interval time
 }
 
 func sluiceLoop(ctx context.Context, brokers, group, job string, g sluice.Guarantee, interval time.Duration, dir string) error {
+	return sluiceLoopWith(ctx, sluiceOptions(brokers, group, input, output, job, "bbolt", g, interval, dir, prometheus.NewRegistry()))
+}
+
+// sluiceOptions are the options of every Sluice contender: one instance
+// running job from topic in to topic out.
+func sluiceOptions(brokers, group, in, out, job, backend string, g sluice.Guarantee, interval time.Duration, dir string, reg *prometheus.Registry) sluice.Options {
 	j := jobs.Echo()
 	if job == "aggregate" {
 		j = jobs.Aggregate()
 	}
-	inst, err := sluice.New(sluice.Options{
+	return sluice.Options{
 		Brokers: []string{brokers}, AppID: group, InstanceID: "bench", Job: j,
-		InputTopics: []string{input}, OutputTopic: output, StateDir: dir, Backend: "bbolt", Guarantee: g,
+		InputTopics: []string{in}, OutputTopic: out, StateDir: dir, Backend: backend, Guarantee: g,
 		Checkpoint:         barrier.Config{Interval: interval, Timeout: 30 * time.Second, TolerableFailures: 3},
 		TransactionTimeout: time.Minute, SessionTimeout: 45 * time.Second, RebalanceTimeout: 30 * time.Second,
-		Registry: prometheus.NewRegistry(), Logger: benchLogger(),
-	})
+		Registry: reg, Logger: benchLogger(),
+	}
+}
+
+func sluiceLoopWith(ctx context.Context, o sluice.Options) error {
+	inst, err := sluice.New(o)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"slices"
 	"strconv"
@@ -50,23 +51,34 @@ func BenchmarkLatency(b *testing.B) {
 // measureLatency produces timestamped records at rate for d (after a
 // warm-up record has made it through) and reads the output read_committed.
 func measureLatency(b *testing.B, brokers string, rate int, d time.Duration) []time.Duration {
+	lat, _ := measureLatencyOn(b, brokers, input, output, rate, d)
+	return lat
+}
+
+// measureLatencyOn is measureLatency from topic in to topic out. Each
+// record's value is the time it was produced in microseconds since the
+// epoch, a base-10 integer, so that both jobs take it: echo copies it, and
+// aggregate's running "max" of a key is its latest record's stamp (one
+// producer, stamps rising). It returns the latencies and how many records
+// were produced.
+func measureLatencyOn(b *testing.B, brokers, in, out string, rate int, d time.Duration) ([]time.Duration, int) {
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(0))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer prod.Close()
-	reader, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumeTopics(output),
+	reader, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumeTopics(out),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.FetchMaxWait(10*time.Millisecond))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer reader.Close()
-	stamp := func() []byte { return []byte(strconv.FormatInt(time.Now().UnixNano(), 10)) }
+	stamp := func() []byte { return []byte(strconv.FormatInt(time.Now().UnixMicro(), 10)) }
 
 	// Warm up: wait until the loop is running end to end.
 	warm := time.Now()
 	for seen := false; !seen; {
-		prod.ProduceSync(context.Background(), &kgo.Record{Topic: input, Key: []byte("warm"), Value: []byte("warm")})
+		prod.ProduceSync(context.Background(), &kgo.Record{Topic: in, Key: []byte("warm"), Value: stamp()})
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		fs := reader.PollFetches(ctx)
 		cancel()
@@ -86,7 +98,7 @@ func measureLatency(b *testing.B, brokers string, rate int, d time.Duration) []t
 			<-tick.C
 			// Catch up to the offered rate whatever the ticker's jitter.
 			for due := int(time.Since(start).Seconds() * float64(rate)); n < due; n++ {
-				prod.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa(n%1000)), Value: stamp()}, nil)
+				prod.Produce(context.Background(), &kgo.Record{Topic: in, Key: []byte("k" + strconv.Itoa(n%1000)), Value: stamp()}, nil)
 			}
 		}
 		produced <- n
@@ -104,10 +116,23 @@ func measureLatency(b *testing.B, brokers string, rate int, d time.Duration) []t
 		cancel()
 		now := time.Now()
 		fs.EachRecord(func(r *kgo.Record) {
-			if ns, err := strconv.ParseInt(string(r.Value), 10, 64); err == nil {
-				lat = append(lat, now.Sub(time.Unix(0, ns)))
+			if string(r.Key) == "warm" {
+				return
+			}
+			if us, ok := stampOf(r.Value); ok {
+				lat = append(lat, now.Sub(time.UnixMicro(us)))
 			}
 		})
 	}
-	return lat
+	return lat, want
+}
+
+// stampOf reads the produce stamp out of an output value: the value itself
+// (echo, raw loops) or the "max" field of an aggregation.
+func stampOf(v []byte) (int64, bool) {
+	if i := bytes.Index(v, []byte(`"max":`)); i >= 0 {
+		v = bytes.TrimSuffix(v[i+len(`"max":`):], []byte("}"))
+	}
+	us, err := strconv.ParseInt(string(v), 10, 64)
+	return us, err == nil
 }

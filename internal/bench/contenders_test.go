@@ -1,0 +1,385 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/check"
+)
+
+// The contenders of BenchmarkContenders (make bench). The raw franz-go
+// loops keep no state and write no changelog: they are the ceiling.
+var (
+	throughputContenders = []spec{
+		{Name: "raw-alos", Raw: true, Interval: 100 * time.Millisecond},
+		{Name: "raw-eos", Raw: true, EOS: true, Interval: 100 * time.Millisecond},
+		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
+		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
+		{Name: "aggregate-eos-memory", Job: "aggregate", EOS: true, Backend: "memory", Interval: 100 * time.Millisecond},
+		{Name: "aggregate-alos-bbolt", Job: "aggregate", Backend: "bbolt", Interval: 100 * time.Millisecond},
+		// The interval sweep of the exactly-once contenders (chart a).
+		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond},
+		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: time.Second},
+		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond},
+		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: time.Second},
+	}
+	latencyContenders = []spec{
+		{Name: "raw-alos", Raw: true, Interval: 100 * time.Millisecond},
+		{Name: "raw-eos", Raw: true, EOS: true, Interval: 100 * time.Millisecond},
+		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond},
+		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
+		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: time.Second},
+		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond},
+		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
+		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: time.Second},
+	}
+)
+
+// row is one line of BENCH_OUT (JSON lines): a throughput or latency
+// measurement of one contender, or the machine.
+type row struct {
+	Kind      string  `json:"kind"` // machine, throughput or latency
+	Rounds    int     `json:"rounds,omitempty"`
+	Contender string  `json:"contender,omitempty"`
+	Sluice    bool    `json:"sluice,omitempty"`
+	Job       string  `json:"job,omitempty"`
+	Guarantee string  `json:"guarantee,omitempty"`
+	Backend   string  `json:"backend,omitempty"`
+	Interval  float64 `json:"interval_ms,omitempty"`
+
+	Records      int     `json:"records,omitempty"`
+	RecordsPerS  float64 `json:"records_per_s,omitempty"`
+	VsRawALOS    float64 `json:"ratio_raw_alos,omitempty"`
+	VsRawEOS     float64 `json:"ratio_raw_eos,omitempty"`
+	CPUPerM      float64 `json:"cpu_s_per_m_records,omitempty"`
+	PeakRSS      float64 `json:"peak_rss_mib,omitempty"`
+	AllocsPerRec float64 `json:"allocs_per_record,omitempty"`
+	BytesPerRec  float64 `json:"alloc_bytes_per_record,omitempty"`
+	CkptP50      float64 `json:"checkpoint_p50_ms,omitempty"`
+	CkptP99      float64 `json:"checkpoint_p99_ms,omitempty"`
+	Checkpoints  uint64  `json:"checkpoints,omitempty"`
+	// CkptShare is the checkpoints' total duration over the measured
+	// window: the share of wall time an epoch was being committed.
+	CkptShare float64 `json:"checkpoint_share,omitempty"`
+
+	Rate     int     `json:"rate,omitempty"`
+	LatP50   float64 `json:"latency_p50_ms,omitempty"`
+	LatP99   float64 `json:"latency_p99_ms,omitempty"`
+	Received int     `json:"received,omitempty"`
+	Produced int     `json:"produced,omitempty"`
+
+	CPUs     int    `json:"cpus,omitempty"`
+	CPUModel string `json:"cpu_model,omitempty"`
+	Go       string `json:"go,omitempty"`
+}
+
+func (s spec) row(kind string) row {
+	r := row{Kind: kind, Contender: s.Name, Sluice: !s.Raw, Job: s.Job, Backend: s.Backend,
+		Guarantee: "at-least-once", Interval: float64(s.Interval.Milliseconds())}
+	if s.EOS {
+		r.Guarantee = "exactly-once"
+	}
+	if s.Raw {
+		r.Job = "raw"
+	}
+	return r
+}
+
+// BenchmarkContenders is `make bench`: one broker in a process of its own,
+// and each contender in a process of its own against it, one after the
+// other. Throughput: 1,000,000 preloaded keyed integer records (4
+// partitions, 10,000 keys) read by a fresh group; records/s from the
+// contender's first output record (its produce timestamp) to the moment
+// the group has committed every input offset, with the CPU time and peak
+// RSS of its process and its checkpoint durations. Latency: 20,000
+// records/s offered for 5 s to a fresh topic, read read_committed.
+// BENCH_OUT=path writes the rows as JSON lines; BENCH_ONLY=regexp keeps the
+// contenders whose name/interval matches; BENCH_PROFILE=dir writes a CPU
+// and an allocation profile of each throughput contender there;
+// BENCH_RECORDS overrides 1,000,000 and BENCH_ROUNDS the 3 rounds.
+func BenchmarkContenders(b *testing.B) {
+	n, rounds := 1000000, 3
+	if v, err := strconv.Atoi(os.Getenv("BENCH_RECORDS")); err == nil && v > 0 {
+		n = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	only := regexp.MustCompile(os.Getenv("BENCH_ONLY"))
+	keep := func(s spec) bool { return only.MatchString(s.Name + "/" + s.Interval.String()) }
+	var out *os.File
+	if path := os.Getenv("BENCH_OUT"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		out = f
+	}
+	emit := func(r row) {
+		if out != nil {
+			raw, _ := json.Marshal(r)
+			fmt.Fprintf(out, "%s\n", raw)
+		}
+	}
+	emit(row{Kind: "machine", CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Go: runtime.Version()})
+
+	for range b.N {
+		brokers := startBroker(b)
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+		if err != nil {
+			b.Fatal(err)
+		}
+		adm := kadm.NewClient(cl)
+		createTopics(b, adm, input)
+		for i := range n {
+			cl.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa(i%10000)), Value: []byte(strconv.Itoa(i))}, nil)
+		}
+		if err := cl.Flush(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+
+		// Rounds interleave (every contender once, then again) so that
+		// a change in the machine's load falls on all of them; each
+		// figure is the median over the rounds.
+		tps, lats := map[int][]row{}, map[int][]row{}
+		for round := range rounds {
+			for i, s := range throughputContenders {
+				if !keep(s) {
+					continue
+				}
+				r := throughputRun(b, adm, brokers, s, fmt.Sprintf("tp%d-r%d", i, round), n)
+				b.Logf("round %d %s/%v: %.0f records/s, %.2f CPU s/M, %.0f MiB, checkpoint p50 %.1f ms p99 %.1f ms, %.1f allocs/record",
+					round, s.Name, s.Interval, r.RecordsPerS, r.CPUPerM, r.PeakRSS, r.CkptP50, r.CkptP99, r.AllocsPerRec)
+				tps[i] = append(tps[i], r)
+			}
+			for i, s := range latencyContenders {
+				if !keep(s) {
+					continue
+				}
+				r := latencyRun(b, adm, brokers, s, fmt.Sprintf("lat%d-r%d", i, round))
+				b.Logf("round %d latency %s/%v: p50 %.1f ms p99 %.1f ms (%d of %d records)", round, s.Name, s.Interval, r.LatP50, r.LatP99, r.Received, r.Produced)
+				lats[i] = append(lats[i], r)
+			}
+		}
+		var rows []row
+		for i := range throughputContenders {
+			if len(tps[i]) > 0 {
+				rows = append(rows, median(tps[i]))
+			}
+		}
+		var rawALOS, rawEOS float64
+		for _, r := range rows {
+			switch r.Contender {
+			case "raw-alos":
+				rawALOS = r.RecordsPerS
+			case "raw-eos":
+				rawEOS = r.RecordsPerS
+			}
+		}
+		for _, r := range rows {
+			if rawALOS > 0 {
+				r.VsRawALOS = r.RecordsPerS / rawALOS
+			}
+			if rawEOS > 0 {
+				r.VsRawEOS = r.RecordsPerS / rawEOS
+			}
+			emit(r)
+		}
+		for i := range latencyContenders {
+			if len(lats[i]) > 0 {
+				emit(median(lats[i]))
+			}
+		}
+		cl.Close()
+	}
+}
+
+func createTopics(b *testing.B, adm *kadm.Client, topics ...string) {
+	res, err := adm.CreateTopics(context.Background(), partitions, 1, nil, topics...)
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// deleteTopics deletes the topics of a finished contender (its output,
+// changelog, and input for latency runs: all named group-...), so that the
+// broker's heap, and its GC, do not grow over the run and slow the later
+// contenders.
+func deleteTopics(b *testing.B, adm *kadm.Client, group string) {
+	td, err := adm.ListTopics(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var names []string
+	for _, name := range td.Names() {
+		if strings.HasPrefix(name, group+"-") {
+			names = append(names, name)
+		}
+	}
+	if _, err := adm.DeleteTopics(context.Background(), names...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// median is the row of rs (one contender's rounds) with each measured
+// figure the median over the rounds (the mean of the middle two for an
+// even count).
+func median(rs []row) row {
+	m := rs[0]
+	med := func(get func(r *row) *float64) {
+		vs := make([]float64, len(rs))
+		for i := range rs {
+			vs[i] = *get(&rs[i])
+		}
+		slices.Sort(vs)
+		v := vs[len(vs)/2]
+		if len(vs)%2 == 0 {
+			v = (vs[len(vs)/2-1] + v) / 2
+		}
+		*get(&m) = v
+	}
+	for _, f := range []func(r *row) *float64{
+		func(r *row) *float64 { return &r.RecordsPerS },
+		func(r *row) *float64 { return &r.CPUPerM },
+		func(r *row) *float64 { return &r.PeakRSS },
+		func(r *row) *float64 { return &r.AllocsPerRec },
+		func(r *row) *float64 { return &r.BytesPerRec },
+		func(r *row) *float64 { return &r.CkptP50 },
+		func(r *row) *float64 { return &r.CkptP99 },
+		func(r *row) *float64 { return &r.CkptShare },
+		func(r *row) *float64 { return &r.LatP50 },
+		func(r *row) *float64 { return &r.LatP99 },
+	} {
+		med(f)
+	}
+	m.Rounds = len(rs)
+	return m
+}
+
+// throughputRun runs contender s over the n preloaded records with group
+// and output topic named after id.
+func throughputRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id string, n int) row {
+	dir := b.TempDir()
+	s.Brokers, s.Group, s.In, s.Out, s.State = brokers, id, input, id+"-out", filepath.Join(dir, "state")
+	s.Result = filepath.Join(dir, "result.json")
+	if p := os.Getenv("BENCH_PROFILE"); p != "" {
+		base := filepath.Join(p, fmt.Sprintf("%s-%v", s.Name, s.Interval))
+		s.CPUProf, s.AllocProf = base+".cpu.pprof", base+".allocs.pprof"
+	}
+	createTopics(b, adm, s.Out)
+	defer deleteTopics(b, adm, s.Group)
+	pid, stop := startContender(b, s)
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		sum, err := check.CommittedSum(context.Background(), adm, s.Group)
+		if err == nil && sum >= int64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s: group did not commit %d offsets", s.Name, n)
+		}
+		<-time.After(5 * time.Millisecond)
+	}
+	done := time.Now()
+	cpu, rss := cpuSeconds(b, pid), peakRSS(b, pid)
+	res := stop()
+	elapsed := done.Sub(firstOutput(b, brokers, s.Out))
+	r := s.row("throughput")
+	r.Records = n
+	r.RecordsPerS = float64(n) / elapsed.Seconds()
+	r.CPUPerM = cpu / (float64(n) / 1e6)
+	r.PeakRSS = rss
+	r.AllocsPerRec = float64(res.Mallocs) / float64(n)
+	r.BytesPerRec = float64(res.AllocBytes) / float64(n)
+	r.CkptP50, r.CkptP99, r.Checkpoints = res.CheckpointP50, res.CheckpointP99, res.Checkpoints
+	r.CkptShare = res.CheckpointSum / elapsed.Seconds()
+	return r
+}
+
+// firstOutput is the earliest produce timestamp among the first records of
+// the output's partitions (read_uncommitted): when the contender started
+// processing, whatever its start-up took before.
+func firstOutput(b *testing.B, brokers, topic string) time.Time {
+	offsets := map[string]map[int32]kgo.Offset{topic: {}}
+	for p := range int32(partitions) {
+		offsets[topic][p] = kgo.NewOffset().AtStart()
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumePartitions(offsets), kgo.FetchIsolationLevel(kgo.ReadUncommitted()), kgo.FetchMaxBytes(1<<20))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	first := map[int32]time.Time{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for len(first) < partitions && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			if _, ok := first[r.Partition]; !ok {
+				first[r.Partition] = r.Timestamp
+			}
+		})
+	}
+	if len(first) < partitions {
+		b.Fatalf("%s: only %d partitions have output", topic, len(first))
+	}
+	var min time.Time
+	for _, t := range first {
+		if min.IsZero() || t.Before(min) {
+			min = t
+		}
+	}
+	return min
+}
+
+// latencyRun runs contender s on fresh topics and measures end-to-end
+// latency at 20,000 records/s for 5 s.
+func latencyRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id string) row {
+	const (
+		rate     = 20000
+		duration = 5 * time.Second
+	)
+	dir := b.TempDir()
+	s.Brokers, s.Group, s.In, s.Out, s.State = brokers, id, id+"-in", id+"-out", filepath.Join(dir, "state")
+	s.Result = filepath.Join(dir, "result.json")
+	createTopics(b, adm, s.In, s.Out)
+	defer deleteTopics(b, adm, s.Group)
+	_, stop := startContender(b, s)
+	lat, produced := measureLatencyOn(b, brokers, s.In, s.Out, rate, duration)
+	stop()
+	if len(lat) == 0 {
+		b.Fatalf("%s: no output", s.Name)
+	}
+	slices.Sort(lat)
+	r := s.row("latency")
+	r.Rate, r.Received, r.Produced = rate, len(lat), produced
+	r.LatP50 = float64(lat[len(lat)/2].Microseconds()) / 1000
+	r.LatP99 = float64(lat[len(lat)*99/100].Microseconds()) / 1000
+	return r
+}
+
+func cpuModel() string {
+	raw, _ := os.ReadFile("/proc/cpuinfo")
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "model name"); ok {
+			return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+		}
+	}
+	return ""
+}

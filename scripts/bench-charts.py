@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Draw the two charts of BENCHMARKS.md from make bench's JSON lines.
+
+    make bench BENCH_OUT=/tmp/bench.jsonl
+    python3 scripts/bench-charts.py /tmp/bench.jsonl docs/img
+
+writes docs/img/bench-interval.svg (throughput and p99 latency against the
+checkpoint interval) and docs/img/bench-contenders.svg (each contender's
+throughput at 100 ms, Sluice against the raw franz-go loops, exactly-once
+against at-least-once). Standard library only, so that it runs anywhere
+the repo is checked out.
+"""
+
+import json
+import os
+import sys
+from xml.sax.saxutils import escape
+
+FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
+COLORS = {
+    "raw": "#8c8c8c",
+    "exactly-once": "#1f6fb4",
+    "at-least-once": "#e08a1e",
+}
+SERIES = {"echo-eos": "#1f6fb4", "aggregate-eos-bbolt": "#c23b3b"}
+LABELS = {
+    "raw-alos": "raw franz-go, at-least-once",
+    "raw-eos": "raw franz-go, GroupTransactSession",
+    "echo-eos": "Sluice echo, exactly-once",
+    "aggregate-eos-bbolt": "Sluice aggregate, exactly-once, bbolt",
+    "aggregate-eos-memory": "Sluice aggregate, exactly-once, memory",
+    "aggregate-alos-bbolt": "Sluice aggregate, at-least-once, bbolt",
+}
+
+
+def text(x, y, s, size=12, anchor="start", weight="normal", fill="#222"):
+    return (f'<text x="{x:.1f}" y="{y:.1f}" {FONT} font-size="{size}" '
+            f'text-anchor="{anchor}" font-weight="{weight}" fill="{fill}">{escape(s)}</text>')
+
+
+def nice_max(v):
+    """A round axis maximum at or above v."""
+    if v <= 0:
+        return 1
+    mag = 10 ** (len(str(int(v))) - 1)
+    for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if m * mag >= v:
+            return m * mag
+    return 10 * mag
+
+
+def fmt_rate(v):
+    return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"
+
+
+def panel(x0, y0, w, h, title, xs, series, ymax, yfmt, ylabel, guide=None, log=False):
+    """A line panel: xs are categories, series maps name -> [y or None].
+    With log, the y axis is logarithmic from 10 to ymax."""
+    import math
+    lo = 10.0
+
+    def ypos(v):
+        if log:
+            v = max(v, lo)
+            return y0 + h - h * (math.log10(v) - math.log10(lo)) / (math.log10(ymax) - math.log10(lo))
+        return y0 + h - h * min(v, ymax) / ymax
+
+    out = [text(x0 + w / 2, y0 - 14, title, 14, "middle", "bold")]
+    out.append(f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#bbb"/>')
+    ticks = [t for t in (10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= ymax] if log else [ymax * i / 5 for i in range(6)]
+    for v in ticks:
+        y = ypos(v)
+        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + w}" y2="{y:.1f}" stroke="#eee"/>')
+        out.append(text(x0 - 6, y + 4, yfmt(v), 11, "end"))
+    out.append(f'<text transform="translate({x0 - 62},{y0 + h / 2}) rotate(-90)" {FONT} '
+               f'font-size="12" text-anchor="middle">{escape(ylabel)}</text>')
+    step = w / len(xs)
+    px = [x0 + step * (i + 0.5) for i in range(len(xs))]
+    for x, label in zip(px, xs):
+        out.append(text(x, y0 + h + 18, label, 12, "middle"))
+    out.append(text(x0 + w / 2, y0 + h + 36, "checkpoint interval", 12, "middle"))
+    if guide:
+        pts = [(x, ypos(g)) for x, g in zip(px, guide[1])]
+        out.append('<polyline fill="none" stroke="#999" stroke-dasharray="5,4" points="'
+                   + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+    # At each interval the highest point's label goes above it, the others'
+    # below, so that close values stay readable.
+    top = [max((ys[i] for ys in series.values() if ys[i] is not None), default=None) for i in range(len(xs))]
+    for name, ys in series.items():
+        color = SERIES.get(name, "#333")
+        pts = [(x, ypos(v), v, i) for i, (x, v) in enumerate(zip(px, ys)) if v is not None]
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2.5" points="'
+                   + " ".join(f"{x:.1f},{y:.1f}" for x, y, _, _ in pts) + '"/>')
+        for x, y, v, i in pts:
+            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{color}"/>')
+            dy = -9 if v == top[i] else 17
+            out.append(text(x + 8, y + dy, yfmt(v), 11, fill=color))
+    return out
+
+
+def interval_chart(rows):
+    intervals = sorted({r["interval_ms"] for r in rows if r.get("sluice") and r["guarantee"] == "exactly-once"})
+    xs = [f"{i / 1000:g} s" if i >= 1000 else f"{i:g} ms" for i in intervals]
+
+    def pick(kind, name, field):
+        out = []
+        for i in intervals:
+            v = [r[field] for r in rows if r["kind"] == kind and r["contender"] == name and r["interval_ms"] == i and field in r]
+            out.append(v[0] if v else None)
+        return out
+
+    tp = {n: pick("throughput", n, "records_per_s") for n in SERIES}
+    lat = {n: pick("latency", n, "latency_p99_ms") for n in SERIES}
+    tmax = nice_max(max([v for ys in tp.values() for v in ys if v] + [1]))
+    lmax = 2000 if max([v for ys in lat.values() for v in ys if v] + [i + 50 for i in intervals]) <= 2000 else 5000
+    W, H = 960, 470
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}">',
+           f'<rect width="{W}" height="{H}" fill="white"/>']
+    out += panel(90, 50, 360, 300, "Throughput, 1M preloaded records", xs, tp, tmax, fmt_rate, "records/s")
+    out += panel(570, 50, 360, 300, "p99 end-to-end latency at 20k records/s", xs, lat, lmax,
+                 lambda v: f"{v:.0f}", "ms (log scale)", guide=("interval + 50 ms", [i + 50 for i in intervals]), log=True)
+    y = 430
+    x = 60
+    for name, color in SERIES.items():
+        out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 24}" y2="{y - 4}" stroke="{color}" stroke-width="3"/>')
+        out.append(text(x + 30, y, LABELS[name], 12))
+        x += 300
+    out.append(f'<line x1="{x}" y1="{y - 4}" x2="{x + 24}" y2="{y - 4}" stroke="#999" stroke-dasharray="5,4"/>')
+    out.append(text(x + 30, y, "target: interval + 50 ms", 12))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def contenders_chart(rows):
+    order = ["raw-alos", "raw-eos", "echo-eos", "aggregate-eos-bbolt", "aggregate-eos-memory", "aggregate-alos-bbolt"]
+    tp = [r for r in rows if r["kind"] == "throughput" and r["interval_ms"] == 100]
+    bars = []
+    for name in order:
+        for r in tp:
+            if r["contender"] == name:
+                bars.append(r)
+                break
+    vmax = nice_max(max([r["records_per_s"] for r in bars] + [1]))
+    W, left, right, top, bar, gap = 960, 300, 150, 60, 34, 14
+    H = top + len(bars) * (bar + gap) + 80
+    plot = W - left - right
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           text(W / 2, 30, "Throughput at 100 ms commits, 1M records, 4 partitions, 2 cores", 15, "middle", "bold")]
+    bottom = top + len(bars) * (bar + gap)
+    for i in range(6):
+        v = vmax * i / 5
+        x = left + plot * i / 5
+        out.append(f'<line x1="{x:.1f}" y1="{top - 6}" x2="{x:.1f}" y2="{bottom}" stroke="#eee"/>')
+        out.append(text(x, bottom + 16, fmt_rate(v), 11, "middle"))
+    out.append(text(left + plot / 2, bottom + 34, "records/s", 12, "middle"))
+    for k, r in enumerate(bars):
+        y = top + k * (bar + gap)
+        color = COLORS["raw"] if not r.get("sluice") else COLORS[r["guarantee"]]
+        w = plot * r["records_per_s"] / vmax
+        out.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar}" fill="{color}"/>')
+        out.append(text(left - 8, y + bar / 2 + 4, LABELS.get(r["contender"], r["contender"]), 12, "end"))
+        note = f'{fmt_rate(r["records_per_s"])}  ({r.get("ratio_raw_alos", 0):.2f}× raw ALOS)'
+        out.append(text(left + w + 6, y + bar / 2 + 4, note, 11))
+    y = H - 18
+    x = left
+    for label, color in (("raw franz-go", COLORS["raw"]), ("Sluice, exactly-once", COLORS["exactly-once"]),
+                         ("Sluice, at-least-once", COLORS["at-least-once"])):
+        out.append(f'<rect x="{x}" y="{y - 11}" width="14" height="14" fill="{color}"/>')
+        out.append(text(x + 20, y, label, 12))
+        x += 180
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def main():
+    if len(sys.argv) != 3:
+        print("usage: bench-charts.py BENCH_OUT.jsonl OUTDIR", file=sys.stderr)
+        sys.exit(2)
+    with open(sys.argv[1]) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    os.makedirs(sys.argv[2], exist_ok=True)
+    for name, svg in (("bench-interval.svg", interval_chart(rows)), ("bench-contenders.svg", contenders_chart(rows))):
+        with open(os.path.join(sys.argv[2], name), "w") as f:
+            f.write(svg + "\n")
+
+
+if __name__ == "__main__":
+    main()
