@@ -2,13 +2,11 @@ package sluice
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/control"
@@ -41,25 +39,19 @@ func (in *Instance) ensureControl(ctx context.Context) (bool, error) {
 		in.log.Warn("no control topic and topic creation is off: stop requests (processor savepoint --stop) are not followed", "topic", topic)
 		return false, nil
 	}
-	compact := "compact"
-	resp, err := in.adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, topic)
-	if err == nil {
-		err = resp.Err
-	}
-	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return false, fmt.Errorf("create control topic %s: %w", topic, err)
-	}
-	return true, nil
+	return true, control.Create(ctx, in.adm, in.controlApp())
 }
 
-// controlTopic is the app's control topic; a pipeline's stages all follow
-// the pipeline's.
-func (in *Instance) controlTopic() string {
+// controlApp is the app whose control topic the instance follows: its own,
+// or for a pipeline's stage the pipeline's.
+func (in *Instance) controlApp() string {
 	if in.cfg.controlApp != "" {
-		return control.TopicName(in.cfg.controlApp)
+		return in.cfg.controlApp
 	}
-	return control.TopicName(in.cfg.AppID)
+	return in.cfg.AppID
 }
+
+func (in *Instance) controlTopic() string { return control.TopicName(in.controlApp()) }
 
 // controlFollower follows the control topic in a goroutine of its own.
 type controlFollower struct {

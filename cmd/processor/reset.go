@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/control"
 )
 
 // runReset deletes what SLUICE_APP_ID keeps, so that it starts from scratch.
@@ -25,10 +26,6 @@ func runReset(args []string, envm map[string]string) int {
 	defer stop()
 	return resetApp(ctx, args, envm, os.Stdout, os.Stderr)
 }
-
-// controlTopic is the app's control topic (savepoint and stop requests),
-// deleted by a reset when it exists.
-func controlTopic(app string) string { return app + "-control" }
 
 // resetPlan is what a reset deletes.
 type resetPlan struct {
@@ -147,8 +144,8 @@ func planReset(ctx context.Context, adm *kadm.Client, app, stateRoot string) (re
 	}
 	apps := []string{app}
 	for _, t := range details.Names() {
-		if stage, ok := strings.CutSuffix(t, "-repartition"); ok && isInternalTopic(app, t) {
-			apps = append(apps, stage)
+		if stage, ok := stageOf(app, t); ok {
+			apps = append(apps, app+"-"+stage)
 		}
 	}
 	for _, t := range details.Names() {
@@ -179,11 +176,19 @@ func planReset(ctx context.Context, adm *kadm.Client, app, stateRoot string) (re
 // starts with "<app>-" matches too; the dry run shows what would go.
 func isInternalTopic(app, topic string) bool {
 	switch topic {
-	case changelog.TopicName(app), controlTopic(app):
+	case changelog.TopicName(app), control.TopicName(app):
 		return true
 	}
+	_, ok := stageOf(app, topic)
+	return ok
+}
+
+// stageOf is the stage whose repartition topic (sluice.RepartitionTopic)
+// topic is, if it is one of app's.
+func stageOf(app, topic string) (string, bool) {
 	rest, ok := strings.CutPrefix(topic, app+"-")
-	return ok && strings.HasSuffix(rest, "-repartition") && len(rest) > len("-repartition")
+	stage, ok2 := strings.CutSuffix(rest, "-repartition")
+	return stage, ok && ok2 && stage != ""
 }
 
 func deleteGroup(ctx context.Context, adm *kadm.Client, group string) error {

@@ -203,7 +203,7 @@ func changelogPartitions(ctx context.Context, adm *kadm.Client, topic string) (i
 	}
 	app := strings.TrimSuffix(topic, "-changelog")
 	for name := range details {
-		if strings.HasPrefix(name, app+"-") && strings.HasSuffix(name, "-repartition") {
+		if _, ok := stageOf(app, name); ok {
 			// The later stages' state is in changelogs of their own,
 			// and a stop would have to drain the hops first.
 			return 0, fmt.Errorf("%s has a repartition topic, %s: savepoints of a pipeline of several stages are not supported yet", app, name)

@@ -94,11 +94,10 @@ func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopF
 // writeControl appends s to the app's control topic, creating the topic
 // when it is missing (an app whose instances predate it).
 func writeControl(ctx context.Context, cl *kgo.Client, adm *kadm.Client, app string, s control.State) error {
-	topic := control.TopicName(app)
-	compact := "compact"
-	if _, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, topic); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("control topic %s: %w", topic, err)
+	if err := control.Create(ctx, adm, app); err != nil {
+		return err
 	}
+	topic := control.TopicName(app)
 	rec := &kgo.Record{Topic: topic, Key: control.StateKey, Value: control.Encode(s)}
 	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return fmt.Errorf("write %s to %s: %w", s.State, topic, err)

@@ -7,13 +7,34 @@
 package control
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // TopicName is the control topic of app.
 func TopicName(app string) string { return app + "-control" }
+
+// Create creates app's control topic (one compacted partition); one that
+// exists already is fine. Instances create it at start, and the stopping
+// tool for an app whose instances predate it.
+func Create(ctx context.Context, adm *kadm.Client, app string) error {
+	topic := TopicName(app)
+	compact := "compact"
+	resp, err := adm.CreateTopic(ctx, 1, -1, map[string]*string{"cleanup.policy": &compact}, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("create control topic %s: %w", topic, err)
+	}
+	return nil
+}
 
 // StateKey is the key of every state record; compaction keeps the last.
 var StateKey = []byte("state")
