@@ -172,12 +172,9 @@ func plantOrphans(t *testing.T, brokers, app string) {
 // the replay of all input.
 func TestRestoreIntoNewApp(t *testing.T) {
 	brokers, cl := savepointCluster(t)
-	src := startServe(t, aggregateEnv(t, brokers, "src"))
-	src.awaitReady(t)
 	var in inputLog
 	rng := rand.New(rand.NewPCG(7, 8))
-	in.produce(t, cl, rng, 600)
-	awaitOutputs(t, brokers, in.n)
+	src := runAggregate(t, brokers, "src", cl, &in, rng, 600)
 	sp := produceWhile(t, cl, &in, func() *savepoint.Savepoint { return save(t, brokers, "src") })
 	src.stop(t)
 	from, _ := spAggregates(t, sp)
@@ -244,12 +241,9 @@ func produceWhile[T any](t *testing.T, cl *kgo.Client, in *inputLog, fn func() T
 // aggregates equal a replay of all input.
 func TestRescaleThroughSavepoint(t *testing.T) {
 	brokers, cl := savepointCluster(t)
-	src := startServe(t, aggregateEnv(t, brokers, "small"))
-	src.awaitReady(t)
 	var in inputLog
 	rng := rand.New(rand.NewPCG(11, 12))
-	in.produce(t, cl, rng, 800)
-	awaitOutputs(t, brokers, in.n)
+	src := runAggregate(t, brokers, "small", cl, &in, rng, 800)
 	src.stop(t)
 	sp := save(t, brokers, "small")
 	if cutTotal(sp) != in.n {

@@ -116,6 +116,17 @@ func awaitOutputs(t *testing.T, brokers string, n int) {
 	}
 }
 
+// runAggregate starts an aggregate instance of app, feeds it n records and
+// waits until all its outputs are committed.
+func runAggregate(t *testing.T, brokers, app string, cl *kgo.Client, in *inputLog, rng *rand.Rand, n int) *served {
+	t.Helper()
+	s := startServe(t, aggregateEnv(t, brokers, app))
+	s.awaitReady(t)
+	in.produce(t, cl, rng, n)
+	awaitOutputs(t, brokers, in.n)
+	return s
+}
+
 // save runs `processor savepoint` in-process, writing under a new
 // directory, and opens what it printed.
 func save(t *testing.T, brokers, app string) *savepoint.Savepoint {
@@ -274,35 +285,13 @@ func TestSavepointOfAggregate(t *testing.T) {
 // task by task: each task's state is exactly its input below its cut.
 func TestSavepointWhileRunning(t *testing.T) {
 	brokers, cl := savepointCluster(t)
-	inst := startServe(t, aggregateEnv(t, brokers, "live"))
-	inst.awaitReady(t)
 	var in inputLog
 	rng := rand.New(rand.NewPCG(3, 4))
-	in.produce(t, cl, rng, 500)
-	awaitOutputs(t, brokers, in.n)
+	inst := runAggregate(t, brokers, "live", cl, &in, rng, 500)
 
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		rng := rand.New(rand.NewPCG(5, 6))
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			in.produce(t, cl, rng, 50)
-		}
-	}()
-	sp := save(t, brokers, "live")
-	close(stop)
-	<-done
+	sp := produceWhile(t, cl, &in, func() *savepoint.Savepoint { return save(t, brokers, "live") })
 	checkTasks(t, sp, &in)
-	total := int64(0)
-	for _, task := range sp.Manifest.Tasks {
-		total += task.Offsets["in"]
-	}
+	total := cutTotal(sp)
 	t.Logf("cuts cover %d of %d inputs", total, in.n)
 	if total < 500 {
 		t.Fatalf("the tasks' cuts cover %d inputs, fewer than the 500 committed before", total)
