@@ -82,9 +82,10 @@ type coInput struct {
 	waitingSince time.Time
 }
 
-// learnEnds sets the tasks' known high-water marks at install, so that the
-// first poll already knows which topics have records to wait for.
-func (l *loop) learnEnds(t *task) {
+// learnEnds sets the known high-water marks of tasks just installed, with
+// one request for all of them, so that their first poll already knows which
+// topics have records to wait for.
+func (l *loop) learnEnds(ts []*task) {
 	if len(l.in.cfg.InputTopics) < 2 {
 		return
 	}
@@ -92,15 +93,17 @@ func (l *loop) learnEnds(t *task) {
 	defer cancel()
 	ends, err := l.in.adm.ListEndOffsets(ctx, l.in.cfg.InputTopics...)
 	if err != nil {
-		l.in.log.Warn("listing the input's end offsets failed; the task's first records are ordered as they come", "task", t.p, "err", err)
+		l.in.log.Warn("listing the input's end offsets failed; the tasks' first records are ordered as they come", "tasks", len(ts), "err", err)
 	}
-	t.co = map[string]*coInput{}
-	for _, topic := range l.in.cfg.InputTopics {
-		ci := &coInput{}
-		if o, ok := ends.Lookup(topic, t.p); ok && o.Err == nil {
-			ci.hwm = o.Offset
+	for _, t := range ts {
+		t.co = map[string]*coInput{}
+		for _, topic := range l.in.cfg.InputTopics {
+			ci := &coInput{}
+			if o, ok := ends.Lookup(topic, t.p); ok && o.Err == nil {
+				ci.hwm = o.Offset
+			}
+			t.co[topic] = ci
 		}
-		t.co[topic] = ci
 	}
 }
 

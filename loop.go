@@ -976,7 +976,7 @@ func (l *loop) startRestoreAfter(p int32, delay time.Duration) {
 // is placed at the offsets the store reflects (the marker is the truth;
 // the group's committed offsets agree with it) and fetching resumes.
 func (l *loop) installRestored() error {
-	installed := false
+	var installed []*task
 	for p, job := range l.restoring {
 		var r restoreResult
 		select {
@@ -1009,7 +1009,6 @@ func (l *loop) installRestored() error {
 			t.orphan(k)
 		}
 		l.tasks[p] = t
-		l.learnEnds(t)
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()
 		// The marker is the truth for where the task resumes.
@@ -1022,12 +1021,13 @@ func (l *loop) installRestored() error {
 			resume[topic] = []int32{p}
 		}
 		cl.ResumeFetchPartitions(resume)
-		installed = true
+		installed = append(installed, t)
 		l.bcRestart = true
 	}
-	if !installed {
+	if len(installed) == 0 {
 		return nil
 	}
+	l.learnEnds(installed) // before the next poll brings their records
 	return l.run(l.coord.SetTasks(l.taskList()))
 }
 
