@@ -23,8 +23,12 @@ var aggregation = kstate.Value[Aggregation]("aggregate", aggregationCodec{})
 
 type aggregationCodec struct{}
 
-func (aggregationCodec) Encode(a Aggregation) ([]byte, error) {
-	b := make([]byte, 0, 32)
+func (c aggregationCodec) Encode(a Aggregation) ([]byte, error) {
+	return c.AppendEncode(make([]byte, 0, 32), a)
+}
+
+// AppendEncode makes it a kstate.AppendCodec: the store encodes in place.
+func (aggregationCodec) AppendEncode(b []byte, a Aggregation) ([]byte, error) {
 	for _, v := range [4]int64{a.Count, a.Sum, a.Min, a.Max} {
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}

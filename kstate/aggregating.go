@@ -42,11 +42,7 @@ func (a *AggregatingState[IN, ACC, OUT]) Add(s Scope, in IN) error {
 	if !ok {
 		acc = a.agg.CreateAccumulator()
 	}
-	b, err := encode(&a.d, a.codec, a.agg.Add(in, acc))
-	if err != nil {
-		return err
-	}
-	return a.d.save(s, a.d.key(s, nil), b)
+	return saveValue(s, &a.d, a.codec, a.d.key(s, nil), a.agg.Add(in, acc))
 }
 
 // Get returns the result for the current key, or false if nothing was added.

@@ -99,7 +99,8 @@ func (s *Stats) count(key []byte, n int64) {
 // holds a read lock (or read transaction) while its callback runs.
 type Backend interface {
 	// Get returns the value stored under key. The returned slice is the
-	// caller's to keep.
+	// caller's to keep, but not to modify: it may share memory with other
+	// values read.
 	Get(key []byte) (value []byte, ok bool, err error)
 	// Scan calls fn for every key with the prefix, in ascending byte order.
 	// k and v are valid only during the call; copy them to keep them. If fn

@@ -43,6 +43,19 @@ type boltBackend struct {
 	stats  Stats
 	closed bool
 
+	// Point reads share one read transaction, opened by the first Get
+	// after a write and rolled back by the next write (update, Close),
+	// so it never sees an older state than the file's: a bbolt
+	// transaction per Get cost more than the lookup. rmu guards it, and
+	// is held across every write, so that no Get can open it again while
+	// the write is under way (it would see the old state, and hold up the
+	// mmap's growth). Gets copy values out of it into reads, an arena that
+	// dies with them.
+	rmu   sync.Mutex
+	rtx   *bolt.Tx
+	rcur  *bolt.Cursor
+	reads arena
+
 	checkErr error // the consistency check's first finding, at open
 }
 
@@ -198,15 +211,32 @@ func checkFile(path string) error {
 }
 
 func (b *boltBackend) Get(key []byte) (value []byte, ok bool, err error) {
-	err = b.view(func(tx *bolt.Tx) error {
-		value, ok = lookup(tx.Bucket(stateBucket).Cursor(), key)
-		if ok {
-			// bbolt's slices point into the mmap and die with the tx.
-			value = append([]byte{}, value...)
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	if b.rtx == nil {
+		tx, err := b.db.Begin(false)
+		if err != nil {
+			return nil, false, b.closedErr(err)
 		}
-		return nil
-	})
-	return value, ok, err
+		b.rtx, b.rcur = tx, tx.Bucket(stateBucket).Cursor()
+	}
+	value, ok = lookup(b.rcur, key)
+	if ok {
+		// bbolt's slices point into the mmap and die with the tx.
+		value = b.reads.copy(value)
+	}
+	return value, ok, nil
+}
+
+// endRead rolls back the shared read transaction, if one is open; the
+// caller holds rmu. Every write calls it first: the transaction must not
+// outlive the state it saw, and bbolt cannot grow its mmap while a read
+// transaction is open.
+func (b *boltBackend) endRead() {
+	if b.rtx != nil {
+		_ = b.rtx.Rollback() // read-only: nothing to lose
+		b.rtx, b.rcur = nil, nil
+	}
 }
 
 // lookup finds key with a cursor rather than Bucket.Get so that an empty
@@ -318,6 +348,9 @@ func (b *boltBackend) Close() error {
 	}
 	b.closed = true
 	b.mu.Unlock()
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	b.endRead()
 	markErr := b.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(metaBucket).Put(cleanKey, []byte{1})
 	})
@@ -334,7 +367,11 @@ func (b *boltBackend) view(fn func(*bolt.Tx) error) error {
 	return b.closedErr(b.db.View(fn))
 }
 
+// update runs fn in a write transaction. fn must not call Get (rmu is held).
 func (b *boltBackend) update(fn func(*bolt.Tx) error) error {
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
+	b.endRead()
 	return b.closedErr(b.db.Update(fn))
 }
 

@@ -78,3 +78,63 @@ func TestBoltCountsTimersOfOlderStats(t *testing.T) {
 		t.Fatalf("Stats after reopening older stats = %+v", s)
 	}
 }
+
+// Point reads share a read transaction across Applies: a read after an
+// Apply must see it, and an Apply that grows the file (bbolt remaps it)
+// must not wait for the shared transaction, from this goroutine or while
+// other goroutines read.
+func TestBoltSharedReadsSeeEveryApply(t *testing.T) {
+	b, err := openBolt(filepath.Join(t.TempDir(), "t.db"), DefaultLockTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	key := []byte("k")
+	stop := make(chan struct{})
+	done := make(chan error)
+	go func() { // a reader on another goroutine: values only ever grow
+		var last uint64
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			v, ok, err := b.Get(key)
+			if err != nil {
+				done <- err
+				return
+			}
+			if ok {
+				n := binary.BigEndian.Uint64(v)
+				if n < last {
+					done <- errors.New("a read went back in time")
+					return
+				}
+				last = n
+			}
+		}
+	}()
+	filler := make([]byte, 64<<10)
+	for epoch := uint64(1); epoch <= 200; epoch++ {
+		if _, _, err := b.Get(key); err != nil { // opens the shared transaction
+			t.Fatal(err)
+		}
+		muts := []Mutation{{Key: key, Value: binary.BigEndian.AppendUint64(nil, epoch)}}
+		// 64 KiB values under new keys make the file grow, so bbolt
+		// remaps it during some of these Applies.
+		muts = append(muts, Mutation{Key: binary.BigEndian.AppendUint64([]byte("fill"), epoch), Value: filler})
+		if err := b.Apply(muts, Meta{Epoch: epoch}); err != nil {
+			t.Fatal(err)
+		}
+		v, ok, err := b.Get(key)
+		if err != nil || !ok || binary.BigEndian.Uint64(v) != epoch {
+			t.Fatalf("epoch %d: Get = %v, %v, %v after its Apply", epoch, v, ok, err)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

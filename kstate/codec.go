@@ -18,6 +18,18 @@ type Codec[T any] interface {
 	Decode([]byte) (T, error)
 }
 
+// AppendCodec is a Codec that can also encode by appending to a buffer, as
+// strconv.AppendInt and binary.BigEndian.AppendUint64 do: AppendEncode
+// appends v's encoding to dst and returns the extended slice (the same
+// bytes Encode returns). A Store then encodes straight into memory of its
+// own, so writing such state allocates nothing: worth it for hot state.
+// Value, Reducing, Aggregating and Map values use it when their codec has
+// it (and no TTL is set); Int64, Float64, String and Bytes have it.
+type AppendCodec[T any] interface {
+	Codec[T]
+	AppendEncode(dst []byte, v T) ([]byte, error)
+}
+
 // JSON returns a codec that stores values as encoding/json. It is the easy
 // default for structs; prefer a fixed-width codec for hot numeric state.
 func JSON[T any]() Codec[T] { return jsonCodec[T]{} }
@@ -38,8 +50,9 @@ func Bytes() Codec[[]byte] { return bytesCodec{} }
 
 type bytesCodec struct{}
 
-func (bytesCodec) Encode(v []byte) ([]byte, error) { return v, nil }
-func (bytesCodec) Decode(b []byte) ([]byte, error) { return append([]byte{}, b...), nil }
+func (bytesCodec) Encode(v []byte) ([]byte, error)            { return v, nil }
+func (bytesCodec) AppendEncode(dst, v []byte) ([]byte, error) { return append(dst, v...), nil }
+func (bytesCodec) Decode(b []byte) ([]byte, error)            { return append([]byte{}, b...), nil }
 
 // String returns the codec that stores a string as its bytes.
 func String() Codec[string] { return stringCodec{} }
@@ -47,6 +60,9 @@ func String() Codec[string] { return stringCodec{} }
 type stringCodec struct{}
 
 func (stringCodec) Encode(v string) ([]byte, error) { return []byte(v), nil }
+func (stringCodec) AppendEncode(dst []byte, v string) ([]byte, error) {
+	return append(dst, v...), nil
+}
 func (stringCodec) Decode(b []byte) (string, error) { return string(b), nil }
 
 // Int64 returns the codec that stores an int64 as 8 big-endian bytes (two's
@@ -58,6 +74,10 @@ type int64Codec struct{}
 
 func (int64Codec) Encode(v int64) ([]byte, error) {
 	return binary.BigEndian.AppendUint64(nil, uint64(v)), nil
+}
+
+func (int64Codec) AppendEncode(dst []byte, v int64) ([]byte, error) {
+	return binary.BigEndian.AppendUint64(dst, uint64(v)), nil
 }
 
 func (int64Codec) Decode(b []byte) (int64, error) {
@@ -75,6 +95,10 @@ type float64Codec struct{}
 
 func (float64Codec) Encode(v float64) ([]byte, error) {
 	return binary.BigEndian.AppendUint64(nil, math.Float64bits(v)), nil
+}
+
+func (float64Codec) AppendEncode(dst []byte, v float64) ([]byte, error) {
+	return binary.BigEndian.AppendUint64(dst, math.Float64bits(v)), nil
 }
 
 func (float64Codec) Decode(b []byte) (float64, error) {

@@ -51,11 +51,7 @@ func (m *MapState[K, V]) Put(s Scope, k K, v V) error {
 	if err != nil {
 		return err
 	}
-	b, err := encode(&m.d, m.valCodec, v)
-	if err != nil {
-		return err
-	}
-	return m.d.save(s, m.d.key(s, sub), b)
+	return saveValue(s, &m.d, m.valCodec, m.d.key(s, sub), v)
 }
 
 // Remove deletes k from the current key's map.

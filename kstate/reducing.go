@@ -34,11 +34,7 @@ func (r *ReducingState[T]) Add(s Scope, v T) error {
 	if ok {
 		v = r.reduce(cur, v)
 	}
-	b, err := encode(&r.d, r.codec, v)
-	if err != nil {
-		return err
-	}
-	return r.d.save(s, r.d.key(s, nil), b)
+	return saveValue(s, &r.d, r.codec, r.d.key(s, nil), v)
 }
 
 // Get returns the current key's reduced value, or false if nothing was added.

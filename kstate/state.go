@@ -103,6 +103,31 @@ func (d *descriptor) save(s Scope, key, payload []byte) error {
 
 func (d *descriptor) remove(s Scope, key []byte) { s.Store().Delete(key) }
 
+// saveValue encodes v with c and stores it under key (a key from d.key), as
+// save does. An AppendCodec encodes straight into the Store's arena, so the
+// write allocates nothing.
+func saveValue[T any](s Scope, d *descriptor, c Codec[T], key []byte, v T) error {
+	ac, ok := c.(AppendCodec[T])
+	if !ok || d.ttl.enabled() {
+		b, err := encode(d, c, v)
+		if err != nil {
+			return err
+		}
+		return d.save(s, key, b)
+	}
+	if err := checkKey(key); err != nil {
+		s.Store().fail(err)
+		return d.wrap("write", err)
+	}
+	st := s.Store()
+	b, err := ac.AppendEncode(st.values.free(), v)
+	if err != nil {
+		return d.wrap("encode", err)
+	}
+	st.putOwned(key, st.values.keep(b))
+	return nil
+}
+
 // clearAll deletes every entry under the state's prefix for the current key:
 // the single entry of a value-like state or every entry of a map.
 func (d *descriptor) clearAll(s Scope) error {

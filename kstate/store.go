@@ -6,27 +6,42 @@ import (
 	"strings"
 )
 
-// Store is a task's state as the task sees it: the backend overlaid with two
-// write-sets.
+// Store is a task's state as the task sees it: the backend overlaid with the
+// epoch write-set and the writes of the record being processed.
 //
-//   - The record write-set holds the writes of the record being processed.
-//     CommitRecord folds it into the epoch write-set when the record
-//     succeeds; RollbackRecord drops it when the record fails, so a record
-//     sent to the dead-letter queue leaves no trace in state.
 //   - The epoch write-set holds every key changed in the current epoch, last
 //     value wins. At the barrier Dirty lists it for the changelog; Apply
 //     writes it to the backend only after the Kafka transaction committed,
 //     and Discard drops it when the epoch aborts. The backend therefore only
 //     ever holds committed epochs, which is why an abort needs no repair.
+//   - A record's writes go straight into the epoch write-set, each key's
+//     value before the record kept in an undo log: CommitRecord forgets
+//     the log when the record succeeds, RollbackRecord puts the values back
+//     when it fails, so a record sent to the dead-letter queue leaves no
+//     trace in state. Writes made during a scan are held apart instead, in
+//     the record write-set, so that the scan goes on over the state as it
+//     was when it started; CommitRecord folds them in.
 //
 // Reads look at the record write-set, then the epoch write-set, then the
 // backend; a delete in a write-set hides the backend's entry.
 //
+// Values written are copied into an arena of the epoch's, and keys into the
+// write-set's own, so the hot path (a read and a write per record) makes no
+// allocation of its own once the epoch has seen the key.
+//
 // A Store belongs to its task's goroutine and is not safe for concurrent use.
 type Store struct {
-	backend   Backend
-	epoch     *writeSet
-	record    map[string][]byte // nil value is a tombstone
+	backend Backend
+	epoch   *writeSet
+	// record holds the writes made during a scan (nil value is a
+	// tombstone); undo the epoch nodes the record changed directly, with
+	// their values before it. gen numbers the records: a node whose gen
+	// is the current one has its undo entry already.
+	record    map[string][]byte
+	undo      []undoEntry
+	gen       uint64
+	scanning  int   // scans in progress (ScanFrom's callbacks may nest them)
+	values    arena // copies of the epoch's written values
 	recordErr error
 	// maxEntry bounds len(key)+len(value) of a write (0 = no bound).
 	maxEntry int
@@ -43,7 +58,22 @@ type Store struct {
 
 // NewStore returns a Store over b with empty write-sets.
 func NewStore(b Backend) *Store {
-	return &Store{backend: b, epoch: newWriteSet(), record: map[string][]byte{}}
+	return &Store{backend: b, epoch: newWriteSet(), record: map[string][]byte{}, gen: 1}
+}
+
+// undoEntry is an epoch node's state before the current record changed it.
+type undoEntry struct {
+	n     *wsNode
+	val   []byte
+	unset bool
+}
+
+// size is what the node counted in the write-set's bytes before the record.
+func (u undoEntry) size() int {
+	if u.unset {
+		return 0
+	}
+	return len(u.n.key) + len(u.val)
 }
 
 // Backend returns the backend the Store overlays.
@@ -52,8 +82,10 @@ func (s *Store) Backend() Backend { return s.backend }
 // Get returns key's value as the current record sees it. The returned slice
 // may be shared with the write-set: read it, keep it, but do not modify it.
 func (s *Store) Get(key []byte) ([]byte, bool, error) {
-	if v, ok := s.record[string(key)]; ok {
-		return v, v != nil, nil
+	if len(s.record) > 0 {
+		if v, ok := s.record[string(key)]; ok {
+			return v, v != nil, nil
+		}
 	}
 	if n := s.epoch.get(key); n != nil {
 		return n.val, n.val != nil, nil
@@ -72,7 +104,28 @@ func (s *Store) Put(key, value []byte) {
 		s.fail(err)
 		return
 	}
-	s.record[string(key)] = append([]byte{}, value...)
+	s.write(key, s.values.copy(value))
+}
+
+// write sets key to val (nil deletes), which the Store owns, for the
+// current record.
+func (s *Store) write(key, val []byte) {
+	if s.scanning > 0 {
+		s.record[string(key)] = val
+		return
+	}
+	if len(s.record) > 0 {
+		delete(s.record, string(key)) // this write is newer
+	}
+	n := s.epoch.node(key)
+	if n == nil {
+		n = s.epoch.insert(key)
+	}
+	if n.gen != s.gen {
+		s.undo = append(s.undo, undoEntry{n: n, val: n.val, unset: n.unset})
+		n.gen = s.gen
+	}
+	s.epoch.assign(n, val)
 }
 
 // SetMaxEntryBytes bounds the size of one entry (key plus value); 0 lifts
@@ -98,7 +151,7 @@ func (s *Store) Delete(key []byte) {
 		s.fail(err)
 		return
 	}
-	s.record[string(key)] = nil
+	s.write(key, nil)
 }
 
 // putOwned is Put for a value the caller built and will not touch again,
@@ -111,7 +164,7 @@ func (s *Store) putOwned(key, value []byte) {
 	if value == nil {
 		value = []byte{}
 	}
-	s.record[string(key)] = value
+	s.write(key, value)
 }
 
 // Fail marks the record being processed as failed: RecordErr returns err
@@ -132,7 +185,7 @@ func (s *Store) fail(err error) {
 // other writes without the refused one.
 func (s *Store) RecordErr() error { return s.recordErr }
 
-// CommitRecord folds the record write-set into the epoch write-set.
+// CommitRecord keeps the record's writes in the epoch write-set.
 func (s *Store) CommitRecord() {
 	for k, v := range s.record {
 		s.epoch.set(k, v)
@@ -140,30 +193,80 @@ func (s *Store) CommitRecord() {
 	s.clearRecord()
 }
 
-// RollbackRecord drops the record write-set.
-func (s *Store) RollbackRecord() { s.clearRecord() }
+// RollbackRecord undoes the record's writes.
+func (s *Store) RollbackRecord() {
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		u := s.undo[i]
+		if u.unset {
+			s.epoch.unassign(u.n)
+		} else {
+			s.epoch.assign(u.n, u.val)
+		}
+	}
+	s.clearRecord()
+}
 
 func (s *Store) clearRecord() {
 	clear(s.record)
+	clear(s.undo) // the nodes may belong to an epoch about to be dropped
+	s.undo = s.undo[:0]
+	s.gen++
 	s.recordErr = nil
 }
 
+// recordInFlight reports whether the current record wrote anything or
+// failed: it has neither committed nor rolled back.
+func (s *Store) recordInFlight() bool {
+	return len(s.record) > 0 || len(s.undo) > 0 || s.recordErr != nil
+}
+
 // Dirty returns the epoch write-set as mutations sorted by key: one per key
-// changed in the epoch, holding its last value, nil for a delete. The
+// changed in the epoch (by records that committed), holding its last
+// value, nil for a delete. The
 // mutations share the write-set's bytes; do not modify them.
 func (s *Store) Dirty() []Mutation {
-	muts := make([]Mutation, 0, s.epoch.len())
-	for n := s.epoch.first(); n != nil; n = n.next[0] {
-		muts = append(muts, Mutation{Key: []byte(n.key), Value: n.val})
+	var before map[*wsNode]undoEntry // the current record's nodes, if any
+	if len(s.undo) > 0 {
+		before = make(map[*wsNode]undoEntry, len(s.undo))
+		for _, u := range s.undo {
+			before[u.n] = u
+		}
+	}
+	muts := make([]Mutation, 0, s.DirtyLen())
+	for n := s.epoch.first(); n != nil; n = n.after() {
+		val := n.val
+		if u, ok := before[n]; ok {
+			if u.unset {
+				continue
+			}
+			val = u.val
+		}
+		muts = append(muts, Mutation{Key: n.kb, Value: val})
 	}
 	return muts
 }
 
-// DirtyLen returns the number of keys changed in the epoch.
-func (s *Store) DirtyLen() int { return s.epoch.len() }
+// DirtyLen returns the number of keys changed in the epoch (by records
+// that committed).
+func (s *Store) DirtyLen() int {
+	n := s.epoch.len()
+	for _, u := range s.undo {
+		if u.unset && !u.n.unset {
+			n--
+		}
+	}
+	return n
+}
 
-// DirtyBytes returns the key and value bytes of the epoch's changes.
-func (s *Store) DirtyBytes() int { return s.epoch.bytes }
+// DirtyBytes returns the key and value bytes of the epoch's changes (by
+// records that committed).
+func (s *Store) DirtyBytes() int {
+	b := s.epoch.bytes
+	for _, u := range s.undo {
+		b -= u.n.size() - u.size()
+	}
+	return b
+}
 
 // Rewrite marks key changed in the epoch with its committed value (a delete
 // if the backend has none), unless the epoch changed it already. The engine
@@ -197,16 +300,22 @@ func (s *Store) Apply(dirty []Mutation, meta Meta) error {
 	if err := s.backend.Apply(dirty, meta); err != nil {
 		return err
 	}
-	s.epoch.reset()
+	s.resetEpoch()
 	return nil
+}
+
+// resetEpoch empties the epoch write-set. Its bytes may still be in use
+// (the changelog's records, values a job kept), so the arena starts anew
+// rather than being reused.
+func (s *Store) resetEpoch() {
+	s.clearRecord()
+	s.epoch.reset()
+	s.values = arena{}
 }
 
 // Discard drops both write-sets: the epoch aborted, and the backend already
 // holds the state the task rewinds to.
-func (s *Store) Discard() {
-	s.epoch.reset()
-	s.clearRecord()
-}
+func (s *Store) Discard() { s.resetEpoch() }
 
 // Scan calls fn for every key with the prefix as the current record sees it,
 // in ascending byte order: write-set values replace backend values, deletes
@@ -225,11 +334,13 @@ func (s *Store) Scan(prefix []byte, fn func(k, v []byte) error) error {
 // write-set, a handful of keys, is filtered instead).
 func (s *Store) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error {
 	from := scanStart(prefix, start)
-	// The write-sets are read up front (the record's range is copied, the
-	// epoch's skip list only grows on CommitRecord, which fn may not call),
-	// so fn's own writes do not disturb the merge: the scan goes on over
-	// the state as it was when it started.
+	// The write-sets are read up front (the record's range is copied, and
+	// while a scan runs writes go to the record write-set, not the epoch's
+	// skip list: see write), so fn's own writes do not disturb the merge:
+	// the scan goes on over the state as it was when it started.
 	ov := overlay{prefix: string(prefix), records: s.recordRange(prefix, from), node: s.epoch.seek(from)}
+	s.scanning++
+	defer func() { s.scanning-- }()
 	stopped := false
 	call := func(k, v []byte) error {
 		err := fn(k, v)
@@ -329,10 +440,10 @@ func (o *overlay) advance() {
 	switch {
 	case len(o.records) > 0 && hasNode && o.records[0].key == o.node.key:
 		o.records = o.records[1:]
-		o.node = o.node.next[0]
+		o.node = o.node.after()
 	case len(o.records) > 0 && (!hasNode || o.records[0].key < o.node.key):
 		o.records = o.records[1:]
 	case hasNode:
-		o.node = o.node.next[0]
+		o.node = o.node.after()
 	}
 }

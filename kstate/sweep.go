@@ -47,7 +47,7 @@ func SweepExpired(st *Store, now time.Time, cursor []byte, limit int) (next []by
 	if limit < 1 {
 		return cursor, 0, fmt.Errorf("kstate: SweepExpired: limit %d, want at least 1", limit)
 	}
-	if len(st.record) > 0 || st.recordErr != nil {
+	if st.recordInFlight() {
 		return cursor, 0, errRecordInFlight
 	}
 	nowMs := now.UnixMilli()

@@ -37,11 +37,7 @@ func (v *ValueState[T]) Get(s Scope) (T, bool, error) {
 
 // Set replaces the current key's value.
 func (v *ValueState[T]) Set(s Scope, val T) error {
-	b, err := encode(&v.d, v.codec, val)
-	if err != nil {
-		return err
-	}
-	return v.d.save(s, v.d.key(s, nil), b)
+	return saveValue(s, &v.d, v.codec, v.d.key(s, nil), val)
 }
 
 // Clear deletes the current key's value.

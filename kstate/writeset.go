@@ -1,6 +1,9 @@
 package kstate
 
-import "strings"
+import (
+	"strings"
+	"unsafe"
+)
 
 // writeSet is the epoch write-set: every key changed in the epoch with its
 // last value, nil for a deleted key.
@@ -10,19 +13,39 @@ import "strings"
 // prefix scan costs O(log n + matches) however large the epoch grows. Nodes
 // are only ever added or overwritten until reset: a delete is a tombstone
 // value, which is also what the changelog needs to see.
+//
+// A node may also be unset: in the list, but not changed in the epoch (a
+// record that created it was rolled back). get, len and bytes leave unset
+// nodes out, and so must every walk over the list (see live).
+//
+// Keys and nodes are carved from per-epoch slabs (the key bytes from an
+// arena, the nodes from a node slab), so a key new to the epoch costs no
+// allocation of its own; reset drops the slabs with the nodes.
 type writeSet struct {
 	index map[string]*wsNode
 	head  wsNode // sentinel; head.next has maxLevel entries
 	level int    // levels in use, at least 1
-	bytes int    // key and value bytes of the nodes, for the epoch budget
+	live  int    // nodes that are set
+	bytes int    // key and value bytes of the set nodes, for the epoch budget
 	rng   uint64 // xorshift state for node heights; fixed seed, so runs repeat
+	keys  arena
+	nodes []wsNode // the node slab's unused part
 }
 
 type wsNode struct {
-	key  string
-	val  []byte // nil is a tombstone
-	next []*wsNode
+	key   string // shares kb's bytes
+	kb    []byte
+	val   []byte // nil is a tombstone
+	unset bool
+	// gen is the Store's record generation that last saved an undo
+	// entry for this node (see Store.write).
+	gen   uint64
+	next  []*wsNode
+	tower [2]*wsNode // next's storage for the common heights 1 and 2
 }
+
+// nodeSlab is how many nodes one slab allocation holds.
+const nodeSlab = 64
 
 // maxLevel with a branching factor of 4 keeps searches logarithmic up to
 // 4^20 (about 10^12) keys, far beyond any epoch.
@@ -41,24 +64,68 @@ func newWriteSet() *writeSet {
 	return ws
 }
 
-func (ws *writeSet) len() int { return len(ws.index) }
+func (ws *writeSet) len() int { return ws.live }
 
 // get returns the node for key, or nil if the key was not changed.
-func (ws *writeSet) get(key []byte) *wsNode { return ws.index[string(key)] }
+func (ws *writeSet) get(key []byte) *wsNode {
+	if n := ws.index[string(key)]; n != nil && !n.unset {
+		return n
+	}
+	return nil
+}
+
+// node returns the node for key, set or not, or nil if there is none.
+func (ws *writeSet) node(key []byte) *wsNode { return ws.index[string(key)] }
 
 // set records val (nil for a delete) as key's latest value. It takes
 // ownership of val.
 func (ws *writeSet) set(key string, val []byte) {
-	if n := ws.index[key]; n != nil {
+	n := ws.index[key]
+	if n == nil {
+		n = ws.insert(unsafe.Slice(unsafe.StringData(key), len(key)))
+	}
+	ws.assign(n, val)
+}
+
+// assign sets n to val (nil for a delete), taking ownership of val.
+func (ws *writeSet) assign(n *wsNode, val []byte) {
+	if n.unset {
+		n.unset = false
+		ws.live++
+		ws.bytes += len(n.key) + len(val)
+	} else {
 		ws.bytes += len(val) - len(n.val)
-		n.val = val
+	}
+	n.val = val
+}
+
+// size is what n counts in the write-set's bytes.
+func (n *wsNode) size() int {
+	if n.unset {
+		return 0
+	}
+	return len(n.key) + len(n.val)
+}
+
+// unassign makes n unset again: the key is no longer changed in the epoch.
+func (ws *writeSet) unassign(n *wsNode) {
+	if n.unset {
 		return
 	}
-	ws.bytes += len(key) + len(val)
+	ws.live--
+	ws.bytes -= len(n.key) + len(n.val)
+	n.unset, n.val = true, nil
+}
+
+// insert adds an unset node for key, which must not be in the set yet; the
+// key is copied.
+func (ws *writeSet) insert(key []byte) *wsNode {
+	kb := ws.keys.copy(key)
+	k := unsafe.String(unsafe.SliceData(kb), len(kb))
 	var update [maxLevel]*wsNode
 	x := &ws.head
 	for i := ws.level - 1; i >= 0; i-- {
-		for x.next[i] != nil && x.next[i].key < key {
+		for x.next[i] != nil && x.next[i].key < k {
 			x = x.next[i]
 		}
 		update[i] = x
@@ -70,12 +137,23 @@ func (ws *writeSet) set(key string, val []byte) {
 		}
 		ws.level = h
 	}
-	n := &wsNode{key: key, val: val, next: make([]*wsNode, h)}
+	if len(ws.nodes) == 0 {
+		ws.nodes = make([]wsNode, nodeSlab)
+	}
+	n := &ws.nodes[0]
+	ws.nodes = ws.nodes[1:]
+	n.kb, n.key, n.unset = kb, k, true
+	if h <= len(n.tower) {
+		n.next = n.tower[:h]
+	} else {
+		n.next = make([]*wsNode, h)
+	}
 	for i := range h {
 		n.next[i] = update[i].next[i]
 		update[i].next[i] = n
 	}
-	ws.index[key] = n
+	ws.index[n.key] = n
+	return n
 }
 
 func (ws *writeSet) randomHeight() int {
@@ -91,7 +169,7 @@ func (ws *writeSet) randomHeight() int {
 	return h
 }
 
-// seek returns the first node whose key is >= prefix, or nil.
+// seek returns the first set node whose key is >= prefix, or nil.
 func (ws *writeSet) seek(prefix []byte) *wsNode {
 	x := &ws.head
 	for i := ws.level - 1; i >= 0; i-- {
@@ -99,11 +177,22 @@ func (ws *writeSet) seek(prefix []byte) *wsNode {
 			x = x.next[i]
 		}
 	}
-	return x.next[0]
+	return live(x.next[0])
 }
 
-// first returns the node with the smallest key, or nil.
-func (ws *writeSet) first() *wsNode { return ws.head.next[0] }
+// first returns the set node with the smallest key, or nil.
+func (ws *writeSet) first() *wsNode { return live(ws.head.next[0]) }
+
+// live returns n, or the first set node after it, or nil.
+func live(n *wsNode) *wsNode {
+	for n != nil && n.unset {
+		n = n.next[0]
+	}
+	return n
+}
+
+// after returns the set node following n, or nil.
+func (n *wsNode) after() *wsNode { return live(n.next[0]) }
 
 // within reports whether n is non-nil and its key has the prefix.
 func (n *wsNode) within(prefix string) bool {
@@ -118,5 +207,8 @@ func (ws *writeSet) reset() {
 	}
 	clear(ws.head.next)
 	ws.level = 1
-	ws.bytes = 0
+	ws.live, ws.bytes = 0, 0
+	// The slabs' nodes and keys may still be referenced by the epoch's
+	// mutations (the changelog records in flight): start new ones.
+	ws.keys, ws.nodes = arena{}, nil
 }
