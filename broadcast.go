@@ -223,6 +223,7 @@ func (l *loop) applyOne(t *task, r *kgo.Record) (bool, error) {
 	}
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, in.clock.Now(), r.Timestamp, rc.out[:0]
+	rc.wall = in.outputStamp(rc.now)
 	rc.rows = rc.rows[:0]
 	rc.broadcasting = true
 	err = in.cfg.Job.OnBroadcast(rc, apiRecord(r))

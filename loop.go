@@ -65,8 +65,11 @@ type loop struct {
 	// the abort is done; fatal is a failure only a restart can handle.
 	produceErr atomic.Pointer[error]
 	failed     failures // permanent failures of outputs and dead letters
-	brokenErr  error
-	fatal      error
+	// outPromise and plainPromise are the promises of produceFor and
+	// produce, made once (a method value per produce would allocate).
+	outPromise, plainPromise func(*kgo.Record, error)
+	brokenErr                error
+	fatal                    error
 }
 
 type restoreJob struct {
@@ -116,6 +119,7 @@ func (in *Instance) runSession(ctx context.Context) error {
 		restoring: map[int32]*restoreJob{},
 		owned:     map[int32]map[string]bool{},
 	}
+	l.outPromise, l.plainPromise = l.outPromised, l.plainPromised
 	in.rebalanceWanted.Store(false)
 	defer l.close()
 	for {
@@ -462,7 +466,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 			return l.deadLetterEmit(t, ref, in.deadLetter(r, ps.err, "emit"), ps)
 		}
 	}
-	rec := apiRecord(r)
+	rec := t.inputRecord(r)
 	ts := r.Timestamp
 	if in.cfg.Job.Timestamp != nil {
 		var err error
@@ -479,6 +483,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	now := in.clock.Now()
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, now, ts, rc.out[:0]
+	rc.wall = in.outputStamp(now)
 	rc.rows = rc.rows[:0] // sink rows (sink.go)
 	err := in.cfg.Job.Process(rc, rec)
 	t.noteRegistered()
@@ -519,6 +524,16 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 		return err
 	}
 	return nil
+}
+
+// outputStamp is the timestamp of outputs made at processing time now: now
+// itself on the wall clock, zero (franz-go stamps them when produced) under
+// a test clock, whose time is not a wall time.
+func (in *Instance) outputStamp(now time.Time) time.Time {
+	if in.cfg.Clock != nil {
+		return time.Time{}
+	}
+	return now
 }
 
 // commitHandled folds the writes of a record or timer that succeeded into
@@ -563,11 +578,14 @@ func (l *loop) begin() error {
 // not sent, and the transaction would still commit without it (shutdown is
 // handled by the final checkpoint, not by cancelling produces).
 func (l *loop) produce(r *kgo.Record) {
-	l.sess.Produce(context.Background(), r, func(r *kgo.Record, err error) {
-		if err != nil {
-			l.noteProduceErr(r, err)
-		}
-	})
+	l.sess.Produce(context.Background(), r, l.plainPromise)
+}
+
+// plainPromised is the promise of produce (l.plainPromise, made once).
+func (l *loop) plainPromised(r *kgo.Record, err error) {
+	if err != nil {
+		l.noteProduceErr(r, err)
+	}
 }
 
 // noteProduceErr keeps the epoch's first failed produce; the epoch then

@@ -39,4 +39,30 @@ func (t topicPartitioner) Partition(r *kgo.Record, n int) int {
 	return t.byKey.Partition(r, n)
 }
 
-func isExplicit(r *kgo.Record) bool { return r.Context == explicitCtx }
+func isExplicit(r *kgo.Record) bool {
+	if c, ok := r.Context.(*outCtx); ok {
+		return c.explicit
+	}
+	return r.Context == explicitCtx
+}
+
+// outCtx is the Context of a record the engine produces from a task's
+// slab (see task.record): whether its partition is explicit, and for an
+// output, the input it came from, which its promise needs when it fails.
+// It carries no deadline and is never cancelled.
+type outCtx struct {
+	context.Context
+	explicit bool
+	task     int32
+	ref      inputRef
+	dlq      bool
+}
+
+// outSlot is one record of a slab with its Context beside it.
+type outSlot struct {
+	rec kgo.Record
+	ctx outCtx
+}
+
+// slabLen is how many records one slab allocation holds.
+const slabLen = 64

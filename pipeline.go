@@ -233,7 +233,9 @@ func Forward(ctx Context, key, value []byte, headers ...Header) error {
 		}
 		return err
 	}
-	c.out = append(c.out, &kgo.Record{Topic: c.in.cfg.forwardTopic, Key: key, Value: value, Headers: kgoHeaders(headers), Timestamp: c.ts})
+	r := c.t.record(false)
+	r.Topic, r.Key, r.Value, r.Headers, r.Timestamp = c.in.cfg.forwardTopic, key, value, kgoHeaders(headers), c.ts
+	c.out = append(c.out, r)
 	return nil
 }
 

@@ -86,6 +86,12 @@ func (f *failures) take() []failedOutput {
 // produceFor adds r, an output or dead letter of the input ref, to the open
 // epoch; a permanent failure is remembered against ref.
 func (l *loop) produceFor(t *task, ref inputRef, r *kgo.Record, dlq bool) {
+	if c, ok := r.Context.(*outCtx); ok {
+		// A slab record carries what its promise needs: no closure.
+		c.ref, c.dlq = ref, dlq
+		l.sess.Produce(context.Background(), r, l.outPromise)
+		return
+	}
 	p := t.p
 	l.sess.Produce(context.Background(), r, func(r *kgo.Record, err error) {
 		if err == nil {
@@ -96,6 +102,19 @@ func (l *loop) produceFor(t *task, ref inputRef, r *kgo.Record, dlq bool) {
 			l.failed.add(failedOutput{task: p, ref: ref, err: err, dlq: dlq})
 		}
 	})
+}
+
+// outPromised is the promise of every slab record produced by produceFor
+// (l.outPromise, made once): produceFor's closure, with the input taken
+// from the record's outCtx.
+func (l *loop) outPromised(r *kgo.Record, err error) {
+	if err == nil {
+		return
+	}
+	l.noteProduceErr(r, err)
+	if c := r.Context.(*outCtx); isPermanent(err) {
+		l.failed.add(failedOutput{task: c.task, ref: c.ref, err: err, dlq: c.dlq})
+	}
 }
 
 // learnsSomething reports whether the permanent failures of the epoch teach

@@ -31,6 +31,11 @@ type task struct {
 	next      map[string]int64
 	advanced  bool // records were consumed in the open epoch
 
+	// slab is the unused part of the records slab the task's outputs and
+	// changelog records come from (see record).
+	slab    []outSlot
+	recSlab []Record // the same for the Records handed to Process
+
 	marker *kgo.Record       // this epoch's marker, once produced
 	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog
 	rc     recordContext
@@ -202,8 +207,11 @@ func (t *task) preCommit(in *Instance, produce func(*kgo.Record)) (records int, 
 	t.dirty = t.store.Dirty()
 	hdr := t.epochHeader()
 	var bytes int
+	now := time.Now() // one stamp for the epoch's records, not one each
 	for _, m := range t.dirty {
-		produce(&kgo.Record{Topic: in.changelogTopic, Partition: t.p, Context: explicitCtx, Key: m.Key, Value: m.Value, Headers: hdr})
+		r := t.record(true)
+		r.Topic, r.Partition, r.Key, r.Value, r.Headers, r.Timestamp = in.changelogTopic, t.p, m.Key, m.Value, hdr, now
+		produce(r)
 		bytes += len(m.Key) + len(m.Value)
 		records++
 	}
@@ -269,8 +277,13 @@ type recordContext struct {
 	in  *Instance
 	key []byte
 	now time.Time // processing time
-	ts  time.Time // the record's or timer's event time
-	out []*kgo.Record
+	// wall is now when the processing-time clock is the wall clock, the
+	// zero time otherwise: the timestamp of the record's outputs (zero
+	// lets franz-go stamp them), so that they are stamped without a
+	// second reading of the clock per record.
+	wall time.Time
+	ts   time.Time // the record's or timer's event time
+	out  []*kgo.Record
 	// rows are the record's rows for the sink (WriteRow); they join the
 	// task's epoch only if the record succeeds.
 	rows [][]any
@@ -296,7 +309,25 @@ func (c *recordContext) Emit(key, value []byte, headers ...Header) {
 }
 
 func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...Header) {
-	c.out = append(c.out, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: kgoHeaders(headers)})
+	r := c.t.record(false)
+	r.Topic, r.Key, r.Value, r.Headers, r.Timestamp = topic, key, value, kgoHeaders(headers), c.wall
+	c.out = append(c.out, r)
+}
+
+// record returns a fresh record from the task's slab, its Context an
+// outCtx (explicit says its Partition is set by the caller). A slab holds
+// many records and is dropped whole by the garbage collector once none of
+// them is in use, so outputs and changelog records cost no allocation
+// each.
+func (t *task) record(explicit bool) *kgo.Record {
+	if len(t.slab) == 0 {
+		t.slab = make([]outSlot, slabLen)
+	}
+	s := &t.slab[0]
+	t.slab = t.slab[1:]
+	s.ctx = outCtx{Context: context.Background(), explicit: explicit, task: t.p}
+	s.rec.Context = &s.ctx
+	return &s.rec
 }
 
 func (c *recordContext) Output(tag OutputTag, key, value []byte, headers ...Header) {
@@ -311,7 +342,9 @@ func (c *recordContext) Output(tag OutputTag, key, value []byte, headers ...Head
 }
 
 func (c *recordContext) EmitToPartition(topic string, partition int32, key, value []byte, headers ...Header) {
-	c.out = append(c.out, &kgo.Record{Topic: topic, Partition: partition, Context: explicitCtx, Key: key, Value: value, Headers: kgoHeaders(headers)})
+	r := c.t.record(true)
+	r.Topic, r.Partition, r.Key, r.Value, r.Headers, r.Timestamp = topic, partition, key, value, kgoHeaders(headers), c.wall
+	c.out = append(c.out, r)
 }
 
 func kgoHeaders(hs []Header) []kgo.RecordHeader {
@@ -326,6 +359,14 @@ func kgoHeaders(hs []Header) []kgo.RecordHeader {
 }
 
 func apiRecord(r *kgo.Record) *Record {
+	rec := &Record{}
+	fillRecord(rec, r)
+	return rec
+}
+
+// fillRecord sets rec to r's fields. The headers are copied into a slice
+// of rec's own, the key and value shared.
+func fillRecord(rec *Record, r *kgo.Record) {
 	var hs []Header
 	if len(r.Headers) > 0 {
 		hs = make([]Header, len(r.Headers))
@@ -333,7 +374,20 @@ func apiRecord(r *kgo.Record) *Record {
 			hs[i] = Header{Key: h.Key, Value: h.Value}
 		}
 	}
-	return &Record{Key: r.Key, Value: r.Value, Headers: hs, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp}
+	*rec = Record{Key: r.Key, Value: r.Value, Headers: hs, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp}
+}
+
+// inputRecord is apiRecord from the task's slab of Records: a job may keep
+// the Record it is given, so each is a Record of its own, but they are
+// allocated many at a time.
+func (t *task) inputRecord(r *kgo.Record) *Record {
+	if len(t.recSlab) == 0 {
+		t.recSlab = make([]Record, slabLen)
+	}
+	rec := &t.recSlab[0]
+	t.recSlab = t.recSlab[1:]
+	fillRecord(rec, r)
+	return rec
 }
 
 // Dead-letter headers say where a record came from and why it failed.

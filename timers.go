@@ -264,6 +264,7 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 	}
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, tm.Key, in.clock.Now(), tm.At, rc.out[:0]
+	rc.wall = in.outputStamp(rc.now)
 	rc.rows = rc.rows[:0] // sink rows (sink.go)
 	defer clear(rc.out)
 	var err error
