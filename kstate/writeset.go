@@ -1,6 +1,7 @@
 package kstate
 
 import (
+	"bytes"
 	"strings"
 	"unsafe"
 )
@@ -30,6 +31,13 @@ type writeSet struct {
 	rng   uint64 // xorshift state for node heights; fixed seed, so runs repeat
 	keys  arena
 	nodes []wsNode // the node slab's unused part
+	// last remembers the last key looked up and its node (nil: none), so
+	// that the write following a read of the same key, which is what
+	// keyed state does, does not search the index again. insert keeps it
+	// true and reset clears it.
+	lastKey []byte
+	last    *wsNode
+	lastOK  bool
 }
 
 type wsNode struct {
@@ -68,14 +76,26 @@ func (ws *writeSet) len() int { return ws.live }
 
 // get returns the node for key, or nil if the key was not changed.
 func (ws *writeSet) get(key []byte) *wsNode {
-	if n := ws.index[string(key)]; n != nil && !n.unset {
+	if n := ws.node(key); n != nil && !n.unset {
 		return n
 	}
 	return nil
 }
 
 // node returns the node for key, set or not, or nil if there is none.
-func (ws *writeSet) node(key []byte) *wsNode { return ws.index[string(key)] }
+func (ws *writeSet) node(key []byte) *wsNode {
+	if ws.lastOK && bytes.Equal(ws.lastKey, key) {
+		return ws.last
+	}
+	n := ws.index[string(key)]
+	ws.remember(key, n)
+	return n
+}
+
+func (ws *writeSet) remember(key []byte, n *wsNode) {
+	ws.lastKey = append(ws.lastKey[:0], key...)
+	ws.last, ws.lastOK = n, true
+}
 
 // set records val (nil for a delete) as key's latest value. It takes
 // ownership of val.
@@ -153,6 +173,7 @@ func (ws *writeSet) insert(key []byte) *wsNode {
 		update[i].next[i] = n
 	}
 	ws.index[n.key] = n
+	ws.remember(key, n)
 	return n
 }
 
@@ -208,6 +229,7 @@ func (ws *writeSet) reset() {
 	clear(ws.head.next)
 	ws.level = 1
 	ws.live, ws.bytes = 0, 0
+	ws.last, ws.lastOK = nil, false
 	// The slabs' nodes and keys may still be referenced by the epoch's
 	// mutations (the changelog records in flight): start new ones.
 	ws.keys, ws.nodes = arena{}, nil
