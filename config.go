@@ -109,7 +109,10 @@ type Options struct {
 	// EpochMaxKeys and EpochMaxBytes bound one task's write-set: an epoch
 	// that changes more keys, or more key and value bytes, ends early
 	// (barrier.ReasonBudget), so memory and the size of one transaction
-	// stay bounded whatever the input rate. Defaults 100,000 and 64 MiB.
+	// stay bounded whatever the input rate. EpochMaxBytes also bounds the
+	// memory the write-set holds (kstate.Store.EpochMemory), which can
+	// exceed the bytes changed when most writes overwrite a few keys.
+	// Defaults 100,000 and 64 MiB.
 	EpochMaxKeys  int
 	EpochMaxBytes int
 

@@ -555,7 +555,8 @@ func (l *loop) commitHandled(t *task, ref inputRef, ps *poison, out []*kgo.Recor
 // noteBudget ends the epoch early once a task's write-set reaches the
 // epoch budget (Options.EpochMaxKeys, EpochMaxBytes).
 func (l *loop) noteBudget(t *task) {
-	if t.store.DirtyLen() >= l.in.cfg.EpochMaxKeys || t.store.DirtyBytes() >= l.in.cfg.EpochMaxBytes {
+	st := t.store
+	if st.DirtyLen() >= l.in.cfg.EpochMaxKeys || max(st.DirtyBytes(), st.EpochMemory()) >= l.in.cfg.EpochMaxBytes {
 		l.budgetFull = true
 	}
 }

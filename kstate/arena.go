@@ -10,7 +10,13 @@ import (
 // never written again where it was handed out, and lives as long as any
 // slice of it: an arena is for bytes that die together (an epoch's writes,
 // a batch's reads).
-type arena struct{ buf []byte }
+type arena struct {
+	buf []byte
+	// held counts the bytes the arena allocated (whole chunks, and the
+	// copies too large for one): what it may keep alive, which can be far
+	// more than the live values when most writes overwrite a few keys.
+	held int
+}
 
 const (
 	// arenaChunk is the size of one chunk.
@@ -25,6 +31,7 @@ const (
 // append to it reallocates). The copy of an empty b is empty, not nil.
 func (a *arena) copy(b []byte) []byte {
 	if len(b) > arenaMax {
+		a.held += len(b)
 		return append(make([]byte, 0, len(b)), b...)
 	}
 	a.room(len(b))
@@ -37,6 +44,7 @@ func (a *arena) copy(b []byte) []byte {
 func (a *arena) room(n int) {
 	if a.buf == nil || cap(a.buf)-len(a.buf) < n {
 		a.buf = make([]byte, 0, arenaChunk)
+		a.held += arenaChunk
 	}
 }
 
@@ -48,23 +56,19 @@ func (a *arena) free() []byte {
 }
 
 // keep claims b, the result of appending to the slice free returned: if
-// it still lies in the chunk it is taken from it, otherwise (it outgrew
-// the free space) it is its own allocation already. Either way the result
-// is b with its capacity capped.
-//
-// A b that points into the free space other than at its start (an encoder
-// that returned a part of what it appended) is copied out, since the free
-// space is handed out again.
+// it starts where the free space does and fits in it, it is taken from the
+// chunk. Anything else is copied: an encoding that outgrew the free space,
+// a part of what was appended, or a buffer the encoder keeps and may
+// write again (an encoder that ignores dst) must not become state. The
+// result is b with its capacity capped.
 func (a *arena) keep(b []byte) []byte {
 	n := len(a.buf)
 	free := a.buf[n:cap(a.buf)]
 	if len(b) > 0 {
-		start := uintptr(unsafe.Pointer(unsafe.SliceData(free)))
-		p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-		switch {
-		case p == start && len(b) <= len(free):
+		if unsafe.SliceData(b) == unsafe.SliceData(free) && len(b) <= len(free) {
 			a.buf = a.buf[:n+len(b)]
-		case p > start && p < start+uintptr(len(free)):
+		} else {
+			a.held += len(b)
 			b = bytes.Clone(b)
 		}
 	}

@@ -116,3 +116,53 @@ func TestStoreWritesDuringScanAndRollback(t *testing.T) {
 		t.Fatalf("Dirty = %v", d)
 	}
 }
+
+// An AppendCodec that ignores dst and returns a buffer it writes again
+// must not have that buffer become state.
+func TestArenaKeepCopiesForeignBuffers(t *testing.T) {
+	var a arena
+	own := []byte("first")
+	kept := a.keep(own)
+	copy(own, "XXXXX")
+	if string(kept) != "first" {
+		t.Fatalf("kept = %q: the encoder's own buffer became state", kept)
+	}
+}
+
+// A write-set whose writes mostly overwrite a few keys holds arena chunks
+// alive for the few values written once: EpochMemory counts them, so the
+// epoch budget sees what DirtyBytes does not.
+func TestEpochMemoryCountsHeldChunks(t *testing.T) {
+	st := NewStore(NewMemory())
+	v := bytes.Repeat([]byte{1}, 200)
+	for i := range 20_000 {
+		k := []byte{byte(i % 10)}
+		if i%100 == 0 {
+			k = []byte("unique-" + string(rune('a'+i/100%26)) + string(rune(i)))
+		}
+		st.Put(k, v)
+		st.CommitRecord()
+	}
+	if st.EpochMemory() < 20_000*200 {
+		t.Fatalf("EpochMemory = %d for 20,000 writes of 200 bytes (DirtyBytes %d)", st.EpochMemory(), st.DirtyBytes())
+	}
+	st.Discard()
+	if st.EpochMemory() != 0 {
+		t.Fatalf("EpochMemory = %d after Discard", st.EpochMemory())
+	}
+}
+
+func TestApplyAndRewriteRefuseARecordInFlight(t *testing.T) {
+	st := NewStore(NewMemory())
+	st.Put([]byte("k"), []byte("v"))
+	if err := st.Apply(st.Dirty(), Meta{Epoch: 1}); err == nil {
+		t.Fatal("Apply with a record in flight succeeded")
+	}
+	if err := st.Rewrite([]byte("j")); err == nil {
+		t.Fatal("Rewrite with a record in flight succeeded")
+	}
+	st.CommitRecord()
+	if err := st.Apply(st.Dirty(), Meta{Epoch: 1}); err != nil {
+		t.Fatal(err)
+	}
+}

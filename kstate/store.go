@@ -258,6 +258,15 @@ func (s *Store) DirtyLen() int {
 	return n
 }
 
+// EpochMemory returns the bytes the epoch's write-set may keep alive: its
+// values' arena (whole chunks) and its keys' and nodes' slabs. When most
+// writes overwrite a few keys it is far above DirtyBytes, since a chunk
+// lives as long as any value in it; the engine ends an epoch early when
+// either reaches Options.EpochMaxBytes.
+func (s *Store) EpochMemory() int {
+	return s.values.held + s.epoch.keys.held + s.epoch.nodesHeld
+}
+
 // DirtyBytes returns the key and value bytes of the epoch's changes (by
 // records that committed).
 func (s *Store) DirtyBytes() int {
@@ -271,7 +280,11 @@ func (s *Store) DirtyBytes() int {
 // Rewrite marks key changed in the epoch with its committed value (a delete
 // if the backend has none), unless the epoch changed it already. The engine
 // uses it for keys whose last changelog record is not a committed one.
+// Call it between records: with a record in flight it returns an error.
 func (s *Store) Rewrite(key []byte) error {
+	if s.recordInFlight() {
+		return errRecordInFlight
+	}
 	if s.epoch.get(key) != nil {
 		return nil
 	}
@@ -294,9 +307,13 @@ func (s *Store) Rewrite(key []byte) error {
 // the write-set. Taking the changelog's slice rather than reading the
 // write-set again keeps the backend equal to the changelog by construction
 // (and copies the keys once per epoch, not twice). Call it only after the
-// epoch's Kafka transaction committed. On error the write-set is kept, so
-// the caller may retry.
+// epoch's Kafka transaction committed, between records (with a record in
+// flight it returns an error). On error the write-set is kept, so the
+// caller may retry.
 func (s *Store) Apply(dirty []Mutation, meta Meta) error {
+	if s.recordInFlight() {
+		return errRecordInFlight
+	}
 	if err := s.backend.Apply(dirty, meta); err != nil {
 		return err
 	}

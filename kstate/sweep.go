@@ -80,7 +80,7 @@ func SweepExpired(st *Store, now time.Time, cursor []byte, limit int) (next []by
 	return next, removed, nil
 }
 
-var errRecordInFlight = errors.New("kstate: SweepExpired called with a record in flight; call it between records")
+var errRecordInFlight = errors.New("kstate: called with a record in flight (neither committed nor rolled back); SweepExpired, Rewrite and Apply run between records")
 
 // kindPrefix returns the prefix shared by every physical key of kind.
 func kindPrefix(kind Kind) []byte { return []byte{FormatV1, byte(kind)} }

@@ -31,6 +31,8 @@ type writeSet struct {
 	rng   uint64 // xorshift state for node heights; fixed seed, so runs repeat
 	keys  arena
 	nodes []wsNode // the node slab's unused part
+	// nodesHeld counts the bytes of the node slabs allocated this epoch.
+	nodesHeld int
 	// last remembers the last key looked up and its node (nil: none), so
 	// that the write following a read of the same key, which is what
 	// keyed state does, does not search the index again. insert keeps it
@@ -159,6 +161,7 @@ func (ws *writeSet) insert(key []byte) *wsNode {
 	}
 	if len(ws.nodes) == 0 {
 		ws.nodes = make([]wsNode, nodeSlab)
+		ws.nodesHeld += nodeSlab * int(unsafe.Sizeof(wsNode{}))
 	}
 	n := &ws.nodes[0]
 	ws.nodes = ws.nodes[1:]
@@ -232,5 +235,5 @@ func (ws *writeSet) reset() {
 	ws.last, ws.lastOK = nil, false
 	// The slabs' nodes and keys may still be referenced by the epoch's
 	// mutations (the changelog records in flight): start new ones.
-	ws.keys, ws.nodes = arena{}, nil
+	ws.keys, ws.nodes, ws.nodesHeld = arena{}, nil, 0
 }
