@@ -38,7 +38,7 @@ type stateSpec struct {
 }
 
 // heapReport is the child's /heap answer. HeapInuse and HeapAlloc are read
-// right after a forced runtime.GC, so they are the live heap plus the
+// right after two forced runtime.GC calls, so they are the live heap plus the
 // spans it occupies, not garbage waiting for the next cycle; PeakHeapInuse
 // is the largest heap in use (garbage included) the child's sampler saw
 // since it started, every 10 ms, without forcing anything.
@@ -81,6 +81,9 @@ func runStateChild() int {
 		}
 	})
 	mux.HandleFunc("/heap", func(w http.ResponseWriter, _ *http.Request) {
+		// Twice: a sync.Pool keeps what it held for one collection
+		// more (its victim cache), and bbolt pools its page buffers.
+		runtime.GC()
 		runtime.GC()
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
