@@ -1,6 +1,7 @@
 package changelog
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sort"
@@ -18,12 +19,23 @@ import (
 // recordingBackend is a memory backend that remembers every Apply.
 type recordingBackend struct {
 	kstate.Backend
-	sizes []int
-	metas []kstate.Meta
+	sizes    []int
+	bytes    []int // key and value bytes of each Apply
+	unsorted int   // Applies whose mutations were not sorted by key
+	metas    []kstate.Meta
 }
 
 func (b *recordingBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 	b.sizes = append(b.sizes, len(muts))
+	n, sorted := 0, true
+	for i, m := range muts {
+		n += len(m.Key) + len(m.Value)
+		sorted = sorted && (i == 0 || bytes.Compare(muts[i-1].Key, m.Key) < 0)
+	}
+	if !sorted {
+		b.unsorted++
+	}
+	b.bytes = append(b.bytes, n)
 	b.metas = append(b.metas, meta)
 	return b.Backend.Apply(muts, meta)
 }
@@ -79,16 +91,19 @@ func changelogWith(t *testing.T, epochs, keysPerEpoch, orphans int) (*kfake.Clus
 
 func restoreInto(t *testing.T, cl *kgo.Client, adm *kadm.Client, be *recordingBackend, batch int) Result {
 	t.Helper()
+	return restoreWith(t, cl, adm, be, RestoreParams{BatchKeys: batch})
+}
+
+// restoreWith restores partition 0 of app-changelog into be with p's
+// batch bounds.
+func restoreWith(t *testing.T, cl *kgo.Client, adm *kadm.Client, be *recordingBackend, p RestoreParams) Result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	res, err := Restore(ctx, RestoreParams{
-		Admin:      adm,
-		ClientOpts: []kgo.Opt{kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...)},
-		Topic:      "app-changelog",
-		Partition:  0,
-		BatchKeys:  batch,
-		Apply:      be.Apply,
-	})
+	p.Admin = adm
+	p.ClientOpts = []kgo.Opt{kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...)}
+	p.Topic, p.Partition, p.Apply = "app-changelog", 0, be.Apply
+	res, err := Restore(ctx, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,6 +151,27 @@ func TestRestoreBoundedAfterCompaction(t *testing.T) {
 	sort.Strings(orphans)
 	if len(orphans) != 3 || orphans[0] != string(entryKey(0)) || orphans[2] != string(entryKey(2)) {
 		t.Fatalf("orphans %q", orphans)
+	}
+}
+
+// Large values must not make a batch of BatchKeys keys large: the bytes
+// bound cuts it first. Every batch reaches the backend sorted by key (the
+// batch is a map), so the backend has nothing to sort.
+func TestRestoreBatchesBoundedInBytes(t *testing.T) {
+	_, cl, adm := changelogWith(t, 4, 100, 0)
+	entry := len(entryKey(0)) + 1
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	res := restoreWith(t, cl, adm, be, RestoreParams{BatchKeys: 1000, BatchBytes: 40 * entry})
+	for i, n := range be.sizes {
+		if n > 40 || be.bytes[i] > 40*entry {
+			t.Fatalf("apply %d wrote %d keys, %d bytes at once, bound %d bytes (all: %v)", i, n, be.bytes[i], 40*entry, be.sizes)
+		}
+	}
+	if be.unsorted > 0 {
+		t.Fatalf("%d of %d applies got mutations out of key order", be.unsorted, len(be.sizes))
+	}
+	if st := be.Stats(); st.Keys != 400 || res.Last == nil || res.Last.Epoch != 4 {
+		t.Fatalf("%d keys restored, last marker %+v; want 400 and epoch 4", st.Keys, res.Last)
 	}
 }
 

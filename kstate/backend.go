@@ -64,6 +64,11 @@ func (m Meta) Clone() Meta {
 type Stats struct {
 	Keys  int64 // exact number of entries
 	Bytes int64 // sum of key and value lengths (logical size, not file size)
+	// HeapBytes estimates the Go heap the entries hold (see the memory
+	// backend's entryHeap): several times Bytes for small entries. 0 for
+	// bbolt, whose entries live in the mapped file and the page cache,
+	// not in the heap.
+	HeapBytes int64
 	// EventTimers and ProcessingTimers count the timer entries of each
 	// domain (see Timer), exactly: Apply sees whether each key existed
 	// anyway, so a runtime gets its timer gauges without reading.

@@ -31,6 +31,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runBrokerChild())
 	case "contender":
 		os.Exit(runContenderChild())
+	case "state":
+		os.Exit(runStateChild())
 	}
 	os.Exit(m.Run())
 }
