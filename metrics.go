@@ -15,7 +15,7 @@ type metrics struct {
 	changelogRecords, changelogBytes             prometheus.Counter
 	changelogPerEpoch                            prometheus.Histogram
 	transactions                                 *prometheus.CounterVec
-	stateKeys, stateBytes                        *prometheus.GaugeVec
+	stateKeys, stateBytes, stateHeapBytes        *prometheus.GaugeVec
 	restoreDone, restoreRemaining                *prometheus.GaugeVec
 	lag                                          *prometheus.GaugeVec
 	epoch                                        *prometheus.GaugeVec
@@ -40,6 +40,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 		transactions:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_transactions_total", Help: "Epoch ends by result: commit or abort."}, []string{"result"}),
 		stateKeys:          prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_state_keys", Help: "Keys in the task's committed store."}, task),
 		stateBytes:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_state_bytes", Help: "Approximate bytes in the task's committed store."}, task),
+		stateHeapBytes:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_state_heap_bytes", Help: "Estimated Go heap held by the task's committed store (memory backend; 0 for bbolt, whose state is in its file)."}, task),
 		restoreDone:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_restore_records_done", Help: "Changelog records read by the task's current or last restore."}, task),
 		restoreRemaining:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_restore_records_remaining", Help: "Changelog offsets left to read by the task's restore."}, task),
 		lag:                prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_consumer_lag", Help: "High-water mark minus the next offset to process."}, []string{"topic", "partition"}),
@@ -56,7 +57,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 	m.transactions.WithLabelValues("abort")
 	reg.MustRegister(m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
-		m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
+		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
 		m.timers, m.watermarkLag, m.timersFired, m.ttlExpired,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_epochs_committed_total", Help: "Epochs this instance committed since it started."},
 			func() float64 { return float64(in.committedEpochs.Load()) }),
@@ -79,7 +80,7 @@ func taskLabel(p int32) string { return strconv.Itoa(int(p)) }
 // series (a restore that looks stalled, a frozen lag) outlive it here.
 func (m *metrics) forgetTask(p int32, topics []string) {
 	label := taskLabel(p)
-	for _, g := range []*prometheus.GaugeVec{m.stateKeys, m.stateBytes, m.restoreDone, m.restoreRemaining, m.epoch, m.watermarkLag} {
+	for _, g := range []*prometheus.GaugeVec{m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.epoch, m.watermarkLag} {
 		g.DeleteLabelValues(label)
 	}
 	m.timers.DeletePartialMatch(prometheus.Labels{"task": label})

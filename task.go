@@ -266,6 +266,7 @@ func (t *task) apply(in *Instance) error {
 	st := t.store.Backend().Stats()
 	in.m.stateKeys.WithLabelValues(t.label).Set(float64(st.Keys))
 	in.m.stateBytes.WithLabelValues(t.label).Set(float64(st.Bytes))
+	in.m.stateHeapBytes.WithLabelValues(t.label).Set(float64(st.HeapBytes))
 	return nil
 }
 
