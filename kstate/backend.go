@@ -101,7 +101,11 @@ func (s *Stats) count(key []byte, n int64) {
 // Stats) may run from any goroutine, so metrics and savepoint exports can
 // read while the task works. A scan callback may call Get but must not call
 // Apply, and Close must not run concurrently with any other call: a scan
-// holds a read lock (or read transaction) while its callback runs.
+// holds a read lock (or read transaction) while its callback runs. A scan
+// whose callback calls Get must not run concurrently with an Apply either
+// (the engine's scans and Applies are on one goroutine): bbolt's Apply may
+// wait for the scan's transaction to end while the callback's Get waits
+// for the Apply.
 type Backend interface {
 	// Get returns the value stored under key. The returned slice is the
 	// caller's to keep, but not to modify: it may share memory with other
