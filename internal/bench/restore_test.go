@@ -32,6 +32,24 @@ func processorBinary(b *testing.B) string {
 	return path
 }
 
+// processSetup is what a benchmark that runs an instance as a process of
+// its own needs: a broker with the input and output topics (the caller
+// closes it), its address, a state dir, and a free loopback address for
+// the instance's metrics.
+func processSetup(b *testing.B, partitions int32) (c *kfake.Cluster, brokers, stateDir, addr string) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr = ln.Addr().String()
+	ln.Close()
+	return c, c.ListenAddrs()[0], filepath.Join(b.TempDir(), "state"), addr
+}
+
 // metricSum scrapes a processor's /metrics and sums one metric's samples.
 func metricSum(addr, name string) (float64, bool) {
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -108,15 +126,7 @@ func BenchmarkRestore1M(b *testing.B) {
 	const keys = 1000000
 	bin := processorBinary(b)
 	for range b.N {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, input, output))
-		if err != nil {
-			b.Fatal(err)
-		}
-		brokers := c.ListenAddrs()[0]
-		state := filepath.Join(b.TempDir(), "state")
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		metrics := ln.Addr().String()
-		ln.Close()
+		c, brokers, state, metrics := processSetup(b, 4)
 		env := append(os.Environ(), "SLUICE_BROKERS="+brokers, "SLUICE_APP_ID=restore", "SLUICE_JOB=aggregate",
 			"SLUICE_INPUT_TOPICS="+input, "SLUICE_OUTPUT_TOPIC="+output, "SLUICE_INSTANCE_ID=r1",
 			"SLUICE_STATE_DIR="+state, "SLUICE_METRICS_ADDR="+metrics, "SLUICE_SESSION_TIMEOUT=6s", "SLUICE_LOG_LEVEL=warn")

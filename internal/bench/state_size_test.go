@@ -22,7 +22,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
@@ -250,15 +249,7 @@ func stateSizeRun(b *testing.B, backend string, keys int) {
 	const mib = 1 << 20
 	for range b.N {
 		b.StopTimer()
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output))
-		if err != nil {
-			b.Fatal(err)
-		}
-		brokers := c.ListenAddrs()[0]
-		state := filepath.Join(b.TempDir(), "state")
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		addr := ln.Addr().String()
-		ln.Close()
+		c, brokers, state, addr := processSetup(b, partitions)
 		raw, _ := json.Marshal(stateSpec{Brokers: brokers, Backend: backend, State: state, Addr: addr})
 		start := func() *exec.Cmd {
 			cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
