@@ -86,27 +86,19 @@ func (f *failures) take() []failedOutput {
 // produceFor adds r, an output or dead letter of the input ref, to the open
 // epoch; a permanent failure is remembered against ref.
 func (l *loop) produceFor(t *task, ref inputRef, r *kgo.Record, dlq bool) {
-	if c, ok := r.Context.(*outCtx); ok {
-		// A slab record carries what its promise needs: no closure.
-		c.ref, c.dlq = ref, dlq
-		l.sess.Produce(context.Background(), r, l.outPromise)
-		return
+	c, ok := r.Context.(*outCtx)
+	if !ok {
+		// Not from a slab (a dead letter, which is rare): give it the
+		// Context the promise reads.
+		c = &outCtx{Context: context.Background(), explicit: isExplicit(r), task: t.p}
+		r.Context = c
 	}
-	p := t.p
-	l.sess.Produce(context.Background(), r, func(r *kgo.Record, err error) {
-		if err == nil {
-			return
-		}
-		l.noteProduceErr(r, err)
-		if isPermanent(err) {
-			l.failed.add(failedOutput{task: p, ref: ref, err: err, dlq: dlq})
-		}
-	})
+	c.ref, c.dlq = ref, dlq
+	l.sess.Produce(context.Background(), r, l.outPromise)
 }
 
-// outPromised is the promise of every slab record produced by produceFor
-// (l.outPromise, made once): produceFor's closure, with the input taken
-// from the record's outCtx.
+// outPromised is the promise of every record produced by produceFor
+// (l.outPromise, made once), the input taken from the record's outCtx.
 func (l *loop) outPromised(r *kgo.Record, err error) {
 	if err == nil {
 		return
