@@ -440,6 +440,22 @@ func (c *Coordinator) resume(now time.Time) Action {
 	return c.endIfDue(now)
 }
 
+// Due returns when the current epoch becomes due, the earliest time at
+// which Tick would place its barrier for the interval, and whether there is
+// such a time: only while Processing an epoch that has work. A caller that
+// waits (for records) between events must not wait past it, or the epoch
+// ends late by the rest of the wait.
+func (c *Coordinator) Due() (time.Time, bool) {
+	if c.phase != Processing || !c.hasWork {
+		return time.Time{}, false
+	}
+	due := c.epochStart.Add(c.cfg.Interval)
+	if pause := c.lastEnd.Add(c.cfg.MinPause); pause.After(due) {
+		due = pause
+	}
+	return due, true
+}
+
 func (c *Coordinator) endIfDue(now time.Time) Action {
 	if !c.hasWork || now.Sub(c.epochStart) < c.cfg.Interval || now.Sub(c.lastEnd) < c.cfg.MinPause {
 		return Action{}

@@ -307,3 +307,49 @@ func TestFirstEpoch(t *testing.T) {
 		}
 	}
 }
+
+// Due is when Tick would place the barrier: never without work or outside
+// Processing, the interval after the epoch began, or the end of MinPause
+// if that is later; a Tick at Due ends the epoch and one just before does
+// not.
+func TestDueIsWhenTickEndsTheEpoch(t *testing.T) {
+	cfg := testConfig()
+	cfg.MinPause = 30 * time.Millisecond
+	c := New(cfg, t0, 1)
+	c.SetTasks([]int32{0})
+	if _, ok := c.Due(); ok {
+		t.Fatal("Due without work: want none")
+	}
+	c.Work(t0.Add(10 * time.Millisecond))
+	due, ok := c.Due()
+	if !ok || !due.Equal(t0.Add(cfg.Interval)) {
+		t.Fatalf("Due = %v, %v; want the interval after the epoch began (%v)", due, ok, t0.Add(cfg.Interval))
+	}
+	if act := c.Tick(due.Add(-time.Nanosecond)); act.Kind != ActNone {
+		t.Fatalf("Tick before Due = %v, want none", act)
+	}
+	act := c.Tick(due)
+	if act.Kind != ActEndEpoch {
+		t.Fatalf("Tick at Due = %v, want ActEndEpoch", act)
+	}
+	if _, ok := c.Due(); ok {
+		t.Fatal("Due while aligning: want none")
+	}
+	// The checkpoint ends late, so MinPause, not the interval, decides
+	// when the next epoch is due.
+	c.TaskReady(0, due)
+	c.CommitDone(due.Add(80 * time.Millisecond))
+	end := due.Add(90 * time.Millisecond)
+	c.Applied(end)
+	c.Work(end)
+	next, ok := c.Due()
+	if want := end.Add(cfg.MinPause); !ok || !next.Equal(want) {
+		t.Fatalf("Due after a late checkpoint = %v, %v; want MinPause after it (%v)", next, ok, want)
+	}
+	if act := c.Tick(next.Add(-time.Nanosecond)); act.Kind != ActNone {
+		t.Fatalf("Tick before Due = %v, want none", act)
+	}
+	if act := c.Tick(next); act.Kind != ActEndEpoch {
+		t.Fatalf("Tick at Due = %v, want ActEndEpoch", act)
+	}
+}
