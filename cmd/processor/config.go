@@ -34,6 +34,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/function"
+	"github.com/sluicehq/sluice/internal/gctune"
 	"github.com/sluicehq/sluice/savepoint"
 )
 
@@ -81,6 +82,10 @@ type Config struct {
 	PostgresTable         string        `env:"SLUICE_POSTGRES_TABLE" docDefault:"required by SLUICE_SINK=postgres" expect:"a table name or schema.table" desc:"SLUICE_SINK=postgres: the table the rows go to, created if missing (its columns: see docs/sinks.md); one of another shape stops the instance at start. The audit table sluice_sink_epochs goes in the same schema."`
 	FunctionConfig
 	Security
+
+	// gc is what the binary set the Go collector to (internal/gctune), for
+	// the start-up log line; not a variable of its own.
+	gc gctune.Setting
 }
 
 // FunctionConfig is the part of Config for SLUICE_JOB=function (sidecar

@@ -33,6 +33,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/function"
+	"github.com/sluicehq/sluice/internal/gctune"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -180,10 +181,17 @@ func runProcessor(envm map[string]string) int {
 	if err == nil {
 		err = cfg.validateRun()
 	}
+	var gc gctune.Setting
+	if err == nil {
+		// Before anything allocates much: the collector's setting for
+		// the whole run (internal/gctune, docs/operations.md).
+		gc, err = gctune.Apply(cfg.StateBackend)
+	}
 	if err != nil {
 		return configFail(err)
 	}
 	log := newLogger(cfg.Level())
+	cfg.gc = gc
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := serve(ctx, log, cfg); err != nil {
@@ -243,7 +251,7 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 		return err
 	}
 	inst.Store(&in)
-	log.Info("processor starting", append(cfg.Summary(), "metrics", ln.Addr().String())...)
+	log.Info("processor starting", append(append(cfg.Summary(), "metrics", ln.Addr().String()), cfg.gc.LogAttrs()...)...)
 	err = in.Run(ctx)
 	log.Info("processor stopped")
 	if ae := (*sluice.AuthError)(nil); errors.As(err, &ae) {

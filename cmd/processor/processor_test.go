@@ -68,6 +68,7 @@ func TestBadEnvironmentExitsTwoWithOneLine(t *testing.T) {
 		{"unknown job", "SLUICE_JOB", append(without("SLUICE_JOB"), "SLUICE_JOB=nosuchjob")},
 		{"missing brokers", "SLUICE_BROKERS", without("SLUICE_BROKERS")},
 		{"bad guarantee", "SLUICE_GUARANTEE", append(good, "SLUICE_GUARANTEE=maybe_once")},
+		{"memory limit ratio out of range", "AUTOMEMLIMIT", append(good, "AUTOMEMLIMIT=1.5")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/gctune"
 )
 
 // The test binary doubles as the broker and as each contender of
@@ -107,6 +108,12 @@ func runContenderChild() int {
 	if s.Raw {
 		err = rawLoopOn(ctx, s.Brokers, s.Group, s.In, s.Out, s.EOS, s.Interval)
 	} else {
+		// What the processor binary does before it runs (the raw loops
+		// keep Go's defaults, as a program of their own would).
+		if _, err := gctune.Apply(s.Backend); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
 		g := sluice.AtLeastOnce
 		if s.EOS {
 			g = sluice.ExactlyOnce
