@@ -226,8 +226,8 @@ func stateSizes(b *testing.B) []int {
 // updates spread over all keys):
 //
 //   - the Go heap (after a forced GC) while it builds the state, while it
-//     updates it, and after a kill -9 and a restart with the state dir
-//     intact;
+//     updates it, and after a kill -9 (BENCH_STATE_STOP=term: a SIGTERM)
+//     and a restart with the state dir intact;
 //   - that restart's time from exec to the first record processed;
 //   - a restore from scratch (state dir deleted, changelog compacted): its
 //     rate to ready, and the peak heap and RSS of the process meanwhile.
@@ -264,6 +264,18 @@ func stateSizeRun(b *testing.B, backend string, keys int) {
 		kill := func(cmd *exec.Cmd) {
 			cmd.Process.Signal(syscall.SIGKILL)
 			cmd.Wait()
+		}
+		// BENCH_STATE_STOP=term stops the instance before the restart
+		// with SIGTERM (a clean close: no consistency check at the next
+		// open) instead of kill -9.
+		stopForRestart := kill
+		if os.Getenv("BENCH_STATE_STOP") == "term" {
+			stopForRestart = func(cmd *exec.Cmd) {
+				cmd.Process.Signal(syscall.SIGTERM)
+				if err := cmd.Wait(); err != nil {
+					b.Fatalf("stopping with SIGTERM: %v", err)
+				}
+			}
 		}
 		heap := func() heapReport {
 			resp, err := http.Get("http://" + addr + "/heap")
@@ -344,7 +356,7 @@ func stateSizeRun(b *testing.B, backend string, keys int) {
 		if err := <-sent; err != nil {
 			b.Fatal(err)
 		}
-		kill(cmd)
+		stopForRestart(cmd)
 
 		// Restart with the state dir intact, to the first record
 		// processed (a tail of records arrived while it was down).
