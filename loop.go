@@ -367,8 +367,10 @@ func (l *loop) afterProcess(rewind offsets, worked, down bool, err error) error 
 	if down {
 		// The batches come again once the service may be back; the
 		// epoch's other work still commits meanwhile (the loop goes on
-		// after the wait).
-		if err := sleep(l.ctx, l.unavailableFor); err != nil {
+		// after the wait), and on time: the wait ends by the epoch's due
+		// time, after which the batches may be tried again a little
+		// sooner than the backoff said (found by review).
+		if err := sleep(l.ctx, l.unavailableWait()); err != nil {
 			return nil // shutting down
 		}
 	}
@@ -377,6 +379,17 @@ func (l *loop) afterProcess(rewind offsets, worked, down bool, err error) error 
 		return l.run(l.coord.RequestCheckpoint(time.Now()))
 	}
 	return nil
+}
+
+// unavailableWait is how long the loop waits before the batches whose
+// service was unavailable come again: the backoff, but no later than the
+// epoch's due time.
+func (l *loop) unavailableWait() time.Duration {
+	wait := l.unavailableFor
+	if due, ok := l.coord.Due(); ok {
+		wait = min(wait, max(time.Until(due), 0))
+	}
+	return wait
 }
 
 // Bounds of the wait between attempts while Job.Prefetch finds its service

@@ -17,7 +17,7 @@
 // at it, whatever GOGC is.
 //
 // GOGC, GOMEMLIMIT and AUTOMEMLIMIT (automemlimit's ratio, or "off") in the
-// environment take precedence. The library (package sluice) changes none of
+// environment take precedence; an empty one counts as unset, as for Go. The library (package sluice) changes none of
 // this: its host owns the collector.
 package gctune
 
@@ -26,6 +26,7 @@ import (
 	"math"
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
@@ -62,11 +63,10 @@ func (s Setting) LogAttrs() []any {
 // is not an error but Setting.LimitError, and leaves the limit alone.
 func Apply(backend string) (Setting, error) {
 	var s Setting
-	switch _, set := os.LookupEnv("GOGC"); {
-	case set:
+	switch {
+	case os.Getenv("GOGC") != "": // Go ignores an empty one too
 		s.GOGCFrom = "environment"
-		s.GOGC = debug.SetGCPercent(100)
-		debug.SetGCPercent(s.GOGC)
+		s.GOGC = readGOGC()
 	case backend == "bbolt":
 		s.GOGCFrom = "default for bbolt"
 		s.GOGC = BboltGOGC
@@ -75,16 +75,18 @@ func Apply(backend string) (Setting, error) {
 		s.GOGCFrom = "Go default"
 		s.GOGC = 100
 	}
-	if v, set := os.LookupEnv("AUTOMEMLIMIT"); set && v != "off" {
+	switch v, set := os.LookupEnv("AUTOMEMLIMIT"); {
+	case os.Getenv("GOMEMLIMIT") != "":
+		s.LimitFrom = "environment" // automemlimit ignores AUTOMEMLIMIT then, and so do we
+	case v == "off":
+		s.LimitFrom = "none"
+	case set:
 		if r, err := strconv.ParseFloat(v, 64); err != nil || !(r > 0 && r <= 1) {
 			return s, fmt.Errorf("AUTOMEMLIMIT: want a ratio in (0,1] or off, got %q", v)
 		}
-	}
-	s.LimitFrom = "cgroup"
-	if os.Getenv("GOMEMLIMIT") != "" {
-		s.LimitFrom = "environment"
-	} else if os.Getenv("AUTOMEMLIMIT") == "off" {
-		s.LimitFrom = "none"
+		fallthrough
+	default:
+		s.LimitFrom = "cgroup"
 	}
 	limit, err := memlimit.Set(memlimit.WithProvider(memlimit.FromCgroup))
 	s.MemLimit = debug.SetMemoryLimit(-1) // a negative limit only reads it
@@ -95,4 +97,17 @@ func Apply(backend string) (Setting, error) {
 		s.LimitFrom = "none"
 	}
 	return s, nil
+}
+
+// readGOGC reads the GC percent in effect without changing it (-1: off).
+func readGOGC() int {
+	sample := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindUint64 {
+		return 100
+	}
+	if v := sample[0].Value.Uint64(); v != math.MaxUint64 {
+		return int(v)
+	}
+	return -1
 }

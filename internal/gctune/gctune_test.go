@@ -34,19 +34,26 @@ func TestApplyDefaults(t *testing.T) {
 		{"bbolt raises GOGC", "bbolt", "", BboltGOGC, "default for bbolt"},
 		{"memory keeps Go's default", "memory", "", 100, "Go default"},
 		{"GOGC in the environment wins", "bbolt", "150", 150, "environment"},
+		{"an empty GOGC is unset, as for Go", "bbolt", "empty", BboltGOGC, "default for bbolt"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			restore(t)
 			t.Setenv("AUTOMEMLIMIT", "off") // the machine's cgroup is not the test's business
-			if tt.gogc != "" {
+			unsetenv(t, "GOMEMLIMIT")       // nor is CI's environment
+			debug.SetMemoryLimit(math.MaxInt64)
+			switch tt.gogc {
+			case "empty":
+				t.Setenv("GOGC", "")
+				debug.SetGCPercent(100)
+			case "":
+				unsetenv(t, "GOGC")
+				debug.SetGCPercent(100)
+			default:
 				t.Setenv("GOGC", tt.gogc)
 				// The runtime read GOGC when the process started; a
 				// process started with it would be at its value.
 				debug.SetGCPercent(150)
-			} else {
-				unsetenv(t, "GOGC")
-				debug.SetGCPercent(100)
 			}
 			s, err := Apply(tt.backend)
 			if err != nil {
@@ -64,7 +71,8 @@ func TestApplyDefaults(t *testing.T) {
 
 func TestApplyKeepsAGivenMemoryLimit(t *testing.T) {
 	restore(t)
-	unsetenv(t, "AUTOMEMLIMIT")
+	// GOMEMLIMIT wins, and AUTOMEMLIMIT, unused, is not checked.
+	t.Setenv("AUTOMEMLIMIT", "ninety")
 	t.Setenv("GOMEMLIMIT", "512MiB")
 	debug.SetMemoryLimit(512 << 20) // as the runtime would have at start
 	s, err := Apply("bbolt")
