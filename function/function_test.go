@@ -209,8 +209,14 @@ func TestKeyNeverAnsweredGoesToTheDeadLetterTopic(t *testing.T) {
 			t.Errorf("%s = %v (%v), want at least %v", m.name, v, err, m.min)
 		}
 	}
-	if n := callsWithResult(t, reg, "error"); n < 3 {
-		t.Errorf(`sluice_function_calls_total{result="error"} = %v, want at least 3 (the stuck key's calls timed out)`, n)
+	// An attempt of the stuck key ends as a timeout (error), or, when the
+	// function's own answer to its cancelled context (Retry) wins the race
+	// with the client's timeout, as an answer (ok) asking for a retry; the
+	// attempts are counted above (calls, retries), and at least one of them
+	// timed out. (Wanting three timeouts failed about once in twenty runs
+	// under -race: two timeouts and the third attempt answered.)
+	if n := callsWithResult(t, reg, "error"); n < 1 {
+		t.Errorf(`sluice_function_calls_total{result="error"} = %v, want at least one (the stuck key's calls time out)`, n)
 	}
 }
 
