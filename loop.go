@@ -226,12 +226,8 @@ func (l *loop) pollWait() time.Duration {
 	if l.in.woken.Swap(false) {
 		return 0
 	}
-	d := max(l.in.cfg.Checkpoint.Interval/2, 5*time.Millisecond)
 	wall := time.Now()
-	if due, ok := l.coord.Due(); ok {
-		// The coordinator keeps wall time even under a test clock.
-		d = min(d, max(due.Sub(wall), 0))
-	}
+	d := l.byDue(max(l.in.cfg.Checkpoint.Interval/2, 5*time.Millisecond), wall)
 	if l.in.cfg.Clock != nil {
 		return d // a test clock wakes the loop when it moves
 	}
@@ -385,11 +381,17 @@ func (l *loop) afterProcess(rewind offsets, worked, down bool, err error) error 
 // service was unavailable come again: the backoff, but no later than the
 // epoch's due time.
 func (l *loop) unavailableWait() time.Duration {
-	wait := l.unavailableFor
+	return l.byDue(l.unavailableFor, time.Now())
+}
+
+// byDue cuts a wait of d starting at wall time now so that it ends by the
+// epoch's due time, if it has one. (The coordinator keeps wall time, even
+// under a test clock.)
+func (l *loop) byDue(d time.Duration, now time.Time) time.Duration {
 	if due, ok := l.coord.Due(); ok {
-		wait = min(wait, max(time.Until(due), 0))
+		d = min(d, max(due.Sub(now), 0))
 	}
-	return wait
+	return d
 }
 
 // Bounds of the wait between attempts while Job.Prefetch finds its service

@@ -17,8 +17,9 @@
 // at it, whatever GOGC is.
 //
 // GOGC, GOMEMLIMIT and AUTOMEMLIMIT (automemlimit's ratio, or "off") in the
-// environment take precedence; an empty one counts as unset, as for Go. The library (package sluice) changes none of
-// this: its host owns the collector.
+// environment take precedence; an empty one counts as unset, as for Go. The
+// library (package sluice) changes none of this: its host owns the
+// collector.
 package gctune
 
 import (
