@@ -321,11 +321,7 @@ func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...Heade
 // them is in use, so outputs and changelog records cost no allocation
 // each.
 func (t *task) record(explicit bool) *kgo.Record {
-	if len(t.slab) == 0 {
-		t.slab = make([]outSlot, slabLen)
-	}
-	s := &t.slab[0]
-	t.slab = t.slab[1:]
+	s := fromSlab(&t.slab)
 	s.ctx = outCtx{Context: context.Background(), explicit: explicit, task: t.p}
 	s.rec.Context = &s.ctx
 	return &s.rec
@@ -382,13 +378,20 @@ func fillRecord(rec *Record, r *kgo.Record) {
 // the Record it is given, so each is a Record of its own, but they are
 // allocated many at a time.
 func (t *task) inputRecord(r *kgo.Record) *Record {
-	if len(t.recSlab) == 0 {
-		t.recSlab = make([]Record, slabLen)
-	}
-	rec := &t.recSlab[0]
-	t.recSlab = t.recSlab[1:]
+	rec := fromSlab(&t.recSlab)
 	fillRecord(rec, r)
 	return rec
+}
+
+// fromSlab takes the next element of *slab, the unused part of a slab,
+// allocating a new slab of slabLen when it is used up.
+func fromSlab[T any](slab *[]T) *T {
+	if len(*slab) == 0 {
+		*slab = make([]T, slabLen)
+	}
+	e := &(*slab)[0]
+	*slab = (*slab)[1:]
+	return e
 }
 
 // Dead-letter headers say where a record came from and why it failed.
