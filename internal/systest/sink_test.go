@@ -82,6 +82,11 @@ func (f *feeder) expectedRows() map[int32][]string {
 	return out
 }
 
+// preparedHere lists the prepared transactions of the connection's
+// database: pg_prepared_xacts spans the whole server, which the parallel
+// subtests of one test share (each with a database of its own).
+const preparedHere = "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+
 func query[T any](t *testing.T, url, sql string, scan pgx.RowToFunc[T]) []T {
 	t.Helper()
 	ctx := context.Background()
@@ -210,7 +215,7 @@ func checkAudit(t *testing.T, url, brokers, app string) {
 		}
 		t.Fatalf("audit table: %d epochs, changelog markers name %d: %d missing, %d not committed in Kafka", len(got), len(want), missing, extra)
 	}
-	prepared := query(t, url, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'sluice/"+app+"/%'", pgx.RowTo[string])
+	prepared := query(t, url, preparedHere+" AND gid LIKE 'sluice/"+app+"/%'", pgx.RowTo[string])
 	if len(prepared) > 0 {
 		t.Fatalf("left prepared: %v", prepared)
 	}
@@ -260,7 +265,7 @@ func TestSinkCrashPoints(t *testing.T) {
 			}
 			if tt.point != sluice.PointBeforePreCommit {
 				// The crash left a prepared transaction behind.
-				if n := len(query(t, url, "SELECT gid FROM pg_prepared_xacts", pgx.RowTo[string])); n == 0 {
+				if n := len(query(t, url, preparedHere, pgx.RowTo[string])); n == 0 {
 					t.Fatalf("nothing prepared after a crash at %s", tt.point)
 				}
 			}
@@ -415,7 +420,7 @@ func TestSinkRefusals(t *testing.T) {
 	if got := aggregateTable(t, srv.URL()); len(got) != 1 {
 		t.Fatalf("table after the refusal: %v", got)
 	}
-	if n := len(query(t, srv.URL(), "SELECT gid FROM pg_prepared_xacts", pgx.RowTo[string])); n != 0 {
+	if n := len(query(t, srv.URL(), preparedHere, pgx.RowTo[string])); n != 0 {
 		t.Fatalf("%d left prepared", n)
 	}
 }

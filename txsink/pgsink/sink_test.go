@@ -71,7 +71,7 @@ func table(t testing.TB, c *pgx.Conn) map[string]string {
 
 func prepared(t testing.TB, c *pgx.Conn) []string {
 	t.Helper()
-	rows, err := c.Query(context.Background(), "SELECT gid FROM pg_prepared_xacts ORDER BY gid")
+	rows, err := c.Query(context.Background(), "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() ORDER BY gid")
 	if err != nil {
 		t.Fatal(err)
 	}
