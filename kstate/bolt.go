@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"sync"
@@ -61,9 +62,10 @@ type boltBackend struct {
 
 // OpenBolt opens or creates the bbolt file at path, creating its directory.
 //
-// The freelist is not synced (NoFreelistSync) and kept as a hash map: state
-// files churn a lot of pages per epoch, and rebuilding the freelist on open
-// is cheaper than writing it on every commit.
+// The freelist is kept as a hash map and not synced by commits
+// (NoFreelistSync): state files churn a lot of pages per epoch, and
+// writing the freelist on every commit costs more than rebuilding it at an
+// open after a crash. Close writes it once, so a clean restart reads it.
 func OpenBolt(path string) (Backend, error) {
 	return openBolt(path, DefaultLockTimeout)
 }
@@ -72,8 +74,16 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("kstate: create state dir: %w", err)
 	}
-	if err := checkFile(path); err != nil {
+	m, err := checkFile(path)
+	if err != nil {
 		return nil, err
+	}
+	// bbolt's Open will rebuild the freelist: see checkFile.
+	rebuild := m != nil && m.freelist == noFreelist
+	if rebuild {
+		if err := readEveryPage(path, *m, lockTimeout); err != nil {
+			return nil, err
+		}
 	}
 	// bbolt panics on some damaged pages rather than returning an error.
 	defer func() {
@@ -86,18 +96,15 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
 	})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%w: %s (still locked after %v; is an old instance still running?)", ErrLocked, path, lockTimeout)
-	}
-	if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
-		return nil, fmt.Errorf("%w: open %s: %w", ErrCorrupt, path, err)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
+		return nil, openErr(path, lockTimeout, err)
 	}
 	b = &boltBackend{db: db, path: path}
 	err = db.Update(func(tx *bolt.Tx) error {
-		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil {
+		// Not closed cleanly: check every page before the file is
+		// trusted. If bbolt rebuilt the freelist at Open, readEveryPage
+		// ran this check's page checks already (see checkFile).
+		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil && !rebuild {
 			for err := range tx.Check() {
 				// Drain the channel: Check's goroutine ends only
 				// after every error was received.
@@ -155,59 +162,110 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 }
 
 // checkFile refuses a file cut short (a copy, a full disk, a bad restore
-// from backup): not whole pages, or fewer pages than its newest meta page
-// says it has. bbolt would read past the end of its mapping (SIGBUS) or
-// panic in a goroutine of its own while rebuilding the freelist, killing
-// the process instead of returning an error.
-func checkFile(path string) error {
+// from backup): not whole pages, or fewer pages than its meta page says it
+// has. bbolt would read past the end of its mapping (SIGBUS) or panic in a
+// goroutine of its own while rebuilding the freelist, killing the process
+// instead of returning an error. It returns the meta page bbolt will use,
+// nil for a file bbolt has yet to initialise.
+//
+// When that meta has no freelist synced (every commit leaves it so, with
+// NoFreelistSync; only Close writes one), bbolt's Open rebuilds the
+// freelist by walking every page reachable from the root (freepages),
+// with the page checks of Tx.Check: each page referenced once, in bounds,
+// a branch or leaf page, keys in order. That walk runs in a goroutine of
+// its own, where a page that cannot be read panics past any recover, and a
+// finding panics the opening goroutine while the walk goes on reading
+// (after its transaction was closed under it). So openBolt first runs the
+// same checks where a finding is an error (readEveryPage), and bbolt's
+// walk then finds nothing. What Tx.Check adds, a freelist against the
+// reachable pages, holds by construction for a freelist built as their
+// complement, so it is not run again.
+func checkFile(path string) (*boltMetaPage, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("kstate: open %s: %w", path, err)
+		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("kstate: stat %s: %w", path, err)
+		return nil, fmt.Errorf("kstate: stat %s: %w", path, err)
 	}
 	if fi.Size() == 0 {
-		return nil // created but never initialised: bbolt does that
+		return nil, nil // created but never initialised: bbolt does that
 	}
 	truncated := func(why string) error {
 		return fmt.Errorf("%w: %s is %d bytes, %s: truncated", ErrCorrupt, path, fi.Size(), why)
 	}
-	// bbolt's meta pages 0 and 1: a 16-byte page header, then magic,
-	// version, page size and flags (4 bytes each), the root bucket (root
-	// page, sequence), the freelist page, the high-water page id and the
-	// transaction id (8 bytes each), little endian.
-	const magic = 0xED0CDAED
-	var best struct{ txid, pgid, pageSize uint64 }
-	buf := make([]byte, 80)
-	for _, off := range []int64{0, int64(os.Getpagesize())} {
-		if _, err := f.ReadAt(buf, off); err != nil {
-			continue
-		}
-		if binary.LittleEndian.Uint32(buf[16:]) != magic {
-			continue
-		}
-		pageSize := uint64(binary.LittleEndian.Uint32(buf[24:]))
-		pgid := binary.LittleEndian.Uint64(buf[56:])
-		txid := binary.LittleEndian.Uint64(buf[64:])
-		if best.pageSize == 0 || txid > best.txid {
-			best.txid, best.pgid, best.pageSize = txid, pgid, pageSize
-		}
-	}
+	m, ok := boltMeta(f)
 	switch {
-	case best.pageSize == 0:
-		return fmt.Errorf("%w: %s has no valid bbolt meta page", ErrCorrupt, path)
-	case uint64(fi.Size())%best.pageSize != 0:
-		return truncated(fmt.Sprintf("not whole %d-byte pages", best.pageSize))
-	case uint64(fi.Size()) < best.pgid*best.pageSize:
-		return truncated(fmt.Sprintf("its meta counts %d pages of %d bytes", best.pgid, best.pageSize))
+	case !ok:
+		return nil, fmt.Errorf("%w: %s has no valid bbolt meta page", ErrCorrupt, path)
+	case uint64(fi.Size())%m.pageSize != 0:
+		return nil, truncated(fmt.Sprintf("not whole %d-byte pages", m.pageSize))
+	case uint64(fi.Size()) < m.pgid*m.pageSize:
+		return nil, truncated(fmt.Sprintf("its meta counts %d pages of %d bytes", m.pgid, m.pageSize))
 	}
-	return nil
+	return &m, nil
+}
+
+// openErr says why bolt.Open refused path.
+func openErr(path string, lockTimeout time.Duration, err error) error {
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return fmt.Errorf("%w: %s (still locked after %v; is an old instance still running?)", ErrLocked, path, lockTimeout)
+	case errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch):
+		return fmt.Errorf("%w: open %s: %w", ErrCorrupt, path, err)
+	}
+	return fmt.Errorf("kstate: open %s: %w", path, err)
+}
+
+// noFreelist is bbolt's freelist page id for "not synced".
+const noFreelist = ^uint64(0)
+
+type boltMetaPage struct{ pageSize, root, freelist, pgid, txid uint64 }
+
+// boltMeta reads the meta page bbolt uses (DB.meta): of pages 0 and 1, the
+// valid one with the higher transaction id. Each is a 16-byte page header,
+// then magic, version, page size and flags (4 bytes each), the root bucket
+// (root page, sequence), the freelist page, the high-water page id, the
+// transaction id and an FNV-64a checksum of the fields before it (8 bytes
+// each), little endian. Page 1 is where bbolt looks for it (getPageSize):
+// at page 0's page size if page 0 is valid, else at the OS's.
+func boltMeta(f *os.File) (boltMetaPage, bool) {
+	const magic, version = 0xED0CDAED, 2
+	read := func(off int64) (boltMetaPage, bool) {
+		buf := make([]byte, 80)
+		if _, err := f.ReadAt(buf, off); err != nil {
+			return boltMetaPage{}, false
+		}
+		le := binary.LittleEndian
+		h := fnv.New64a()
+		h.Write(buf[16:72])
+		if le.Uint32(buf[16:]) != magic || le.Uint32(buf[20:]) != version || le.Uint64(buf[72:]) != h.Sum64() {
+			return boltMetaPage{}, false
+		}
+		m := boltMetaPage{pageSize: uint64(le.Uint32(buf[24:])), root: le.Uint64(buf[32:]), freelist: le.Uint64(buf[48:]), pgid: le.Uint64(buf[56:]), txid: le.Uint64(buf[64:])}
+		return m, m.pageSize >= 1024 && m.pageSize&(m.pageSize-1) == 0
+	}
+	m0, ok0 := read(0)
+	off1 := int64(os.Getpagesize())
+	if ok0 {
+		off1 = int64(m0.pageSize)
+	}
+	m1, ok1 := read(off1)
+	switch {
+	case ok0 && ok1:
+		if m1.txid > m0.txid {
+			return m1, true
+		}
+		return m0, true
+	case ok1:
+		return m1, true
+	}
+	return m0, ok0
 }
 
 func (b *boltBackend) Get(key []byte) (value []byte, ok bool, err error) {
@@ -351,6 +409,10 @@ func (b *boltBackend) Close() error {
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	b.endRead()
+	// The last commit writes the freelist (only this one: see OpenBolt),
+	// so the next open reads it instead of walking every page to rebuild
+	// it: a restart after a clean close does not grow with the state.
+	b.db.NoFreelistSync = false
 	markErr := b.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(metaBucket).Put(cleanKey, []byte{1})
 	})

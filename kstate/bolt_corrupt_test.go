@@ -1,6 +1,8 @@
 package kstate
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -78,32 +80,44 @@ func TestBoltDetectsDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{"data page zeroed, not closed cleanly", func(t *testing.T, path string) {
-			db, err := bolt.Open(path, 0o600, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var leaf int64
-			err = db.Update(func(tx *bolt.Tx) error {
-				leaf = int64(tx.Bucket(stateBucket).Root())
-				return tx.Bucket(metaBucket).Delete(cleanKey) // as after a crash
+		// bbolt's default options sync the freelist: the open does
+		// not walk the pages, Tx.Check does.
+		{"root page junk, not closed cleanly, freelist synced", func(t *testing.T, path string) {
+			patchAfterCrash(t, path, nil, junkPage)
+		}},
+		// The rest as Sluice's own commits leave a file: bbolt's open
+		// would rebuild the freelist, in a goroutine where each of these
+		// took the process down (a fault, a nil pointer, a panic).
+		{"root page junk, not closed cleanly, freelist not synced", func(t *testing.T, path string) {
+			patchAfterCrash(t, path, unsynced, junkPage)
+		}},
+		{"two equal keys in a leaf, freelist not synced", func(t *testing.T, path string) {
+			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
+				leaf := pg.read(t, pg.child(t, pg.read(t, pg.root), 0))
+				copy(leaf.key(t, 1), leaf.key(t, 0))
+				leaf.write(t)
 			})
-			db.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.OpenFile(path, os.O_WRONLY, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			junk := make([]byte, page)
-			for i := range junk {
-				junk[i] = 0xA5
-			}
-			if _, err := f.WriteAt(junk, leaf*page); err != nil {
-				t.Fatal(err)
-			}
+		}},
+		{"a leaf key's offset far past the page, freelist not synced", func(t *testing.T, path string) {
+			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
+				leaf := pg.read(t, pg.child(t, pg.read(t, pg.root), 0))
+				binary.LittleEndian.PutUint32(leaf.b[pageHeaderSize+4:], 0x7FFFFF00)
+				leaf.write(t)
+			})
+		}},
+		{"a branch child past the high-water mark, freelist not synced", func(t *testing.T, path string) {
+			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
+				root := pg.read(t, pg.root)
+				binary.LittleEndian.PutUint64(root.b[pageHeaderSize+8:], 1<<40)
+				root.write(t)
+			})
+		}},
+		{"a page referenced twice, freelist not synced", func(t *testing.T, path string) {
+			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
+				root := pg.read(t, pg.root)
+				binary.LittleEndian.PutUint64(root.b[pageHeaderSize+pageElementSize+8:], pg.child(t, root, 0))
+				root.write(t)
+			})
 		}},
 	}
 	for _, tt := range tests {
@@ -121,6 +135,85 @@ func TestBoltDetectsDamage(t *testing.T) {
 	}
 }
 
+var unsynced = &bolt.Options{NoFreelistSync: true}
+
+// rawPage is a page of a bbolt file read and written as bytes.
+type rawPage struct {
+	f    *os.File
+	id   uint64
+	b    []byte
+	root uint64 // the state bucket's root page
+}
+
+func (pg *rawPage) read(t *testing.T, id uint64) *rawPage {
+	t.Helper()
+	b := make([]byte, os.Getpagesize())
+	if _, err := pg.f.ReadAt(b, int64(id)*int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	return &rawPage{f: pg.f, id: id, b: b, root: pg.root}
+}
+
+func (pg *rawPage) write(t *testing.T) {
+	t.Helper()
+	if _, err := pg.f.WriteAt(pg.b, int64(pg.id)*int64(len(pg.b))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// child is branch page p's element i's page id.
+func (pg *rawPage) child(t *testing.T, p *rawPage, i int) uint64 {
+	t.Helper()
+	if binary.LittleEndian.Uint16(p.b[8:]) != branchPageFlag {
+		t.Fatalf("page %d is not a branch page: make the test's state bigger", p.id)
+	}
+	return binary.LittleEndian.Uint64(p.b[pageHeaderSize+i*pageElementSize+8:])
+}
+
+// key is leaf page pg's element i's key, in place.
+func (pg *rawPage) key(t *testing.T, i int) []byte {
+	t.Helper()
+	if binary.LittleEndian.Uint16(pg.b[8:]) != leafPageFlag {
+		t.Fatalf("page %d is not a leaf page", pg.id)
+	}
+	at := pageHeaderSize + i*pageElementSize
+	pos, ksize := int(binary.LittleEndian.Uint32(pg.b[at+4:])), int(binary.LittleEndian.Uint32(pg.b[at+8:]))
+	return pg.b[at+pos : at+pos+ksize]
+}
+
+func junkPage(t *testing.T, pg *rawPage) {
+	p := pg.read(t, pg.root)
+	for i := range p.b {
+		p.b[i] = 0xA5
+	}
+	p.write(t)
+}
+
+// patchAfterCrash makes the file look as after a crash (no clean mark),
+// committing that with opts, then lets patch damage its pages.
+func patchAfterCrash(t *testing.T, path string, opts *bolt.Options, patch func(*testing.T, *rawPage)) {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root uint64
+	err = db.Update(func(tx *bolt.Tx) error {
+		root = uint64(tx.Bucket(stateBucket).Root())
+		return tx.Bucket(metaBucket).Delete(cleanKey)
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	patch(t, &rawPage{f: f, root: root})
+}
+
 // A file closed cleanly opens without the full check and keeps its data.
 func TestBoltCleanReopen(t *testing.T) {
 	path := writeFile(t)
@@ -133,4 +226,69 @@ func TestBoltCleanReopen(t *testing.T) {
 	if err != nil || m.Epoch != 3 || b.Stats().Keys != 2000 {
 		t.Fatalf("meta %+v, %d keys, %v", m, b.Stats().Keys, err)
 	}
+}
+
+// Close writes the freelist, so the next open reads it instead of walking
+// every page; the first commit after that open unsyncs it again, so a
+// crash then leaves a file whose open rebuilds it (and checks every page
+// doing so). Through the whole cycle the data stays and bbolt's own check
+// finds nothing.
+func TestBoltFreelistSyncedOnlyByClose(t *testing.T) {
+	path := writeFile(t)
+	if synced, err := freelistSynced(path); err != nil || !synced {
+		t.Fatalf("after a clean close: freelist synced %v, %v", synced, err)
+	}
+	b, err := openBolt(path, DefaultLockTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if synced, err := freelistSynced(path); err != nil || synced {
+		t.Fatalf("once opened: freelist synced %v, %v", synced, err)
+	}
+	more := []Mutation{{Key: EncodeKey(KindKeyed, "s", []byte("new"), nil), Value: []byte("v")}}
+	if err := b.Apply(more, Meta{Epoch: 4, ChangelogOffset: 11, Offsets: map[string]int64{"in": 8}}); err != nil {
+		t.Fatal(err)
+	}
+	// A crash: the file is released without Close's last commit.
+	b.endRead()
+	if err := b.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if synced, err := freelistSynced(path); err != nil || synced {
+		t.Fatalf("after a crash: freelist synced %v, %v", synced, err)
+	}
+	re, err := OpenBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := re.Meta()
+	if err != nil || m.Epoch != 4 || re.Stats().Keys != 2001 {
+		t.Fatalf("after the crash: meta %+v, %d keys, %v", m, re.Stats().Keys, err)
+	}
+	if err := re.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	err = db.View(func(tx *bolt.Tx) error {
+		var first error
+		for err := range tx.Check() { // drained: Check's goroutine waits for each send
+			first = cmp.Or(first, err)
+		}
+		return first
+	})
+	if err != nil {
+		t.Fatalf("bbolt's check of the file: %v", err)
+	}
+}
+
+func freelistSynced(path string) (bool, error) {
+	m, err := checkFile(path)
+	if err != nil {
+		return false, err
+	}
+	return m.freelist != noFreelist, nil
 }

@@ -1,6 +1,7 @@
 package systest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
@@ -432,6 +434,58 @@ func TestCorruptStateFileIsRestoredFromChangelog(t *testing.T) {
 		t.Fatal(rep)
 	}
 	if aside, _ := filepath.Glob(path + ".corrupt-*"); len(aside) != 1 {
+		t.Fatalf("damaged file not moved aside: %v", aside)
+	}
+}
+
+// A file left by a kill -9 with a page damaged as well (a bad disk) is
+// moved aside and the task restored from its changelog. Before, bbolt's
+// open panicked in a goroutine of its own while rebuilding the freelist,
+// which took the process down at every start.
+func TestKilledInstancesDamagedFileIsRestored(t *testing.T) {
+	brokers := newCluster(t, 2)
+	f := newFeeder(t, brokers, 30, 46)
+	dir := t.TempDir()
+	c := newChild(t, brokers, "killedjunk", "i1", dir, "aggregate", sluice.ExactlyOnce)
+	c.start()
+	f.produce(500, 0)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		c.dumpLog()
+		t.Fatal(rep)
+	}
+	c.signal(syscall.SIGKILL)
+	c.wait(10 * time.Second)
+	path := filepath.Join(dir, "killedjunk", "task-0000.db")
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root int64
+	err = db.View(func(tx *bolt.Tx) error {
+		root = int64(tx.Bucket([]byte("state")).Root())
+		return nil
+	})
+	db.Close()
+	if err != nil || root == 0 {
+		t.Fatalf("state bucket root %d: %v", root, err)
+	}
+	junk := bytes.Repeat([]byte{0xA5}, os.Getpagesize())
+	fh, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.WriteAt(junk, root*int64(len(junk))); err != nil {
+		t.Fatal(err)
+	}
+	fh.Close()
+	c.start()
+	f.produce(500, 0)
+	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
+		c.dumpLog()
+		t.Fatal(rep)
+	}
+	if aside, _ := filepath.Glob(path + ".corrupt-*"); len(aside) != 1 {
+		c.dumpLog()
 		t.Fatalf("damaged file not moved aside: %v", aside)
 	}
 }
