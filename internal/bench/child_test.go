@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -189,7 +190,7 @@ func checkpointQuantiles(reg *prometheus.Registry) (p50, p99 float64, n uint64, 
 }
 
 // startBroker starts the broker child and returns its address.
-func startBroker(b *testing.B) string {
+func startBroker(b *testing.B) (addr string, pid int) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
 	cmd.Env = append(os.Environ(), "BENCH_CHILD=broker")
 	cmd.Stderr = os.Stderr
@@ -209,11 +210,11 @@ func startBroker(b *testing.B) string {
 				for sc.Scan() {
 				}
 			}()
-			return addr
+			return addr, cmd.Process.Pid
 		}
 	}
 	b.Fatal("broker child printed no address")
-	return ""
+	return "", 0
 }
 
 // startContender starts a contender child; stop sends it SIGTERM and waits
@@ -247,6 +248,28 @@ func startContender(b *testing.B, s spec) (pid int, stop func() childResult) {
 // cpuSeconds is a process's user+system CPU time so far, from
 // /proc/<pid>/stat (fields 14 and 15, in clock ticks of 1/100 s, the
 // USER_HZ of Linux on amd64 and arm64).
+// machineTicks reads the machine's CPU time from /proc/stat, in ticks
+// over every core: busy (all but idle and iowait) and total.
+func machineTicks(b *testing.B) (busy, total uint64) {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseUint(v, 10, 64)
+		if i >= 8 {
+			break // guest time is counted in user already
+		}
+		total += n
+		if i != 3 && i != 4 {
+			busy += n
+		}
+	}
+	return busy, total
+}
+
 func cpuSeconds(b *testing.B, pid int) float64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {

@@ -74,6 +74,12 @@ type row struct {
 	// CkptShare is the checkpoints' total duration over the measured
 	// window: the share of wall time an epoch was being committed.
 	CkptShare float64 `json:"checkpoint_share,omitempty"`
+	// BrokerCPUPerM is the broker process's CPU time per million records
+	// over the steady part of the run (first commit to done), and
+	// MachineBusy the share of every core of the machine busy then
+	// (/proc/stat): what is left for pipelined epochs to fill.
+	BrokerCPUPerM float64 `json:"broker_cpu_s_per_m_records,omitempty"`
+	MachineBusy   float64 `json:"machine_busy_share,omitempty"`
 
 	Rate     int     `json:"rate,omitempty"`
 	LatP50   float64 `json:"latency_p50_ms,omitempty"`
@@ -138,7 +144,7 @@ func BenchmarkContenders(b *testing.B) {
 	emit(row{Kind: "machine", CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Go: runtime.Version()})
 
 	for range b.N {
-		brokers := startBroker(b)
+		brokers, brokerPID := startBroker(b)
 		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 		if err != nil {
 			b.Fatal(err)
@@ -161,9 +167,9 @@ func BenchmarkContenders(b *testing.B) {
 				if !keep(s) {
 					continue
 				}
-				r := throughputRun(b, adm, brokers, s, fmt.Sprintf("tp%d-r%d", i, round), n)
-				b.Logf("round %d %s/%v: %.0f records/s, %.2f CPU s/M, %.0f MiB, checkpoint p50 %.1f ms p99 %.1f ms, %.1f allocs/record",
-					round, s.Name, s.Interval, r.RecordsPerS, r.CPUPerM, r.PeakRSS, r.CkptP50, r.CkptP99, r.AllocsPerRec)
+				r := throughputRun(b, adm, brokers, brokerPID, s, fmt.Sprintf("tp%d-r%d", i, round), n)
+				b.Logf("round %d %s/%v: %.0f records/s, %.2f CPU s/M (broker %.2f, machine %.0f%% busy), %.0f MiB, checkpoint p50 %.1f ms p99 %.1f ms, %.1f allocs/record",
+					round, s.Name, s.Interval, r.RecordsPerS, r.CPUPerM, r.BrokerCPUPerM, 100*r.MachineBusy, r.PeakRSS, r.CkptP50, r.CkptP99, r.AllocsPerRec)
 				tps[i] = append(tps[i], r)
 			}
 			for i, s := range latencyContenders {
@@ -264,6 +270,8 @@ func median(rs []row) row {
 		func(r *row) *float64 { return &r.CkptP50 },
 		func(r *row) *float64 { return &r.CkptP99 },
 		func(r *row) *float64 { return &r.CkptShare },
+		func(r *row) *float64 { return &r.BrokerCPUPerM },
+		func(r *row) *float64 { return &r.MachineBusy },
 		func(r *row) *float64 { return &r.LatP50 },
 		func(r *row) *float64 { return &r.LatP99 },
 	} {
@@ -275,7 +283,7 @@ func median(rs []row) row {
 
 // throughputRun runs contender s over the n preloaded records with group
 // and output topic named after id.
-func throughputRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id string, n int) row {
+func throughputRun(b *testing.B, adm *kadm.Client, brokers string, brokerPID int, s spec, id string, n int) row {
 	dir := b.TempDir()
 	s.Brokers, s.Group, s.In, s.Out, s.State = brokers, id, input, id+"-out", filepath.Join(dir, "state")
 	s.Result = filepath.Join(dir, "result.json")
@@ -287,10 +295,22 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id st
 	defer deleteTopics(b, adm, s.Group)
 	pid, stop := startContender(b, s)
 	deadline := time.Now().Add(5 * time.Minute)
+	// The steady part of the run: from the first offsets committed (the
+	// first epoch) to the last.
+	var steady struct {
+		at          time.Time
+		broker      float64
+		busy, total uint64
+		sum         int64
+	}
 	for {
 		sum, err := check.CommittedSum(context.Background(), adm, s.Group)
 		if err == nil && sum >= int64(n) {
 			break
+		}
+		if err == nil && sum > 0 && steady.at.IsZero() {
+			steady.at, steady.broker, steady.sum = time.Now(), cpuSeconds(b, brokerPID), sum
+			steady.busy, steady.total = machineTicks(b)
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("%s: group did not commit %d offsets", s.Name, n)
@@ -299,6 +319,8 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id st
 	}
 	done := time.Now()
 	cpu, rss := cpuSeconds(b, pid), peakRSS(b, pid)
+	broker := cpuSeconds(b, brokerPID)
+	busy, total := machineTicks(b)
 	res := stop()
 	elapsed := done.Sub(firstOutput(b, brokers, s.Out))
 	r := s.row("throughput")
@@ -310,6 +332,10 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, s spec, id st
 	r.BytesPerRec = float64(res.AllocBytes) / float64(n)
 	r.CkptP50, r.CkptP99, r.Checkpoints = res.CheckpointP50, res.CheckpointP99, res.Checkpoints
 	r.CkptShare = res.CheckpointSum / elapsed.Seconds()
+	if !steady.at.IsZero() && total > steady.total && int64(n) > steady.sum {
+		r.BrokerCPUPerM = (broker - steady.broker) / (float64(int64(n)-steady.sum) / 1e6)
+		r.MachineBusy = float64(busy-steady.busy) / float64(total-steady.total)
+	}
 	return r
 }
 
