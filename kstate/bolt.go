@@ -103,8 +103,11 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 	err = db.Update(func(tx *bolt.Tx) error {
 		// Not closed cleanly: check every page before the file is
 		// trusted. If bbolt rebuilt the freelist at Open, readEveryPage
-		// ran this check's page checks already (see checkFile).
-		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil && !rebuild {
+		// ran this check's page checks already (see checkFile), unless
+		// the file took a commit between the two (another process that
+		// had it open in the moment between them).
+		walked := rebuild && uint64(tx.ID()) == m.txid+1
+		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil && !walked {
 			for err := range tx.Check() {
 				// Drain the channel: Check's goroutine ends only
 				// after every error was received.
@@ -180,6 +183,9 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 // walk then finds nothing. What Tx.Check adds, a freelist against the
 // reachable pages, holds by construction for a freelist built as their
 // complement, so it is not run again.
+//
+// When the freelist is synced (a clean close), bbolt reads it instead:
+// checkFreelist makes sure that page is whole first.
 func checkFile(path string) (*boltMetaPage, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -205,8 +211,13 @@ func checkFile(path string) (*boltMetaPage, error) {
 		return nil, fmt.Errorf("%w: %s has no valid bbolt meta page", ErrCorrupt, path)
 	case uint64(fi.Size())%m.pageSize != 0:
 		return nil, truncated(fmt.Sprintf("not whole %d-byte pages", m.pageSize))
-	case uint64(fi.Size()) < m.pgid*m.pageSize:
+	case m.pgid > uint64(fi.Size())/m.pageSize:
 		return nil, truncated(fmt.Sprintf("its meta counts %d pages of %d bytes", m.pgid, m.pageSize))
+	}
+	if m.freelist != noFreelist {
+		if err := checkFreelist(f, path, m); err != nil {
+			return nil, err
+		}
 	}
 	return &m, nil
 }

@@ -1,9 +1,11 @@
 package kstate
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -111,6 +113,31 @@ func TestBoltDetectsDamage(t *testing.T) {
 				binary.LittleEndian.PutUint64(root.b[pageHeaderSize+8:], 1<<40)
 				root.write(t)
 			})
+		}},
+		{"a branch page without elements, freelist not synced", func(t *testing.T, path string) {
+			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
+				root := pg.read(t, pg.root)
+				binary.LittleEndian.PutUint64(root.b[pageHeaderSize+8:], 1<<40) // what bbolt's cursor would read
+				binary.LittleEndian.PutUint16(root.b[10:], 0)
+				root.write(t)
+			})
+		}},
+		// A clean close synced the freelist, which bbolt's open reads:
+		// a damaged one made it allocate by a junk count.
+		{"the freelist page junk after a clean close", func(t *testing.T, path string) {
+			m, err := checkFile(path)
+			if err != nil || m.freelist == noFreelist {
+				t.Fatalf("meta %+v, %v: want a synced freelist", m, err)
+			}
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			pg := (&rawPage{f: f}).read(t, m.freelist)
+			binary.LittleEndian.PutUint16(pg.b[10:], 0xFFFF)
+			binary.LittleEndian.PutUint64(pg.b[pageHeaderSize:], 1<<36)
+			pg.write(t)
 		}},
 		{"a page referenced twice, freelist not synced", func(t *testing.T, path string) {
 			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
@@ -291,4 +318,44 @@ func freelistSynced(path string) (bool, error) {
 		return false, err
 	}
 	return m.freelist != noFreelist, nil
+}
+
+// The check after a crash passes what bbolt legitimately writes: values
+// on overflow pages beyond what the walk buffers, many small entries, an
+// inline bucket (meta), a tree several levels deep.
+func TestBoltCheckPassesLargeValuesAfterACrash(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "task-0000.db")
+	b, err := openBolt(path, DefaultLockTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte{7}, 3*maxBuffered/2)
+	bigKey := EncodeKey(KindKeyed, "big", []byte("k"), nil)
+	muts := []Mutation{{Key: bigKey, Value: big}} // Apply sorts muts
+	for i := range 20000 {
+		muts = append(muts, Mutation{Key: EncodeKey(KindKeyed, "s", fmt.Appendf(nil, "%06d", i), nil), Value: []byte("v")})
+	}
+	if err := b.Apply(muts, Meta{Epoch: 1, ChangelogOffset: 1, Offsets: map[string]int64{"in": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	b.endRead()
+	if err := b.db.Close(); err != nil { // a crash: no clean mark
+		t.Fatal(err)
+	}
+	m, err := checkFile(path)
+	if err != nil || m.freelist != noFreelist {
+		t.Fatalf("meta %+v, %v: want the freelist unsynced", m, err)
+	}
+	if err := readEveryPage(path, *m, DefaultLockTimeout); err != nil {
+		t.Fatalf("the check refused a sound file: %v", err)
+	}
+	re, err := OpenBolt(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer re.Close()
+	v, ok, err := re.Get(bigKey)
+	if err != nil || !ok || !bytes.Equal(v, big) || re.Stats().Keys != 20001 {
+		t.Fatalf("after the crash: big value %v %v (%d bytes), %d keys", ok, err, len(v), re.Stats().Keys)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -23,22 +24,37 @@ import (
 // its value is the bucket's root page id and sequence (u64 each), and for
 // an inline bucket (root 0) its one leaf page follows in the value.
 const (
-	pageHeaderSize  = 16
-	pageElementSize = 16
-	branchPageFlag  = 0x01
-	leafPageFlag    = 0x02
-	bucketLeafFlag  = 0x01
-	bucketHeader    = 16
+	pageHeaderSize   = 16
+	pageElementSize  = 16
+	branchPageFlag   = 0x01
+	leafPageFlag     = 0x02
+	freelistPageFlag = 0x10
+	bucketLeafFlag   = 0x01
+	bucketHeader     = 16
+)
+
+// Bounds a legitimate bbolt file keeps, beyond which the walk refuses a
+// page instead of reading or recursing on: bbolt's MaxKeySize; a bucket's
+// value is its 16-byte header, or that and an inline page of at most a
+// quarter page; trees are a few levels deep. A page's first 2 MiB (its
+// header and up to 65,535 elements) is read at once, the rest of a large
+// value's overflow pages only where a key or a bucket lies in it.
+const (
+	maxKeySize  = 32768
+	maxDepth    = 128
+	maxBuffered = 2 << 20
 )
 
 // pageWalker reads a bbolt file's tree page by page through ReadAt, so a
 // damaged page is an error rather than a fault on the mapping or a panic
 // in a goroutine of bbolt's (see checkFile). It checks what bbolt's
-// freelist rebuild checks (tx_check.go's recursivelyCheckBucket), so that
-// on a file it passes, that rebuild finds nothing: every reachable page is
-// below the high-water mark, identifies as itself, is a branch or a leaf,
-// and is referenced once; its elements and keys lie within it; keys are in
-// order within a page and within their parent's bounds.
+// freelist rebuild checks (tx_check.go's recursivelyCheckBucket) and what
+// the cursors of bbolt's walk read, so that on a file it passes, that
+// rebuild finds nothing: every reachable page is below the high-water
+// mark, identifies as itself, is a branch (with elements) or a leaf, and
+// is referenced once; its elements and keys lie within it; keys are in
+// order within a page and within their parent's bounds; a bucket's header
+// and inline page are whole.
 type pageWalker struct {
 	f        io.ReaderAt
 	path     string
@@ -59,77 +75,114 @@ func (w *pageWalker) corrupt(id uint64, format string, args ...any) error {
 	return fmt.Errorf("%w: %s: page %d: %s", ErrCorrupt, w.path, id, fmt.Sprintf(format, args...))
 }
 
-// read returns page id with its overflow pages, in the buffer of depth.
-func (w *pageWalker) read(id uint64, depth int) ([]byte, error) {
+// span is a page and its overflow pages: size bytes, of which buf holds
+// the first len(buf).
+type span struct {
+	w    *pageWalker
+	id   uint64
+	size uint64
+	buf  []byte
+}
+
+// bytes returns the span's bytes [off, off+n): a slice of buf, or read.
+func (s span) bytes(off, n uint64) ([]byte, error) {
+	if off+n > s.size {
+		return nil, s.w.corrupt(s.id, "%d bytes at %d past the page's %d", n, off, s.size)
+	}
+	if off+n <= uint64(len(s.buf)) {
+		return s.buf[off : off+n], nil
+	}
+	b := make([]byte, n)
+	if _, err := s.w.f.ReadAt(b, int64(s.id*s.w.pageSize+off)); err != nil {
+		return nil, s.w.corrupt(s.id, "read: %v", err)
+	}
+	return b, nil
+}
+
+// read reads page id, with as much of its overflow as maxBuffered, into
+// the buffer of depth.
+func (w *pageWalker) read(id uint64, depth int) (span, error) {
 	if id < 2 || id >= w.hwm {
-		return nil, w.corrupt(id, "out of bounds (high-water mark %d)", w.hwm)
+		return span{}, w.corrupt(id, "out of bounds (high-water mark %d)", w.hwm)
+	}
+	if depth >= maxDepth {
+		return span{}, w.corrupt(id, "%d levels deep", depth)
 	}
 	for len(w.bufs) <= depth {
 		w.bufs = append(w.bufs, make([]byte, w.pageSize))
 	}
 	buf := w.bufs[depth][:w.pageSize]
 	if _, err := w.f.ReadAt(buf, int64(id*w.pageSize)); err != nil {
-		return nil, w.corrupt(id, "read: %v", err)
+		return span{}, w.corrupt(id, "read: %v", err)
 	}
 	if got := binary.LittleEndian.Uint64(buf); got != id {
-		return nil, w.corrupt(id, "identifies as page %d", got)
+		return span{}, w.corrupt(id, "identifies as page %d", got)
 	}
 	overflow := uint64(binary.LittleEndian.Uint32(buf[12:]))
 	if overflow >= w.hwm-id {
-		return nil, w.corrupt(id, "%d overflow pages past the high-water mark %d", overflow, w.hwm)
+		return span{}, w.corrupt(id, "%d overflow pages past the high-water mark %d", overflow, w.hwm)
 	}
 	for i := id; i <= id+overflow; i++ {
 		if w.seen[i/64]&(1<<(i%64)) != 0 {
-			return nil, w.corrupt(id, "page %d referenced twice", i)
+			return span{}, w.corrupt(id, "page %d referenced twice", i)
 		}
 		w.seen[i/64] |= 1 << (i % 64)
 	}
-	if overflow > 0 {
-		size := (overflow + 1) * w.pageSize
-		if uint64(cap(w.bufs[depth])) < size {
-			w.bufs[depth] = append(make([]byte, 0, size), buf...)
+	s := span{w: w, id: id, size: (overflow + 1) * w.pageSize, buf: buf}
+	if n := min(s.size, maxBuffered); n > w.pageSize {
+		if uint64(cap(w.bufs[depth])) < n {
+			w.bufs[depth] = append(make([]byte, 0, n), buf...)
 		}
-		buf = w.bufs[depth][:size]
-		if _, err := w.f.ReadAt(buf[w.pageSize:], int64((id+1)*w.pageSize)); err != nil {
-			return nil, w.corrupt(id, "read overflow: %v", err)
+		s.buf = w.bufs[depth][:n]
+		if _, err := w.f.ReadAt(s.buf[w.pageSize:], int64((id+1)*w.pageSize)); err != nil {
+			return span{}, w.corrupt(id, "read overflow: %v", err)
 		}
 	}
-	return buf, nil
+	return s, nil
 }
 
 // tree checks the subtree rooted at page id, whose keys lie in [lo, hi)
 // (nil: unbounded), and returns the largest key in it (a copy), as bbolt's
 // recursivelyCheckPageKeyOrderInternal does.
 func (w *pageWalker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
-	buf, err := w.read(id, depth)
+	s, err := w.read(id, depth)
 	if err != nil {
 		return nil, err
 	}
-	flags := binary.LittleEndian.Uint16(buf[8:])
-	count := int(binary.LittleEndian.Uint16(buf[10:]))
+	flags := binary.LittleEndian.Uint16(s.buf[8:])
+	count := uint64(binary.LittleEndian.Uint16(s.buf[10:]))
 	switch flags {
 	case branchPageFlag:
-		if pageHeaderSize+count*pageElementSize > len(buf) {
-			return nil, w.corrupt(id, "%d elements do not fit", count)
+		// bbolt never writes an empty branch, and its cursors read
+		// element 0 of one whatever the count says.
+		if count == 0 {
+			return nil, w.corrupt(id, "a branch page without elements")
+		}
+		elems, err := s.bytes(pageHeaderSize, count*pageElementSize)
+		if err != nil {
+			return nil, err
 		}
 		keys := make([][]byte, count)
 		children := make([]uint64, count)
 		for i := range count {
-			at := pageHeaderSize + i*pageElementSize
-			pos, ksize := binary.LittleEndian.Uint32(buf[at:]), binary.LittleEndian.Uint32(buf[at+4:])
-			start, end := uint64(at)+uint64(pos), uint64(at)+uint64(pos)+uint64(ksize)
-			if end > uint64(len(buf)) {
-				return nil, w.corrupt(id, "key %d past the page", i)
+			e := elems[i*pageElementSize:]
+			pos, ksize := uint64(binary.LittleEndian.Uint32(e)), uint64(binary.LittleEndian.Uint32(e[4:]))
+			if ksize > maxKeySize {
+				return nil, w.corrupt(id, "key %d of %d bytes", i, ksize)
 			}
-			keys[i] = bytes.Clone(buf[start:end])
-			children[i] = binary.LittleEndian.Uint64(buf[at+8:])
+			key, err := s.bytes(pageHeaderSize+i*pageElementSize+pos, ksize)
+			if err != nil {
+				return nil, err
+			}
+			keys[i] = bytes.Clone(key)
+			children[i] = binary.LittleEndian.Uint64(e[8:])
 		}
 		// The buffer of this depth is reused below: only the copies
 		// are read from here on.
 		var maxKey []byte
 		running := lo
 		for i := range count {
-			if err := w.keyOrder(id, i, keys[i], running, hi); err != nil {
+			if err := w.keyOrder(id, int(i), keys[i], running, hi); err != nil {
 				return nil, err
 			}
 			next := hi
@@ -143,38 +196,47 @@ func (w *pageWalker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
 		}
 		return maxKey, nil
 	case leafPageFlag:
-		return w.leaf(id, buf, count, lo, hi, depth)
+		return w.leaf(s, count, lo, hi, depth)
 	default:
 		return nil, w.corrupt(id, "flags %#x: not a branch or a leaf page", flags)
 	}
 }
 
 // leaf checks a leaf page's elements, and the buckets it holds.
-func (w *pageWalker) leaf(id uint64, buf []byte, count int, lo, hi []byte, depth int) ([]byte, error) {
-	if pageHeaderSize+count*pageElementSize > len(buf) {
-		return nil, w.corrupt(id, "%d elements do not fit", count)
+func (w *pageWalker) leaf(s span, count uint64, lo, hi []byte, depth int) ([]byte, error) {
+	elems, err := s.bytes(pageHeaderSize, count*pageElementSize)
+	if err != nil {
+		return nil, err
 	}
 	running := lo
 	for i := range count {
-		at := pageHeaderSize + i*pageElementSize
+		e := elems[i*pageElementSize:]
 		le := binary.LittleEndian
-		eflags, pos, ksize, vsize := le.Uint32(buf[at:]), le.Uint32(buf[at+4:]), le.Uint32(buf[at+8:]), le.Uint32(buf[at+12:])
-		start := uint64(at) + uint64(pos)
-		kend, vend := start+uint64(ksize), start+uint64(ksize)+uint64(vsize)
-		if vend > uint64(len(buf)) {
-			return nil, w.corrupt(id, "element %d past the page", i)
+		eflags, pos, ksize, vsize := le.Uint32(e), uint64(le.Uint32(e[4:])), uint64(le.Uint32(e[8:])), uint64(le.Uint32(e[12:]))
+		at := pageHeaderSize + i*pageElementSize + pos
+		if ksize > maxKeySize {
+			return nil, w.corrupt(s.id, "key %d of %d bytes", i, ksize)
 		}
-		key := buf[start:kend]
-		if err := w.keyOrder(id, i, key, running, hi); err != nil {
+		if at+ksize+vsize > s.size {
+			return nil, w.corrupt(s.id, "element %d past the page", i)
+		}
+		key, err := s.bytes(at, ksize)
+		if err != nil {
+			return nil, err
+		}
+		if err := w.keyOrder(s.id, int(i), key, running, hi); err != nil {
 			return nil, err
 		}
 		running = key
 		if eflags&bucketLeafFlag == 0 {
 			continue
 		}
-		value := buf[kend:vend]
-		if len(value) < bucketHeader {
-			return nil, w.corrupt(id, "bucket %q: %d-byte header", key, len(value))
+		if vsize < bucketHeader || vsize > w.pageSize {
+			return nil, w.corrupt(s.id, "bucket %q: a %d-byte value", key, vsize)
+		}
+		value, err := s.bytes(at+ksize, vsize)
+		if err != nil {
+			return nil, err
 		}
 		if root := binary.LittleEndian.Uint64(value); root != 0 {
 			// Deeper buffers only: this page's stays intact.
@@ -183,11 +245,14 @@ func (w *pageWalker) leaf(id uint64, buf []byte, count int, lo, hi []byte, depth
 			}
 			continue
 		}
-		inline := value[bucketHeader:]
-		if len(inline) < pageHeaderSize || binary.LittleEndian.Uint16(inline[8:]) != leafPageFlag {
-			return nil, w.corrupt(id, "inline bucket %q: not a leaf page", key)
+		inline := span{w: w, id: s.id, size: vsize - bucketHeader, buf: value[bucketHeader:]}
+		if len(inline.buf) < pageHeaderSize || binary.LittleEndian.Uint16(inline.buf[8:]) != leafPageFlag {
+			return nil, w.corrupt(s.id, "inline bucket %q: not a leaf page", key)
 		}
-		if _, err := w.leaf(id, inline, int(binary.LittleEndian.Uint16(inline[10:])), nil, nil, depth+1); err != nil {
+		if depth+1 >= maxDepth {
+			return nil, w.corrupt(s.id, "%d levels deep", depth+1)
+		}
+		if _, err := w.leaf(inline, uint64(binary.LittleEndian.Uint16(inline.buf[10:])), nil, nil, depth+1); err != nil {
 			return nil, err
 		}
 	}
@@ -213,8 +278,10 @@ func (w *pageWalker) keyOrder(id uint64, i int, key, prev, hi []byte) error {
 }
 
 // readEveryPage is verifyPages on the file at path under bbolt's shared
-// lock (an instance that still has the file open makes it ErrLocked).
-func readEveryPage(path string, m boltMetaPage, lockTimeout time.Duration) error {
+// lock (an instance that still has the file open makes it ErrLocked). A
+// panic of the walk's own, which no damage should cause, refuses the file
+// too: it is restored from the changelog, not trusted.
+func readEveryPage(path string, m boltMetaPage, lockTimeout time.Duration) (err error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})
 	if err != nil {
 		return openErr(path, lockTimeout, err)
@@ -225,5 +292,69 @@ func readEveryPage(path string, m boltMetaPage, lockTimeout time.Duration) error
 		return fmt.Errorf("kstate: open %s: %w", path, err)
 	}
 	defer f.Close()
-	return verifyPages(f, path, m)
+	r, unmap, err := mapFile(f)
+	if err != nil {
+		return fmt.Errorf("kstate: open %s: %w", path, err)
+	}
+	defer unmap()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %s: checking its pages: %v", ErrCorrupt, path, r)
+		}
+	}()
+	return verifyPages(r, path, m)
+}
+
+// checkFreelist checks the synced freelist page bbolt's Open will read
+// (freelist.Read) where bbolt does not: its header, a count that fits its
+// pages, and page ids in ascending order, each a page of the file other
+// than the meta pages and the freelist's own, so that bbolt neither reads
+// past the page nor allocates by a damaged count. Whether a listed page is
+// really free is not checked: that takes the walk over every page that a
+// synced freelist saves.
+func checkFreelist(f io.ReaderAt, path string, m boltMetaPage) error {
+	w := &pageWalker{f: f, path: path, pageSize: m.pageSize, hwm: m.pgid}
+	id := m.freelist
+	if id < 2 || id >= m.pgid {
+		return w.corrupt(id, "the freelist is out of bounds (high-water mark %d)", m.pgid)
+	}
+	head := make([]byte, pageHeaderSize+8)
+	if _, err := f.ReadAt(head, int64(id*m.pageSize)); err != nil {
+		return w.corrupt(id, "read the freelist: %v", err)
+	}
+	le := binary.LittleEndian
+	overflow := uint64(le.Uint32(head[12:]))
+	switch {
+	case le.Uint64(head) != id:
+		return w.corrupt(id, "the freelist identifies as page %d", le.Uint64(head))
+	case le.Uint16(head[8:]) != freelistPageFlag:
+		return w.corrupt(id, "flags %#x: not the freelist page", le.Uint16(head[8:]))
+	case overflow >= m.pgid-id:
+		return w.corrupt(id, "the freelist's %d overflow pages pass the high-water mark %d", overflow, m.pgid)
+	}
+	// A count of 0xFFFF means the count is the first id's slot.
+	first, count := uint64(0), uint64(le.Uint16(head[10:]))
+	if count == 0xFFFF {
+		first, count = 1, le.Uint64(head[pageHeaderSize:])
+	}
+	if count > (overflow+1)*m.pageSize/8 || pageHeaderSize+(first+count)*8 > (overflow+1)*m.pageSize {
+		return w.corrupt(id, "%d free page ids do not fit the freelist's %d pages", count, overflow+1)
+	}
+	ids := make([]byte, count*8)
+	if _, err := f.ReadAt(ids, int64(id*m.pageSize+pageHeaderSize+first*8)); err != nil {
+		return w.corrupt(id, "read the freelist: %v", err)
+	}
+	prev := uint64(1)
+	for i := range count {
+		free := le.Uint64(ids[i*8:])
+		switch {
+		case free <= prev || free >= m.pgid:
+			return w.corrupt(id, "free page %d (after %d) out of order or bounds", free, prev)
+		case free >= id && free <= id+overflow:
+			return w.corrupt(id, "the freelist lists its own page %d", free)
+		}
+		prev = free
+	}
+	return nil
 }
