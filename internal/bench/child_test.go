@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"syscall"
@@ -72,6 +73,7 @@ type spec struct {
 	Result    string        `json:"result"`    // file the child writes its childResult to
 	CPUProf   string        `json:"cpuprof"`   // optional CPU profile of the child
 	AllocProf string        `json:"allocprof"` // optional allocation profile of the child
+	Trace     string        `json:"trace"`     // optional execution trace of the child
 }
 
 // childResult is what a contender writes when it stops: what only the
@@ -104,6 +106,26 @@ func runContenderChild() int {
 			return 1
 		}
 	}
+	if s.Trace != "" {
+		// The parent marks the steady part of the run: SIGUSR1 at the
+		// first committed offsets, SIGUSR2 once all are committed.
+		f, err := os.Create(s.Trace)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		sig := make(chan os.Signal, 2)
+		signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+		go func() {
+			for v := range sig {
+				if v == syscall.SIGUSR1 {
+					trace.Start(f)
+				} else {
+					trace.Stop()
+				}
+			}
+		}()
+	}
 	reg := prometheus.NewRegistry()
 	var err error
 	if s.Raw {
@@ -124,6 +146,7 @@ func runContenderChild() int {
 	if s.CPUProf != "" {
 		pprof.StopCPUProfile()
 	}
+
 	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "contender:", err)
 		return 1

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,7 +116,9 @@ func (s spec) row(kind string) row {
 // BENCH_OUT=path writes the rows as JSON lines; BENCH_ONLY=regexp keeps the
 // contenders whose name/interval matches; BENCH_PROFILE=dir writes a CPU
 // and an allocation profile of each throughput contender there;
-// BENCH_RECORDS overrides 1,000,000 and BENCH_ROUNDS the 3 rounds.
+// BENCH_TRACE=dir an execution trace of each over the steady part of its
+// run (runtime/trace: where the loop goroutine waits); BENCH_RECORDS overrides 1,000,000 and BENCH_ROUNDS
+// the 3 rounds.
 func BenchmarkContenders(b *testing.B) {
 	n, rounds := 1000000, 3
 	if v, err := strconv.Atoi(os.Getenv("BENCH_RECORDS")); err == nil && v > 0 {
@@ -291,6 +294,9 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, brokerPID int
 		base := filepath.Join(p, fmt.Sprintf("%s-%v", s.Name, s.Interval))
 		s.CPUProf, s.AllocProf = base+".cpu.pprof", base+".allocs.pprof"
 	}
+	if p := os.Getenv("BENCH_TRACE"); p != "" {
+		s.Trace = filepath.Join(p, fmt.Sprintf("%s-%v.trace", s.Name, s.Interval))
+	}
 	createTopics(b, adm, s.Out)
 	defer deleteTopics(b, adm, s.Group)
 	pid, stop := startContender(b, s)
@@ -311,6 +317,9 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, brokerPID int
 		if err == nil && sum > 0 && steady.at.IsZero() {
 			steady.at, steady.broker, steady.sum = time.Now(), cpuSeconds(b, brokerPID), sum
 			steady.busy, steady.total = machineTicks(b)
+			if s.Trace != "" {
+				syscall.Kill(pid, syscall.SIGUSR1)
+			}
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("%s: group did not commit %d offsets", s.Name, n)
@@ -318,6 +327,9 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, brokerPID int
 		<-time.After(5 * time.Millisecond)
 	}
 	done := time.Now()
+	if s.Trace != "" && !steady.at.IsZero() {
+		syscall.Kill(pid, syscall.SIGUSR2)
+	}
 	cpu, rss := cpuSeconds(b, pid), peakRSS(b, pid)
 	broker := cpuSeconds(b, brokerPID)
 	busy, total := machineTicks(b)
