@@ -244,7 +244,8 @@ type boltMetaPage struct{ pageSize, root, freelist, pgid, txid uint64 }
 // (root page, sequence), the freelist page, the high-water page id, the
 // transaction id and an FNV-64a checksum of the fields before it (8 bytes
 // each), little endian. Page 1 is where bbolt looks for it (getPageSize):
-// at page 0's page size if page 0 is valid, else at the OS's.
+// at page 0's page size if page 0 is valid, else at each page size it
+// supports.
 func boltMeta(f *os.File) (boltMetaPage, bool) {
 	const magic, version = 0xED0CDAED, 2
 	read := func(off int64) (boltMetaPage, bool) {
@@ -262,11 +263,18 @@ func boltMeta(f *os.File) (boltMetaPage, bool) {
 		return m, m.pageSize >= 1024 && m.pageSize&(m.pageSize-1) == 0
 	}
 	m0, ok0 := read(0)
-	off1 := int64(os.Getpagesize())
+	var m1 boltMetaPage
+	ok1 := false
 	if ok0 {
-		off1 = int64(m0.pageSize)
+		m1, ok1 = read(int64(m0.pageSize))
+	} else if fi, err := f.Stat(); err == nil {
+		// bbolt's getPageSizeFromSecondMeta: page 1 at each page size
+		// from 1 KiB to 16 MiB.
+		for pos := int64(1024); pos <= 16<<20 && pos < fi.Size()-1024 && !ok1; pos <<= 1 {
+			m1, ok1 = read(pos)
+			ok1 = ok1 && int64(m1.pageSize) == pos
+		}
 	}
-	m1, ok1 := read(off1)
 	switch {
 	case ok0 && ok1:
 		if m1.txid > m0.txid {

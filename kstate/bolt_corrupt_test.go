@@ -139,6 +139,35 @@ func TestBoltDetectsDamage(t *testing.T) {
 			binary.LittleEndian.PutUint64(pg.b[pageHeaderSize:], 1<<36)
 			pg.write(t)
 		}},
+		// bbolt's next commit frees the freelist's pages by its
+		// overflow count: live pages, had it passed.
+		{"the freelist page's overflow too large after a clean close", func(t *testing.T, path string) {
+			// A second open and clean close puts the freelist among
+			// the file's first pages, with live pages after it.
+			b, err := OpenBolt(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			muts := []Mutation{{Key: EncodeKey(KindKeyed, "s", []byte{0, 1}, nil), Value: make([]byte, 50)}}
+			if err := b.Apply(muts, Meta{Epoch: 4, ChangelogOffset: 11, Offsets: map[string]int64{"in": 8}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			m, err := checkFile(path)
+			if err != nil || m.freelist == noFreelist || m.freelist+2 >= m.pgid {
+				t.Fatalf("meta %+v, %v: want a synced freelist with pages after it", m, err)
+			}
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			pg := (&rawPage{f: f}).read(t, m.freelist)
+			binary.LittleEndian.PutUint32(pg.b[12:], uint32(m.pgid-m.freelist-2))
+			pg.write(t)
+		}},
 		{"a page referenced twice, freelist not synced", func(t *testing.T, path string) {
 			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
 				root := pg.read(t, pg.root)

@@ -162,6 +162,16 @@ func (w *pageWalker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The keys are copied into one buffer no larger than the page:
+		// a page's keys do not overlap.
+		var sum uint64
+		for i := range count {
+			sum += uint64(binary.LittleEndian.Uint32(elems[i*pageElementSize+4:]))
+		}
+		if sum > s.size {
+			return nil, w.corrupt(id, "keys of %d bytes in all on a %d-byte page", sum, s.size)
+		}
+		all := make([]byte, 0, sum)
 		keys := make([][]byte, count)
 		children := make([]uint64, count)
 		for i := range count {
@@ -174,7 +184,8 @@ func (w *pageWalker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
 			if err != nil {
 				return nil, err
 			}
-			keys[i] = bytes.Clone(key)
+			all = append(all, key...)
+			keys[i] = all[len(all)-len(key) : len(all) : len(all)]
 			children[i] = binary.LittleEndian.Uint64(e[8:])
 		}
 		// The buffer of this depth is reused below: only the copies
@@ -340,6 +351,13 @@ func checkFreelist(f io.ReaderAt, path string, m boltMetaPage) error {
 	}
 	if count > (overflow+1)*m.pageSize/8 || pageHeaderSize+(first+count)*8 > (overflow+1)*m.pageSize {
 		return w.corrupt(id, "%d free page ids do not fit the freelist's %d pages", count, overflow+1)
+	}
+	// bbolt's commit frees the freelist's pages by this count: one too
+	// large would free live pages. bbolt allocates the page by the count
+	// of free pages before the allocation took its own from them
+	// (EstimatedWritePageSize), so at most that many.
+	if most := (pageHeaderSize+8*(count+(overflow+1)+1))/m.pageSize + 1; overflow+1 > most {
+		return w.corrupt(id, "the freelist's %d pages are more than %d ids need", overflow+1, count)
 	}
 	ids := make([]byte, count*8)
 	if _, err := f.ReadAt(ids, int64(id*m.pageSize+pageHeaderSize+first*8)); err != nil {
