@@ -2,10 +2,8 @@ package kstate
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"os"
 	"path/filepath"
 	"sync"
@@ -231,60 +229,6 @@ func openErr(path string, lockTimeout time.Duration, err error) error {
 		return fmt.Errorf("%w: open %s: %w", ErrCorrupt, path, err)
 	}
 	return fmt.Errorf("kstate: open %s: %w", path, err)
-}
-
-// noFreelist is bbolt's freelist page id for "not synced".
-const noFreelist = ^uint64(0)
-
-type boltMetaPage struct{ pageSize, root, freelist, pgid, txid uint64 }
-
-// boltMeta reads the meta page bbolt uses (DB.meta): of pages 0 and 1, the
-// valid one with the higher transaction id. Each is a 16-byte page header,
-// then magic, version, page size and flags (4 bytes each), the root bucket
-// (root page, sequence), the freelist page, the high-water page id, the
-// transaction id and an FNV-64a checksum of the fields before it (8 bytes
-// each), little endian. Page 1 is where bbolt looks for it (getPageSize):
-// at page 0's page size if page 0 is valid, else at each page size it
-// supports.
-func boltMeta(f *os.File) (boltMetaPage, bool) {
-	const magic, version = 0xED0CDAED, 2
-	read := func(off int64) (boltMetaPage, bool) {
-		buf := make([]byte, 80)
-		if _, err := f.ReadAt(buf, off); err != nil {
-			return boltMetaPage{}, false
-		}
-		le := binary.LittleEndian
-		h := fnv.New64a()
-		h.Write(buf[16:72])
-		if le.Uint32(buf[16:]) != magic || le.Uint32(buf[20:]) != version || le.Uint64(buf[72:]) != h.Sum64() {
-			return boltMetaPage{}, false
-		}
-		m := boltMetaPage{pageSize: uint64(le.Uint32(buf[24:])), root: le.Uint64(buf[32:]), freelist: le.Uint64(buf[48:]), pgid: le.Uint64(buf[56:]), txid: le.Uint64(buf[64:])}
-		return m, m.pageSize >= 1024 && m.pageSize&(m.pageSize-1) == 0
-	}
-	m0, ok0 := read(0)
-	var m1 boltMetaPage
-	ok1 := false
-	if ok0 {
-		m1, ok1 = read(int64(m0.pageSize))
-	} else if fi, err := f.Stat(); err == nil {
-		// bbolt's getPageSizeFromSecondMeta: page 1 at each page size
-		// from 1 KiB to 16 MiB.
-		for pos := int64(1024); pos <= 16<<20 && pos < fi.Size()-1024 && !ok1; pos <<= 1 {
-			m1, ok1 = read(pos)
-			ok1 = ok1 && int64(m1.pageSize) == pos
-		}
-	}
-	switch {
-	case ok0 && ok1:
-		if m1.txid > m0.txid {
-			return m1, true
-		}
-		return m0, true
-	case ok1:
-		return m1, true
-	}
-	return m0, ok0
 }
 
 func (b *boltBackend) Get(key []byte) (value []byte, ok bool, err error) {
