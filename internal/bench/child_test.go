@@ -146,7 +146,6 @@ func runContenderChild() int {
 	if s.CPUProf != "" {
 		pprof.StopCPUProfile()
 	}
-
 	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "contender:", err)
 		return 1
@@ -271,6 +270,19 @@ func startContender(b *testing.B, s spec) (pid int, stop func() childResult) {
 // cpuSeconds is a process's user+system CPU time so far, from
 // /proc/<pid>/stat (fields 14 and 15, in clock ticks of 1/100 s, the
 // USER_HZ of Linux on amd64 and arm64).
+func cpuSeconds(b *testing.B, pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name (field 2) may hold spaces: count from its ')'.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	var utime, stime float64
+	fmt.Sscan(f[11], &utime)
+	fmt.Sscan(f[12], &stime)
+	return (utime + stime) / 100
+}
+
 // machineTicks reads the machine's CPU time from /proc/stat, in ticks
 // over every core: busy (all but idle and iowait) and total.
 func machineTicks(b *testing.B) (busy, total uint64) {
@@ -291,17 +303,4 @@ func machineTicks(b *testing.B) (busy, total uint64) {
 		}
 	}
 	return busy, total
-}
-
-func cpuSeconds(b *testing.B, pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	// The command name (field 2) may hold spaces: count from its ')'.
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-	var utime, stime float64
-	fmt.Sscan(f[11], &utime)
-	fmt.Sscan(f[12], &stime)
-	return (utime + stime) / 100
 }

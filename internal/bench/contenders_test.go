@@ -78,7 +78,7 @@ type row struct {
 	// BrokerCPUPerM is the broker process's CPU time per million records
 	// over the steady part of the run (first commit to done), and
 	// MachineBusy the share of every core of the machine busy then
-	// (/proc/stat): what is left for pipelined epochs to fill.
+	// (/proc/stat): what the contender and the broker leave idle.
 	BrokerCPUPerM float64 `json:"broker_cpu_s_per_m_records,omitempty"`
 	MachineBusy   float64 `json:"machine_busy_share,omitempty"`
 
@@ -117,8 +117,8 @@ func (s spec) row(kind string) row {
 // contenders whose name/interval matches; BENCH_PROFILE=dir writes a CPU
 // and an allocation profile of each throughput contender there;
 // BENCH_TRACE=dir an execution trace of each over the steady part of its
-// run (runtime/trace: where the loop goroutine waits); BENCH_RECORDS overrides 1,000,000 and BENCH_ROUNDS
-// the 3 rounds.
+// run (runtime/trace: where the loop goroutine waits, scripts/trace-loop);
+// BENCH_RECORDS overrides 1,000,000 and BENCH_ROUNDS the 3 rounds.
 func BenchmarkContenders(b *testing.B) {
 	n, rounds := 1000000, 3
 	if v, err := strconv.Atoi(os.Getenv("BENCH_RECORDS")); err == nil && v > 0 {
