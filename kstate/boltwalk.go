@@ -154,6 +154,14 @@ func (s span) bytes(off, n uint64) ([]byte, error) {
 	return b, nil
 }
 
+// key is element i's key: pos bytes after the element, ksize long.
+func (s span) key(i, pos, ksize uint64) ([]byte, error) {
+	if ksize > maxKeySize {
+		return nil, s.w.corrupt(s.id, "key %d of %d bytes", i, ksize)
+	}
+	return s.bytes(pageHeaderSize+i*pageElementSize+pos, ksize)
+}
+
 // read reads page id, with as much of its overflow as maxBuffered, into
 // the buffer of depth.
 func (w *pageWalker) read(id uint64, depth int) (span, error) {
@@ -231,11 +239,7 @@ func (w *pageWalker) tree(id uint64, lo, hi []byte, depth int) ([]byte, error) {
 		children := make([]uint64, count)
 		for i := range count {
 			e := elems[i*pageElementSize:]
-			pos, ksize := uint64(binary.LittleEndian.Uint32(e)), uint64(binary.LittleEndian.Uint32(e[4:]))
-			if ksize > maxKeySize {
-				return nil, w.corrupt(id, "key %d of %d bytes", i, ksize)
-			}
-			key, err := s.bytes(pageHeaderSize+i*pageElementSize+pos, ksize)
+			key, err := s.key(i, uint64(binary.LittleEndian.Uint32(e)), uint64(binary.LittleEndian.Uint32(e[4:])))
 			if err != nil {
 				return nil, err
 			}
@@ -279,16 +283,13 @@ func (w *pageWalker) leaf(s span, count uint64, lo, hi []byte, depth int) ([]byt
 		e := elems[i*pageElementSize:]
 		le := binary.LittleEndian
 		eflags, pos, ksize, vsize := le.Uint32(e), uint64(le.Uint32(e[4:])), uint64(le.Uint32(e[8:])), uint64(le.Uint32(e[12:]))
-		at := pageHeaderSize + i*pageElementSize + pos
-		if ksize > maxKeySize {
-			return nil, w.corrupt(s.id, "key %d of %d bytes", i, ksize)
-		}
-		if at+ksize+vsize > s.size {
-			return nil, w.corrupt(s.id, "element %d past the page", i)
-		}
-		key, err := s.bytes(at, ksize)
+		key, err := s.key(i, pos, ksize)
 		if err != nil {
 			return nil, err
+		}
+		at := pageHeaderSize + i*pageElementSize + pos
+		if at+ksize+vsize > s.size {
+			return nil, w.corrupt(s.id, "element %d past the page", i)
 		}
 		if err := w.keyOrder(s.id, int(i), key, running, hi); err != nil {
 			return nil, err
