@@ -148,10 +148,26 @@ type Options struct {
 	// 10,000.
 	TTLSweepEntries int
 
-	// MaxPollRecords bounds one poll, and the processing-time timers fired
-	// per loop iteration. Default 10,000.
+	// MaxPollRecords bounds one poll (times Parallelism when tasks are
+	// processed in parallel), and the processing-time timers fired per
+	// loop iteration. Default 10,000.
 	MaxPollRecords int
-	// Logger receives the instance's logs. Default slog.Default().
+	// Parallelism is how many tasks process their records at once (Kafka
+	// Streams' num.stream.threads): each poll's records are split by task,
+	// and up to this many tasks run on their own goroutines, all in the
+	// instance's one transaction per epoch. Default 1: one goroutine
+	// processes every task. Above 1, the job's code is called
+	// concurrently for different tasks (never for the same task), so what
+	// it shares across tasks must be safe for that: Job.Process,
+	// Job.OnTimer and Job.Timestamp, the codecs of its state (a kstate
+	// descriptor is shared by every task), window functions, the stores
+	// OpenBackend returns, Options.Clock and Options.Sink's Check (through
+	// WriteRow). A job with a Prefetch is always processed by one
+	// goroutine. A poll takes up to MaxPollRecords × Parallelism records,
+	// and the epoch budget is checked after each poll, so a task may pass
+	// it by that many records. See docs/operations.md.
+	Parallelism int
+
 	// BroadcastTopic is read whole by every instance; every task applies
 	// each of its records to its own copy of the job's broadcast state
 	// through Job.OnBroadcast, in its epochs (docs/topology.md). Empty:
@@ -172,6 +188,7 @@ type Options struct {
 	// as Flink's --allowNonRestoredState does.
 	AllowNonRestoredState bool
 
+	// Logger receives the instance's logs. Default slog.Default().
 	Logger *slog.Logger
 
 	// Set by NewPipeline for its stages: the app whose control topic the
@@ -300,6 +317,9 @@ func (c *Options) fill() error {
 	if c.MaxPollRecords <= 0 {
 		c.MaxPollRecords = 10000
 	}
+	if c.Parallelism == 0 {
+		c.Parallelism = 1
+	}
 	if c.TTLSweepEntries <= 0 {
 		c.TTLSweepEntries = 10000
 	}
@@ -355,6 +375,8 @@ func (c *Options) fill() error {
 		return fmt.Errorf("sluice: Options.MaxOutOfOrderness %s is negative", c.MaxOutOfOrderness)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("sluice: Options.IdleTimeout %s is negative", c.IdleTimeout)
+	case c.Parallelism < 0:
+		return fmt.Errorf("sluice: Options.Parallelism %d is negative (0 = 1: one goroutine processes every task)", c.Parallelism)
 	}
 	if err := c.Job.Validate(); err != nil {
 		return err

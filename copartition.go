@@ -210,20 +210,18 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 		ps = append(ps, p)
 	}
 	slices.Sort(ps)
-	aborts := l.aborts
-	worked := false
-	var err error
-	for _, p := range ps {
+	worked, err := l.eachTask(len(ps), l.hasSuspects(), rewind, func(i int, rewind offsets) (bool, error) {
+		p := ps[i]
 		t := l.tasks[p]
 		recs, again := l.merged(t, byTask[p])
 		for topic, off := range again {
 			rewind.set(topic, p, off)
 		}
-		var stop bool
+		worked := false
 		for i, r := range recs {
-			var took bool
-			if took, stop, err = l.take(t, r, rewind); err != nil || l.aborts != aborts {
-				break
+			took, stop, err := l.take(t, r, rewind)
+			if err != nil {
+				return worked, err
 			}
 			if stop {
 				// The rest of the task's records come again, each
@@ -236,13 +234,11 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 						rewind.set(later.Topic, p, later.Offset)
 					}
 				}
-				break
+				return worked, nil
 			}
 			worked = worked || took
 		}
-		if err != nil || l.aborts != aborts {
-			break
-		}
-	}
-	return l.afterProcess(rewind, worked && l.aborts == aborts, false, err)
+		return worked, nil
+	})
+	return l.afterProcess(rewind, worked, false, err)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,7 +35,10 @@ type loop struct {
 	// owned is, per partition number, the input topics whose partition the
 	// group gave this member (copartition.go).
 	owned map[int32]map[string]bool
-	inTxn bool
+	// inTxn: the epoch's transaction is open. Tasks processed in
+	// parallel (parallel.go) open it through begin, under txnMu.
+	inTxn atomic.Bool
+	txnMu sync.Mutex
 	sink  sinkState // the outside sink's transactions (sink.go)
 	// bc reads the broadcast topic; bcRestart: the tasks' positions may
 	// have moved back, so it must start again from them (broadcast.go).
@@ -42,18 +46,18 @@ type loop struct {
 	bcRestart bool
 	// budgetFull: a task's write-set reached the epoch budget
 	// (Options.EpochMaxKeys, EpochMaxBytes) in the last poll's records.
-	budgetFull bool
+	budgetFull atomic.Bool
 	sweptAt    time.Time    // last sweep of released tasks' state files
 	purgedAt   time.Time    // last purge of consumed repartition records
 	purged     kadm.Offsets // what it deleted below, by partition
 	// refused: the epoch's commit fails because of a poison input (a
 	// suspect confirmed, or a permanent produce failure), so its abort
 	// bounds the replay (task.replayUntil).
-	refused bool
+	refused atomic.Bool
 	ckptAt  time.Time // when the checkpoint in flight placed its barrier
-	// aborts counts aborted epochs: process stops at an abort, since the
-	// consumer and the tasks were rewound under the batch it holds.
-	aborts uint64
+	// processing: a poll's records are being processed (eachTask), when
+	// the coordinator must not run (see run).
+	processing atomic.Bool
 	// unavailable: the last Job.Prefetch could not reach its service, so
 	// the instance is not ready and batches wait unavailableFor between
 	// attempts (see prefetch).
@@ -152,7 +156,7 @@ func (l *loop) iterate() error {
 	in.wakeMu.Lock()
 	in.wake = cancel
 	in.wakeMu.Unlock()
-	fs := l.sess.PollRecords(pctx, in.cfg.MaxPollRecords)
+	fs := l.sess.PollRecords(pctx, l.pollRecords())
 	cancel()
 	if err := in.pollDenied(l.ctx, fs); err != nil {
 		return err
@@ -260,8 +264,7 @@ func (l *loop) fireTimers() error {
 			return err
 		}
 	}
-	if l.budgetFull {
-		l.budgetFull = false
+	if l.budgetFull.Swap(false) {
 		if err := l.run(l.coord.RequestCheckpoint(time.Now())); err != nil {
 			return err
 		}
@@ -272,7 +275,8 @@ func (l *loop) fireTimers() error {
 func (l *loop) joined() bool { return l.in.inGroup(l.sess.Client()) }
 
 // process runs the job over the polled records, in partition order (for
-// several input topics, see processMerged).
+// several input topics, see processMerged); tasks may process theirs in
+// parallel (parallel.go).
 func (l *loop) process(fs kgo.Fetches) error {
 	if len(fs) == 0 {
 		return nil
@@ -282,12 +286,14 @@ func (l *loop) process(fs kgo.Fetches) error {
 	}
 	in := l.in
 	rewind := offsets{}
-	worked := false
-	aborts := l.aborts
-	var err error
-	down := false // a Prefetch found its service unavailable in this fetch
+	// Each running task's batches of the poll, in the poll's order: a
+	// partition may come in more than one (from two brokers' fetches
+	// around a leader change), and a task's records are processed by one
+	// worker in order.
+	var batches [][]kgo.FetchTopicPartition
+	at := map[int32]int{}
 	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
-		if err != nil || len(ftp.Records) == 0 || l.aborts != aborts {
+		if len(ftp.Records) == 0 {
 			return
 		}
 		t := l.tasks[ftp.Partition]
@@ -299,24 +305,36 @@ func (l *loop) process(fs kgo.Fetches) error {
 		}
 		last := ftp.Records[len(ftp.Records)-1]
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
-		if in.cfg.Job.Prefetch != nil {
-			var ok bool
-			if ok, err = l.prefetch(t, ftp, rewind, &down); !ok || err != nil {
-				return
-			}
+		i, ok := at[ftp.Partition]
+		if !ok {
+			i = len(batches)
+			at[ftp.Partition] = i
+			batches = append(batches, nil)
 		}
-		for _, r := range ftp.Records {
-			took, stop, e := l.take(t, r, rewind)
-			if err = e; err != nil || stop || l.aborts != aborts {
-				// Ordering rule: nothing of a batch is processed after
-				// an abort rewound the tasks and the consumer; the
-				// rest of it is fetched again.
-				return
-			}
-			worked = worked || took
-		}
+		batches[i] = append(batches[i], ftp)
 	})
-	return l.afterProcess(rewind, worked && l.aborts == aborts, down, err)
+	down := false // a Prefetch found its service unavailable in this fetch
+	serial := in.cfg.Job.Prefetch != nil || l.hasSuspects()
+	worked, err := l.eachTask(len(batches), serial, rewind, func(i int, rewind offsets) (bool, error) {
+		t := l.tasks[batches[i][0].Partition]
+		worked := false
+		for _, ftp := range batches[i] {
+			if in.cfg.Job.Prefetch != nil {
+				if ok, err := l.prefetch(t, ftp, rewind, &down); !ok || err != nil {
+					return worked, err
+				}
+			}
+			for _, r := range ftp.Records {
+				took, stop, err := l.take(t, r, rewind)
+				if err != nil || stop {
+					return worked, err
+				}
+				worked = worked || took
+			}
+		}
+		return worked, nil
+	})
+	return l.afterProcess(rewind, worked, down, err)
 }
 
 // take processes one polled record of running task t, unless its effects
@@ -331,7 +349,7 @@ func (l *loop) take(t *task, r *kgo.Record, rewind offsets) (took, stop bool, er
 		// The replay of a refused commit ends where the refused attempt
 		// did; the rest comes again.
 		rewind.set(r.Topic, r.Partition, r.Offset)
-		l.budgetFull = true
+		l.budgetFull.Store(true)
 		return false, true, nil
 	}
 	if _, ok := t.committed[r.Topic]; !ok {
@@ -370,8 +388,7 @@ func (l *loop) afterProcess(rewind offsets, worked, down bool, err error) error 
 			return nil // shutting down
 		}
 	}
-	if l.budgetFull {
-		l.budgetFull = false
+	if l.budgetFull.Swap(false) {
 		return l.run(l.coord.RequestCheckpoint(time.Now()))
 	}
 	return nil
@@ -579,20 +596,27 @@ func (l *loop) commitHandled(t *task, ref inputRef, ps *poison, out []*kgo.Recor
 func (l *loop) noteBudget(t *task) {
 	st := t.store
 	if st.DirtyLen() >= l.in.cfg.EpochMaxKeys || max(st.DirtyBytes(), st.EpochMemory()) >= l.in.cfg.EpochMaxBytes {
-		l.budgetFull = true
+		l.budgetFull.Store(true)
 	}
 }
 
-// begin opens the epoch's transaction if it is not open yet.
+// begin opens the epoch's transaction if it is not open yet. Tasks
+// processed in parallel may call it at once: the first opens it, the
+// others find it open (and produce only after it is).
 func (l *loop) begin() error {
-	if l.inTxn {
+	if l.inTxn.Load() {
+		return nil
+	}
+	l.txnMu.Lock()
+	defer l.txnMu.Unlock()
+	if l.inTxn.Load() {
 		return nil
 	}
 	if err := l.sess.Begin(); err != nil {
 		return fmt.Errorf("%w: begin: %w", errSessionBroken, err)
 	}
-	l.inTxn = true
 	l.in.txnOpenedAt.Store(time.Now().UnixNano())
+	l.inTxn.Store(true)
 	return nil
 }
 
@@ -621,6 +645,12 @@ func (l *loop) noteProduceErr(r *kgo.Record, err error) {
 // run carries out the coordinator's actions until it has nothing to do.
 func (l *loop) run(act barrier.Action) error {
 	in := l.in
+	if l.processing.Load() {
+		// An epoch ended, aborted or applied under the records being
+		// processed, perhaps by another task's worker, would split a
+		// record's effects from its offset (parallel.go).
+		return errors.New("sluice: internal error: the checkpoint coordinator ran while a poll's records were processed")
+	}
 	for {
 		now := time.Now()
 		switch act.Kind {
@@ -706,7 +736,7 @@ func (l *loop) preCommit(t *task) (int, error) {
 // changelog record and marker before TxnOffsetCommit and EndTxn.
 func (l *loop) commit() barrier.Action {
 	in := l.in
-	if !l.inTxn {
+	if !l.inTxn.Load() {
 		// Tasks were ready but nothing was consumed: nothing to end.
 		return l.coord.CommitDone(time.Now())
 	}
@@ -746,7 +776,7 @@ func (l *loop) commit() barrier.Action {
 	stop := l.yieldToRebalance()
 	committed, err := l.sess.End(ctx, true, offsets)
 	stop()
-	l.inTxn = false
+	l.inTxn.Store(false)
 	in.txnOpenedAt.Store(0)
 	if perr := l.produceErr.Swap(nil); perr != nil && committed {
 		// Everything was flushed and checked above, so nothing can
@@ -792,10 +822,10 @@ func (l *loop) flushChecked(ctx context.Context) (barrier.Action, bool) {
 		return l.coord.CommitFailed(fmt.Errorf("flush: %w", err), time.Now()), false
 	}
 	if perr := l.produceErr.Swap(nil); perr != nil {
-		if l.refused || l.learnsSomething() {
+		if l.refused.Load() || l.learnsSomething() {
 			// An input's output can never be produced: the replay
 			// deals with it (see poison.go).
-			l.refused = true
+			l.refused.Store(true)
 			return l.coord.CommitRefused(*perr, time.Now()), false
 		}
 		return l.coord.CommitFailed(*perr, time.Now()), false
@@ -908,13 +938,11 @@ func (l *loop) abort() error {
 			l.brokenErr = err
 		}
 	}
-	l.inTxn = false
-	l.aborts++
+	l.inTxn.Store(false)
 	l.bcRestart = true
 	l.in.txnOpenedAt.Store(0)
 	l.produceErr.Store(nil)
-	refused := l.refused
-	l.refused = false
+	refused := l.refused.Swap(false)
 	l.learnPoison()
 	rewind := offsets{}
 	for p, t := range l.tasks {
@@ -945,7 +973,7 @@ func (l *loop) abort() error {
 func (l *loop) release(why string, gone []int32) error {
 	l.in.log.Info("partitions released", "tasks", gone, "why", why)
 	act := barrier.Action{}
-	if l.coord.Phase() == barrier.Processing && l.inTxn {
+	if l.coord.Phase() == barrier.Processing && l.inTxn.Load() {
 		act = l.coord.EpochFailed(errAborted, time.Now())
 	}
 	if act.Kind != barrier.ActNone {

@@ -186,7 +186,7 @@ func (l *loop) produceAlone(t *task, ref inputRef, ps *poison, out []*kgo.Record
 		return // a transient failure says nothing: still a suspect
 	}
 	ps.confirmed, ps.err = true, permanent
-	l.refused = true
+	l.refused.Store(true)
 	l.in.log.Warn("output fails alone too; its input goes to the dead-letter topic on the replay",
 		"task", t.p, "topic", ref.topic, "offset", ref.offset, "timer", ref.timer != "", "err", permanent)
 }

@@ -64,7 +64,7 @@ func (l *loop) answerProbes() {
 }
 
 func (l *loop) isQuiet() bool {
-	if len(l.restoring) > 0 || !l.joined() || l.inTxn || l.coord.Phase() != barrier.Processing {
+	if len(l.restoring) > 0 || !l.joined() || l.inTxn.Load() || l.coord.Phase() != barrier.Processing {
 		return false
 	}
 	now := l.in.clock.Now().UnixMilli()

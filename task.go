@@ -17,7 +17,8 @@ import (
 )
 
 // task is one input partition number with its store. Only the loop
-// goroutine touches a running task.
+// goroutine touches a running task, or while the loop waits for them, one
+// worker processing the task's records (parallel.go).
 type task struct {
 	p     int32
 	label string

@@ -11,8 +11,11 @@ import (
 )
 
 // Session is one group membership's consumer and producer. Every method but
-// Close must be called from the one goroutine that polls; Close may be
-// called once, by that goroutine, after its last use.
+// Produce and Begin must be called from the one goroutine that polls; Close
+// may be called once, by that goroutine, after its last use. Produce and
+// Begin may also be called from other goroutines while that one waits for
+// them (the engine's parallel tasks): never at the same time as PollRecords
+// or End, and Begin once per transaction, before any Produce to it.
 type Session interface {
 	// Client is the underlying client, for pausing partitions and setting
 	// offsets. Do not end transactions through it.

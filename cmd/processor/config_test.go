@@ -107,6 +107,7 @@ func TestConfigDefaults(t *testing.T) {
 		StateCleanupDelay:  10 * time.Minute,
 		EpochMaxKeys:       100000,
 		EpochMaxBytes:      64 << 20,
+		Parallelism:        1,
 		FunctionConfig: FunctionConfig{
 			FunctionProtocol:      "json",
 			FunctionTimeout:       time.Second,
@@ -299,6 +300,9 @@ var configErrorTests = []configErrorTest{
 	{"cleanup delay not a duration", envWith(baseEnv(), "SLUICE_STATE_CLEANUP_DELAY", "soon"), "SLUICE_STATE_CLEANUP_DELAY", ""},
 	{"zero epoch keys", envWith(baseEnv(), "SLUICE_EPOCH_MAX_KEYS", "0"), "SLUICE_EPOCH_MAX_KEYS", ""},
 	{"epoch bytes not a number", envWith(baseEnv(), "SLUICE_EPOCH_MAX_BYTES", "64MiB"), "SLUICE_EPOCH_MAX_BYTES", ""},
+	{"zero parallelism", envWith(baseEnv(), "SLUICE_PARALLELISM", "0"), "SLUICE_PARALLELISM",
+		`SLUICE_PARALLELISM="0": expected a number of tasks at once, 1 or more`},
+	{"parallelism not a number", envWith(baseEnv(), "SLUICE_PARALLELISM", "auto"), "SLUICE_PARALLELISM", ""},
 	{"unknown sink", envWith(baseEnv(), "SLUICE_SINK", "mysql"), "SLUICE_SINK", `SLUICE_SINK="mysql": expected postgres, or empty for none`},
 	{"sink for a job without rows", envWith(sinkEnv(), "SLUICE_JOB", "temperature-alert", "SLUICE_OUTPUT_TOPIC", "alerts"), "SLUICE_SINK", ""},
 	{"sink at least once", envWith(sinkEnv(), "SLUICE_GUARANTEE", "at_least_once"), "SLUICE_GUARANTEE", ""},

@@ -364,6 +364,7 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		StateCleanupDelay:     cfg.StateCleanupDelay,
 		EpochMaxKeys:          cfg.EpochMaxKeys,
 		EpochMaxBytes:         cfg.EpochMaxBytes,
+		Parallelism:           cfg.Parallelism,
 		RestoreFrom:           cfg.RestoreFrom,
 		AllowNonRestoredState: cfg.AllowNonRestoredState,
 		Logger:                log,

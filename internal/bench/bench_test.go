@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -148,8 +149,11 @@ func sluiceLoop(ctx context.Context, brokers, group, job string, g sluice.Guaran
 // running job from topic in to topic out.
 func sluiceOptions(brokers, group, in, out, job, backend string, g sluice.Guarantee, interval time.Duration, dir string, reg *prometheus.Registry) sluice.Options {
 	j := jobs.Echo()
-	if job == "aggregate" {
+	switch job {
+	case "aggregate":
 		j = jobs.Aggregate()
+	case "hash":
+		j = hashJob()
 	}
 	return sluice.Options{
 		Brokers: []string{brokers}, AppID: group, InstanceID: "bench", Job: j,
@@ -158,6 +162,21 @@ func sluiceOptions(brokers, group, in, out, job, backend string, g sluice.Guaran
 		TransactionTimeout: time.Minute, SessionTimeout: 45 * time.Second, RebalanceTimeout: 30 * time.Second,
 		Registry: reg, Logger: benchLogger(),
 	}
+}
+
+// hashJob is echo with processing that costs CPU, as parsing, enrichment
+// or scoring would: each output is the SHA-256 of its input's value hashed
+// again 32 times (some 5 µs here). It shows what Options.Parallelism
+// gives a job whose processing, not the broker, is the bound.
+func hashJob() sluice.Job {
+	return sluice.Job{Name: "hash", Emits: true, Process: func(ctx sluice.Context, rec *sluice.Record) error {
+		sum := sha256.Sum256(rec.Value)
+		for range 32 {
+			sum = sha256.Sum256(sum[:])
+		}
+		ctx.Emit(rec.Key, sum[:])
+		return nil
+	}}
 }
 
 func sluiceLoopWith(ctx context.Context, o sluice.Options) error {

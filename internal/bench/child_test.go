@@ -61,7 +61,7 @@ func runBrokerChild() int {
 type spec struct {
 	Name      string        `json:"name"`
 	Raw       bool          `json:"raw"`       // a raw franz-go loop, not Sluice
-	Job       string        `json:"job"`       // echo or aggregate (Sluice)
+	Job       string        `json:"job"`       // echo, aggregate or hash (Sluice)
 	EOS       bool          `json:"eos"`       // exactly-once, else at-least-once
 	Backend   string        `json:"backend"`   // bbolt or memory (Sluice)
 	Interval  time.Duration `json:"interval"`  // checkpoint / commit interval
@@ -74,6 +74,8 @@ type spec struct {
 	CPUProf   string        `json:"cpuprof"`   // optional CPU profile of the child
 	AllocProf string        `json:"allocprof"` // optional allocation profile of the child
 	Trace     string        `json:"trace"`     // optional execution trace of the child
+	// Parallelism is Options.Parallelism (Sluice; 0 is the default, 1).
+	Parallelism int `json:"parallelism"`
 }
 
 // childResult is what a contender writes when it stops: what only the
@@ -141,7 +143,9 @@ func runContenderChild() int {
 		if s.EOS {
 			g = sluice.ExactlyOnce
 		}
-		err = sluiceLoopWith(ctx, sluiceOptions(s.Brokers, s.Group, s.In, s.Out, s.Job, s.Backend, g, s.Interval, s.State, reg))
+		o := sluiceOptions(s.Brokers, s.Group, s.In, s.Out, s.Job, s.Backend, g, s.Interval, s.State, reg)
+		o.Parallelism = s.Parallelism
+		err = sluiceLoopWith(ctx, o)
 	}
 	if s.CPUProf != "" {
 		pprof.StopCPUProfile()

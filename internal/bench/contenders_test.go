@@ -31,6 +31,11 @@ var (
 		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
 		{Name: "aggregate-eos-memory", Job: "aggregate", EOS: true, Backend: "memory", Interval: 100 * time.Millisecond},
 		{Name: "aggregate-alos-bbolt", Job: "aggregate", Backend: "bbolt", Interval: 100 * time.Millisecond},
+		// Two tasks at once (Options.Parallelism).
+		{Name: "echo-eos-p2", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Parallelism: 2},
+		{Name: "aggregate-eos-bbolt-p2", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Parallelism: 2},
+		{Name: "hash-eos", Job: "hash", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
+		{Name: "hash-eos-p2", Job: "hash", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Parallelism: 2},
 		// The interval sweep of the exactly-once contenders (chart a).
 		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond},
 		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: time.Second},

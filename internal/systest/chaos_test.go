@@ -213,9 +213,13 @@ func chaosAggregate(t *testing.T, proto string) {
 	// table must hold each committed epoch once.
 	var pg string
 	var extra []string
+	// The other run processes each instance's tasks in parallel
+	// (Options.Parallelism), under the same kills and pauses.
 	if proto == "classic" {
 		pg = pgtest.Start(t).URL()
 		extra = append(extra, "SYSTEST_PG_URL="+pg)
+	} else {
+		extra = append(extra, "SYSTEST_PARALLELISM=3")
 	}
 	ch := newChaos(t, "aggregate", sluice.ExactlyOnce, proto, seed, extra...)
 	ch.run(20*time.Second, 50, seed)
@@ -246,10 +250,10 @@ func chaosAggregate(t *testing.T, proto string) {
 
 // A two-stage job (wordcount: split, then count behind a repartition topic)
 // under the same chaos: every word's outputs are exactly its counts 1..n,
-// across the hop.
+// across the hop, with each stage's tasks processed in parallel.
 func TestChaosWordcountExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 24)
-	ch := newChaos(t, "wordcount", sluice.ExactlyOnce, chaosProtocol("classic"), seed)
+	ch := newChaos(t, "wordcount", sluice.ExactlyOnce, chaosProtocol("classic"), seed, "SYSTEST_PARALLELISM=2")
 	ch.feeder.words = map[string]int{}
 	ch.run(20*time.Second, 0, seed)
 	occurrences := func() int {
@@ -275,11 +279,11 @@ func TestChaosWordcountExactlyOnce(t *testing.T) {
 }
 
 // The exactly-once echo writes to PostgreSQL as well: one row per input
-// record, whatever the chaos.
+// record, whatever the chaos, with the tasks processed in parallel.
 func TestChaosEchoExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 22)
 	pg := pgtest.Start(t).URL()
-	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed, "SYSTEST_PG_URL="+pg)
+	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed, "SYSTEST_PG_URL="+pg, "SYSTEST_PARALLELISM=2")
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {

@@ -52,6 +52,7 @@ func runChild() int {
 	if d, err := time.ParseDuration(env("SYSTEST_TXN_TIMEOUT")); err == nil {
 		cfg.TransactionTimeout = d
 	}
+	cfg.Parallelism, _ = strconv.Atoi(env("SYSTEST_PARALLELISM"))
 	level := slog.LevelInfo
 	if env("SYSTEST_LOG_DIR") != "" {
 		level = slog.LevelDebug

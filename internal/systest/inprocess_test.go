@@ -21,7 +21,11 @@ import (
 func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
 	brokers := newCluster(t, 4)
 	f := newFeeder(t, brokers, 50, 1)
-	startInProcess(t, options(brokers, "agg", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce))
+	// Four tasks processed at once (Options.Parallelism): the dead letters
+	// and the aggregates are still exactly once.
+	o := options(brokers, "agg", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
+	o.Parallelism = 4
+	startInProcess(t, o)
 	for range 10 {
 		f.produce(200, 50)
 	}
@@ -48,7 +52,10 @@ func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
 func TestEchoCopiesPartitionsInOrder(t *testing.T) {
 	brokers := newCluster(t, 3)
 	f := newFeeder(t, brokers, 100, 2)
-	startInProcess(t, options(brokers, "echo", "i1", t.TempDir(), "echo", sluice.ExactlyOnce))
+	// In order per partition with the partitions processed at once, too.
+	o := options(brokers, "echo", "i1", t.TempDir(), "echo", sluice.ExactlyOnce)
+	o.Parallelism = 3
+	startInProcess(t, o)
 	for range 5 {
 		f.produce(300, 0)
 	}

@@ -1,0 +1,127 @@
+package sluice
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Tasks in parallel (Options.Parallelism): the records of a poll are split
+// by task, and up to Parallelism tasks process theirs at once, the loop
+// goroutine being one of the workers. Kafka Streams' num.stream.threads
+// does the same with a thread per group of tasks; here the workers share
+// the instance's one transaction, so an epoch still commits every task at
+// once.
+//
+// It is safe because processing a task's records touches what the task
+// owns: its store and write-set, its offsets (next, committed, replayUntil),
+// its timers and watermark, its record context and slabs, its sink epoch,
+// its metrics. What the tasks share is made for it:
+//
+//   - the epoch's transaction opens once, in begin, under txnMu;
+//   - the session's Produce may be called from any goroutine (franz-go),
+//     and its promises keep failures in atomics and under failures.mu;
+//   - budgetFull and refused are atomics;
+//   - the job's functions and Options.Clock are documented to be called
+//     concurrently for different tasks (Options.Parallelism), and an
+//     Options.Sink's methods from any goroutine (txsink.EpochSink).
+//
+// Nothing that processing calls runs the coordinator (run refuses to while
+// l.processing is set): the epoch, the task set and the consumer's
+// positions stay as they are until every worker is done, and only then
+// does the loop act on what they did (afterProcess).
+//
+// A poll is processed by the loop goroutine alone when the job has a
+// Prefetch (whether its service is unavailable is the loop's to track) or a
+// task has a suspect input (poison.go: a suspect's outputs are produced with
+// nothing else in their batches, which other tasks' outputs in flight would
+// break).
+
+// taskWork processes the poll's records of task i of n; rewind receives
+// where the ones it leaves are fetched again from, and worked says whether
+// it processed any.
+type taskWork func(i int, rewind offsets) (worked bool, err error)
+
+// eachTask runs work over the poll's n tasks, in parallel unless serial or
+// Options.Parallelism is 1, and merges what they report into rewind. The
+// first error (in task order) is returned; a worker stops taking tasks
+// once any task failed, as the serial loop stops at the failing task.
+func (l *loop) eachTask(n int, serial bool, rewind offsets, work taskWork) (worked bool, err error) {
+	l.processing.Store(true)
+	defer l.processing.Store(false)
+	workers := min(l.in.cfg.Parallelism, n)
+	if serial || workers <= 1 {
+		for i := range n {
+			w, err := work(i, rewind)
+			worked = worked || w
+			if err != nil {
+				return worked, err
+			}
+		}
+		return worked, nil
+	}
+	type result struct {
+		rewind offsets
+		worked bool
+		err    error
+	}
+	results := make([]result, n)
+	var next atomic.Int64
+	var failed atomic.Bool
+	take := func() {
+		for !failed.Load() {
+			i := int(next.Add(1) - 1)
+			if i >= n {
+				return
+			}
+			r := &results[i]
+			r.rewind = offsets{}
+			if r.worked, r.err = work(i, r.rewind); r.err != nil {
+				failed.Store(true)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range workers - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			take()
+		}()
+	}
+	take()
+	wg.Wait()
+	for _, r := range results {
+		for topic, ps := range r.rewind {
+			for p, off := range ps {
+				rewind.set(topic, p, off.Offset)
+			}
+		}
+		worked = worked || r.worked
+		if err == nil {
+			err = r.err
+		}
+	}
+	return worked, err
+}
+
+// hasSuspects reports whether a running task has a suspect input or timer
+// (poison.go), which makes the poll's processing serial.
+func (l *loop) hasSuspects() bool {
+	for _, t := range l.tasks {
+		if len(t.poison) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// pollRecords is how many records one poll takes: enough for each task
+// processed at once when they are processed in parallel, since a buffered
+// fetch is handed out partition by partition (a poll of MaxPollRecords
+// mostly holds one task's records).
+func (l *loop) pollRecords() int {
+	if l.in.cfg.Parallelism > 1 && l.in.cfg.Job.Prefetch == nil && !l.hasSuspects() {
+		return l.in.cfg.MaxPollRecords * l.in.cfg.Parallelism
+	}
+	return l.in.cfg.MaxPollRecords
+}
