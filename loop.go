@@ -633,6 +633,7 @@ func (l *loop) plainPromised(r *kgo.Record, err error) {
 	if err != nil {
 		l.noteProduceErr(r, err)
 	}
+	recycle(r)
 }
 
 // noteProduceErr keeps the epoch's first failed produce; the epoch then

@@ -56,6 +56,8 @@ type outCtx struct {
 	task     int32
 	ref      inputRef
 	dlq      bool
+	// slot is the record's place when task.record made it, for recycle.
+	slot *outSlot
 }
 
 // outSlot is one record of a slab with its Context beside it.

@@ -100,13 +100,13 @@ func (l *loop) produceFor(t *task, ref inputRef, r *kgo.Record, dlq bool) {
 // outPromised is the promise of every record produced by produceFor
 // (l.outPromise, made once), the input taken from the record's outCtx.
 func (l *loop) outPromised(r *kgo.Record, err error) {
-	if err == nil {
-		return
+	if err != nil {
+		l.noteProduceErr(r, err)
+		if c := r.Context.(*outCtx); isPermanent(err) {
+			l.failed.add(failedOutput{task: c.task, ref: c.ref, err: err, dlq: c.dlq})
+		}
 	}
-	l.noteProduceErr(r, err)
-	if c := r.Context.(*outCtx); isPermanent(err) {
-		l.failed.add(failedOutput{task: c.task, ref: c.ref, err: err, dlq: c.dlq})
-	}
+	recycle(r)
 }
 
 // learnsSomething reports whether the permanent failures of the epoch teach

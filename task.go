@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -316,16 +317,50 @@ func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...Heade
 	c.out = append(c.out, r)
 }
 
-// record returns a fresh record from the task's slab, its Context an
-// outCtx (explicit says its Partition is set by the caller). A slab holds
-// many records and is dropped whole by the garbage collector once none of
-// them is in use, so outputs and changelog records cost no allocation
-// each.
+// record returns a fresh record, its Context an outCtx (explicit says its
+// Partition is set by the caller): one franz-go is done with (recycle), or
+// else one from the task's slab. A slab holds many records and is dropped
+// whole by the garbage collector once none of them is in use, so outputs
+// and changelog records cost no allocation each, and recycled ones no
+// garbage either.
 func (t *task) record(explicit bool) *kgo.Record {
-	s := fromSlab(&t.slab)
-	s.ctx = outCtx{Context: context.Background(), explicit: explicit, task: t.p}
-	s.rec.Context = &s.ctx
+	s, _ := outSlots.Get().(*outSlot)
+	if s == nil {
+		s = fromSlab(&t.slab)
+		// Set once for the slot's life: franz-go may still read a
+		// record's Context, and the Context's Done, on a goroutine of
+		// its own after the promise (waitUnknownTopic, for the first
+		// record to a topic it has no metadata for yet).
+		s.ctx.Context = context.Background()
+		s.rec.Context = &s.ctx
+		s.ctx.slot = s
+	}
+	s.ctx.explicit, s.ctx.task, s.ctx.ref, s.ctx.dlq = explicit, t.p, inputRef{}, false
 	return &s.rec
+}
+
+// outSlots are records whose produce finished, for task.record to reuse.
+var outSlots sync.Pool
+
+// recycle hands r, if task.record made it, back for reuse. Only a promise
+// that franz-go called may (it is done with the record's fields then: its
+// promise may even modify them; not always with its Context, see
+// task.record, found by the race detector), and only one made for records
+// that nothing else
+// keeps: the outputs of produceFor and the changelog records of produce,
+// not a suspect's outputs (produceAlone), whose promise is its own. An
+// output a record made but never produced (the record failed) is not
+// recycled: the garbage collector takes it.
+func recycle(r *kgo.Record) {
+	c, ok := r.Context.(*outCtx)
+	if !ok || c.slot == nil {
+		return
+	}
+	// Let go of the key, value and headers, field by field: the Context
+	// is never written again (see task.record).
+	r.Key, r.Value, r.Headers, r.Topic, r.Timestamp = nil, nil, nil, "", time.Time{}
+	r.Partition, r.Attrs, r.ProducerEpoch, r.ProducerID, r.LeaderEpoch, r.Offset = 0, kgo.RecordAttrs{}, 0, 0, 0, 0
+	outSlots.Put(c.slot)
 }
 
 func (c *recordContext) Output(tag OutputTag, key, value []byte, headers ...Header) {
