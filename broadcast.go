@@ -243,6 +243,7 @@ func (l *loop) applyOne(t *task, r *kgo.Record) (bool, error) {
 	default:
 		// The position moves on: applying it again would fail again.
 		t.store.RollbackRecord()
+		recycleAll(rc.out) // never produced
 		t.store.Put(kstate.PositionKey(r.Partition), kstate.EncodePosition(r.Offset+1))
 		t.store.CommitRecord()
 		l.produceFor(t, ref, in.deadLetter(r, err, "broadcast"), true)

@@ -36,7 +36,9 @@ type Options struct {
 	// Brokers are the seed brokers, host:port. Required.
 	Brokers []string
 	// ClientOpts are extra franz-go options (TLS, SASL) for every client
-	// the instance makes.
+	// the instance makes. A produce hook must not keep a *kgo.Record past
+	// its promise, nor replace its Context: the instance reuses its output
+	// and changelog records once produced, and reads their Context.
 	ClientOpts []kgo.Opt
 
 	// AppID is the consumer group id and the prefix of the transactional

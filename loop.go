@@ -540,6 +540,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 		return fmt.Errorf("job %s: task %d offset %d: %w", in.cfg.Job.Name, t.p, r.Offset, err)
 	default:
 		t.store.RollbackRecord()
+		recycleAll(rc.out) // never produced
 		stage := "process"
 		var de *DecodeError
 		var se *StageError

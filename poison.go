@@ -160,6 +160,7 @@ func (l *loop) produceAlone(t *task, ref inputRef, ps *poison, out []*kgo.Record
 	var permanent, failed error
 	for _, o := range out {
 		l.sess.Produce(context.Background(), o, func(r *kgo.Record, err error) {
+			defer recycle(r)
 			if err == nil {
 				return
 			}

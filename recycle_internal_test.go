@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"reflect"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -27,5 +28,27 @@ func TestRecycleOnlyTaskRecords(t *testing.T) {
 	recycle(marker)
 	if string(dl.Key) != "k" || string(marker.Key) != "m" || dl.Context == nil || marker.Context != explicitCtx {
 		t.Fatal("recycle touched a record task.record did not make")
+	}
+}
+
+// recycle clears a kgo.Record field by field (its Context must not be
+// written): a field a franz-go upgrade adds would pass from one record to
+// the next unless recycle clears it too.
+func TestRecycleClearsEveryRecordField(t *testing.T) {
+	if n := reflect.TypeOf(kgo.Record{}).NumField(); n != 12 {
+		t.Fatalf("kgo.Record has %d fields, recycle clears 11 and keeps the Context: update recycle", n)
+	}
+}
+
+// A copy of a task.record record does not put its slot in the pool: the
+// slot would then be handed out twice.
+func TestRecycleIgnoresCopies(t *testing.T) {
+	tk := &task{p: 1}
+	r := tk.record(false)
+	r.Key = []byte("k")
+	cp := *r
+	recycle(&cp)
+	if string(r.Key) != "k" || string(cp.Key) != "k" {
+		t.Fatal("recycle took a copy of a record")
 	}
 }

@@ -342,19 +342,25 @@ func (t *task) record(explicit bool) *kgo.Record {
 // outSlots are records whose produce finished, for task.record to reuse.
 var outSlots sync.Pool
 
-// recycle hands r, if task.record made it, back for reuse. Only a promise
-// that franz-go called may (it is done with the record's fields then: its
-// promise may even modify them; not always with its Context, see
-// task.record, found by the race detector), and only one made for records
-// that nothing else
-// keeps: the outputs of produceFor and the changelog records of produce,
-// not a suspect's outputs (produceAlone), whose promise is its own. An
-// output a record made but never produced (the record failed) is not
-// recycled: the garbage collector takes it.
+// recycleAll recycles the outputs of a record or timer that failed: they
+// were never produced.
+func recycleAll(out []*kgo.Record) {
+	for _, r := range out {
+		recycle(r)
+	}
+}
+
+// recycle hands r, if task.record made it, back for reuse: from a promise
+// franz-go called (it is done with the record's fields then: its promise
+// may even modify them; not always with its Context, see task.record,
+// found by the race detector), or for an output that was never produced
+// (its record failed: recycleAll). Nothing else may keep the record. A
+// record left out is not lost, but it keeps its slab, and so its slab
+// siblings' keys and values, alive as long as any of them circulates.
 func recycle(r *kgo.Record) {
 	c, ok := r.Context.(*outCtx)
-	if !ok || c.slot == nil {
-		return
+	if !ok || c.slot == nil || r != &c.slot.rec {
+		return // not task.record's, or a copy of one (which must not put its slot twice)
 	}
 	// Let go of the key, value and headers, field by field: the Context
 	// is never written again (see task.record).

@@ -288,6 +288,7 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 	default:
 		// The timer stays removed: firing it again would fail again.
 		t.store.RollbackRecord()
+		recycleAll(rc.out) // never produced
 		kstate.RemoveTimer(t.store, tm)
 		t.store.CommitRecord()
 		l.produceFor(t, ref, in.timerDeadLetter(t, tm, err, "timer"), true)
