@@ -238,12 +238,11 @@ func (l *loop) applyOne(t *task, r *kgo.Record) (bool, error) {
 		t.store.Put(kstate.PositionKey(r.Partition), kstate.EncodePosition(r.Offset+1))
 		l.commitHandled(t, ref, ps, rc.out)
 	case IsFatal(err):
-		t.store.RollbackRecord()
+		t.undo()
 		return false, fmt.Errorf("job %s: task %d: broadcast %s/%d offset %d: %w", in.cfg.Job.Name, t.p, r.Topic, r.Partition, r.Offset, err)
 	default:
 		// The position moves on: applying it again would fail again.
-		t.store.RollbackRecord()
-		recycleAll(rc.out) // never produced
+		t.undo()
 		t.store.Put(kstate.PositionKey(r.Partition), kstate.EncodePosition(r.Offset+1))
 		t.store.CommitRecord()
 		l.produceFor(t, ref, in.deadLetter(r, err, "broadcast"), true)

@@ -210,7 +210,7 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 		ps = append(ps, p)
 	}
 	slices.Sort(ps)
-	worked, err := l.eachTask(len(ps), l.hasSuspects(), rewind, func(i int, rewind offsets) (bool, error) {
+	worked, err := l.eachTask(len(ps), rewind, func(i int, rewind offsets) (bool, error) {
 		p := ps[i]
 		t := l.tasks[p]
 		recs, again := l.merged(t, byTask[p])

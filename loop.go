@@ -314,8 +314,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 		batches[i] = append(batches[i], ftp)
 	})
 	down := false // a Prefetch found its service unavailable in this fetch
-	serial := in.cfg.Job.Prefetch != nil || l.hasSuspects()
-	worked, err := l.eachTask(len(batches), serial, rewind, func(i int, rewind offsets) (bool, error) {
+	worked, err := l.eachTask(len(batches), rewind, func(i int, rewind offsets) (bool, error) {
 		t := l.tasks[batches[i][0].Partition]
 		worked := false
 		for _, ftp := range batches[i] {
@@ -536,11 +535,10 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	case err == nil:
 		l.commitHandled(t, ref, ps, rc.out)
 	case IsFatal(err):
-		t.store.RollbackRecord()
+		t.undo()
 		return fmt.Errorf("job %s: task %d offset %d: %w", in.cfg.Job.Name, t.p, r.Offset, err)
 	default:
-		t.store.RollbackRecord()
-		recycleAll(rc.out) // never produced
+		t.undo()
 		stage := "process"
 		var de *DecodeError
 		var se *StageError

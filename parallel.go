@@ -42,15 +42,15 @@ import (
 // it processed any.
 type taskWork func(i int, rewind offsets) (worked bool, err error)
 
-// eachTask runs work over the poll's n tasks, in parallel unless serial or
-// Options.Parallelism is 1, and merges what they report into rewind. The
-// first error (in task order) is returned; a worker stops taking tasks
-// once any task failed, as the serial loop stops at the failing task.
-func (l *loop) eachTask(n int, serial bool, rewind offsets, work taskWork) (worked bool, err error) {
+// eachTask runs work over the poll's n tasks, in parallel when l.parallel
+// says so, and merges what they report into rewind. The first error (in
+// task order) is returned; a worker stops taking tasks once any task
+// failed, as the serial loop stops at the failing task.
+func (l *loop) eachTask(n int, rewind offsets, work taskWork) (worked bool, err error) {
 	l.processing.Store(true)
 	defer l.processing.Store(false)
 	workers := min(l.in.cfg.Parallelism, n)
-	if serial || workers <= 1 {
+	if workers <= 1 || !l.parallel() {
 		for i := range n {
 			w, err := work(i, rewind)
 			worked = worked || w
@@ -105,15 +105,19 @@ func (l *loop) eachTask(n int, serial bool, rewind offsets, work taskWork) (work
 	return worked, err
 }
 
-// hasSuspects reports whether a running task has a suspect input or timer
-// (poison.go), which makes the poll's processing serial.
-func (l *loop) hasSuspects() bool {
+// parallel reports whether the next poll's tasks may be processed in
+// parallel: Options.Parallelism allows it, the job has no Prefetch and no
+// running task has a suspect input or timer (poison.go).
+func (l *loop) parallel() bool {
+	if l.in.cfg.Parallelism <= 1 || l.in.cfg.Job.Prefetch != nil {
+		return false
+	}
 	for _, t := range l.tasks {
 		if len(t.poison) > 0 {
-			return true
+			return false
 		}
 	}
-	return false
+	return true
 }
 
 // pollRecords is how many records one poll takes: enough for each task
@@ -121,7 +125,7 @@ func (l *loop) hasSuspects() bool {
 // fetch is handed out partition by partition (a poll of MaxPollRecords
 // mostly holds one task's records).
 func (l *loop) pollRecords() int {
-	if l.in.cfg.Parallelism > 1 && l.in.cfg.Job.Prefetch == nil && !l.hasSuspects() {
+	if l.parallel() {
 		return l.in.cfg.MaxPollRecords * l.in.cfg.Parallelism
 	}
 	return l.in.cfg.MaxPollRecords

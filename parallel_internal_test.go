@@ -15,7 +15,7 @@ func TestEachTaskRunsTasksAtOnce(t *testing.T) {
 	var inside sync.WaitGroup
 	inside.Add(n)
 	rewind := offsets{}
-	worked, err := l.eachTask(n, false, rewind, func(i int, rewind offsets) (bool, error) {
+	worked, err := l.eachTask(n, rewind, func(i int, rewind offsets) (bool, error) {
 		inside.Done()
 		inside.Wait()
 		rewind.set("in", int32(i), int64(10*i))
@@ -36,10 +36,14 @@ func TestEachTaskRunsTasksAtOnce(t *testing.T) {
 func TestEachTaskReportsTheFirstError(t *testing.T) {
 	errs := []error{nil, errors.New("task 1"), errors.New("task 2")}
 	for _, serial := range []bool{false, true} {
-		l := &loop{in: &Instance{cfg: Options{Parallelism: 3}}}
+		workers := 3
+		if serial {
+			workers = 1
+		}
+		l := &loop{in: &Instance{cfg: Options{Parallelism: workers}}}
 		var mu sync.Mutex
 		ran := map[int]bool{}
-		_, err := l.eachTask(len(errs), serial, offsets{}, func(i int, _ offsets) (bool, error) {
+		_, err := l.eachTask(len(errs), offsets{}, func(i int, _ offsets) (bool, error) {
 			mu.Lock()
 			ran[i] = true
 			mu.Unlock()

@@ -342,10 +342,12 @@ func (t *task) record(explicit bool) *kgo.Record {
 // outSlots are records whose produce finished, for task.record to reuse.
 var outSlots sync.Pool
 
-// recycleAll recycles the outputs of a record or timer that failed: they
-// were never produced.
-func recycleAll(out []*kgo.Record) {
-	for _, r := range out {
+// undo drops what the record or timer being handled did, when it failed:
+// its state writes, and its outputs, which were never produced (recycled,
+// so that they do not keep their slab alive: see recycle).
+func (t *task) undo() {
+	t.store.RollbackRecord()
+	for _, r := range t.rc.out {
 		recycle(r)
 	}
 }
@@ -354,7 +356,7 @@ func recycleAll(out []*kgo.Record) {
 // franz-go called (it is done with the record's fields then: its promise
 // may even modify them; not always with its Context, see task.record,
 // found by the race detector), or for an output that was never produced
-// (its record failed: recycleAll). Nothing else may keep the record. A
+// (its record failed: task.undo). Nothing else may keep the record. A
 // record left out is not lost, but it keeps its slab, and so its slab
 // siblings' keys and values, alive as long as any of them circulates.
 func recycle(r *kgo.Record) {

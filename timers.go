@@ -283,12 +283,11 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 	case err == nil:
 		l.commitHandled(t, ref, ps, rc.out)
 	case IsFatal(err):
-		t.store.RollbackRecord()
+		t.undo()
 		return fmt.Errorf("job %s: task %d: %s timer at %s: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)
 	default:
 		// The timer stays removed: firing it again would fail again.
-		t.store.RollbackRecord()
-		recycleAll(rc.out) // never produced
+		t.undo()
 		kstate.RemoveTimer(t.store, tm)
 		t.store.CommitRecord()
 		l.produceFor(t, ref, in.timerDeadLetter(t, tm, err, "timer"), true)
