@@ -260,6 +260,19 @@ func (b *boltBackend) endRead() {
 	}
 }
 
+// appends reports whether every mutation of muts, sorted by key, comes
+// after the last key the file holds: then none exists yet, and Apply need
+// not look each one up. A restore of a changelog the job wrote in key order
+// is made of such batches, and so are the epochs of keys that only grow (a
+// time in the key, a sequence number).
+func appends(c *bolt.Cursor, muts []Mutation) bool {
+	if len(muts) == 0 {
+		return false
+	}
+	last, _ := c.Last()
+	return bytes.Compare(muts[0].Key, last) > 0
+}
+
 // lookup finds key with a cursor rather than Bucket.Get so that an empty
 // value is told apart from a missing key by the key, not by a nil check.
 func lookup(c *bolt.Cursor, key []byte) ([]byte, bool) {
@@ -302,9 +315,23 @@ func (b *boltBackend) Apply(muts []Mutation, meta Meta) error {
 	err = b.update(func(tx *bolt.Tx) error {
 		st := tx.Bucket(stateBucket)
 		c := st.Cursor()
+		appending := appends(c, muts)
+		if appending {
+			// Fill the new pages (bbolt splits at half a page by
+			// default, which suits random inserts): nothing goes
+			// between these keys in this transaction, and half-full
+			// pages would double the pages of a tree built in key
+			// order. A later insert between them splits the full page
+			// it lands in, as it would one that had filled up.
+			st.FillPercent = 1.0
+		}
 		for _, m := range muts {
-			// Re-seek for every key: a cursor is invalid after a write.
-			old, exists := lookup(c, m.Key)
+			var old []byte
+			exists := false
+			if !appending {
+				// Re-seek for every key: a cursor is invalid after a write.
+				old, exists = lookup(c, m.Key)
+			}
 			switch {
 			case m.Value == nil && exists:
 				if err := st.Delete(m.Key); err != nil {

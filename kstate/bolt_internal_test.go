@@ -1,8 +1,11 @@
 package kstate
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"testing"
 	"time"
@@ -136,5 +139,106 @@ func TestBoltSharedReadsSeeEveryApply(t *testing.T) {
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Batches past the last key are applied as appends into packed pages
+// (FillPercent 1); later inserts between those keys, longer values and
+// deletes split and merge the full pages. The state must read back exactly,
+// the stats must match it, and bbolt's own check must pass after a reopen.
+func TestBoltPackedAppendsStayConsistent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.db")
+	b, err := openBolt(path, DefaultLockTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	apply := func(muts []Mutation) {
+		t.Helper()
+		for _, m := range muts { // before Apply, which sorts muts in place
+			if m.Value == nil {
+				delete(want, string(m.Key))
+			} else {
+				want[string(m.Key)] = string(m.Value)
+			}
+		}
+		if err := b.Apply(muts, Meta{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// bbolt's own check, every finding drained (its goroutine reads on
+	// until the channel is empty).
+	check := func(b *boltBackend) error {
+		return b.db.View(func(tx *bolt.Tx) error {
+			var errs []error
+			for err := range tx.Check() {
+				errs = append(errs, err)
+			}
+			return errors.Join(errs...)
+		})
+	}
+	key := func(i int) []byte { return fmt.Appendf(nil, "key-%08d", i) }
+	for start := 0; start < 25000; start += 5000 { // appends
+		var muts []Mutation
+		for i := start; i < start+5000; i++ {
+			muts = append(muts, Mutation{Key: key(2 * i), Value: []byte("v")})
+		}
+		apply(muts)
+	}
+	if err := b.db.View(func(tx *bolt.Tx) error {
+		st := tx.Bucket(stateBucket).Stats()
+		if fill := float64(st.LeafInuse) / float64(st.LeafAlloc); fill < 0.9 {
+			return fmt.Errorf("leaf pages %.0f%% full after appends, want them packed", 100*fill)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := check(b); err != nil {
+		t.Fatalf("bbolt's check after the appends: %v", err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 3 { // inserts between the packed keys, growth, deletes
+		var muts []Mutation
+		for range 3000 {
+			i := rng.IntN(50000)
+			switch rng.IntN(3) {
+			case 0:
+				muts = append(muts, Mutation{Key: key(i), Value: bytes.Repeat([]byte("x"), 1+rng.IntN(200))})
+			case 1:
+				muts = append(muts, Mutation{Key: key(i)})
+			default:
+				muts = append(muts, Mutation{Key: key(i), Value: []byte("w")})
+			}
+		}
+		apply(muts)
+	}
+	verify := func(b *boltBackend) {
+		t.Helper()
+		var keys, byt int64
+		for k, v := range want {
+			got, ok, err := b.Get([]byte(k))
+			if err != nil || !ok || string(got) != v {
+				t.Fatalf("Get(%s) = %q, %v, %v; want %q", k, got, ok, err, v)
+			}
+			keys++
+			byt += int64(len(k) + len(v))
+		}
+		if st := b.Stats(); st.Keys != keys || st.Bytes != byt {
+			t.Fatalf("Stats = %+v, want %d keys and %d bytes", st, keys, byt)
+		}
+	}
+	verify(b)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err = openBolt(path, DefaultLockTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	verify(b)
+	if err := check(b); err != nil {
+		t.Fatalf("bbolt's check: %v", err)
 	}
 }

@@ -409,6 +409,11 @@ func testBackendStats(t *testing.T, kind string) {
 		{"delete missing", []kstate.Mutation{del("zz")}, 2, 7},
 		{"duplicates", []kstate.Mutation{put("d", "1"), put("d", "22"), del("c")}, 2, 5 + 3},
 		{"reinsert", []kstate.Mutation{put("c", "")}, 3, 9},
+		// Every key after the last one held: bbolt takes them as an
+		// append, without looking each one up.
+		{"append", []kstate.Mutation{put("x", "1"), del("xa"), put("y", "12")}, 5, 14},
+		{"append from the last key", []kstate.Mutation{put("y", "1"), put("yy", "")}, 6, 15},
+		{"an overwrite and a key past the last", []kstate.Mutation{put("c", "12"), put("yz", "1")}, 7, 20},
 	}
 	for _, s := range steps {
 		mustApply(t, b, kstate.Meta{}, s.muts...)
