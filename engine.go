@@ -180,6 +180,7 @@ func (in *Instance) Run(ctx context.Context) error {
 	if err := in.checkStateDir(); err != nil {
 		return err
 	}
+	in.removeRestoreRuns()
 	if in.cfg.RestoreFrom != "" {
 		seed, err := in.openSeed(ctx)
 		if err != nil {

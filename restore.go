@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/changelog"
@@ -125,6 +126,12 @@ func (in *Instance) openStore(p int32, fresh bool) (kstate.Backend, kstate.Meta,
 // store last brought up to date longer ago than that may have missed a
 // delete for good, and would bring the key back.
 func (in *Instance) stale(meta kstate.Meta) string {
+	if meta.Partial && meta.ChangelogOffset <= 0 {
+		// A restore from scratch stopped in the merge of its runs: its
+		// keys are not a log prefix, so a tombstone compacted away since
+		// could not delete one; and sorting again is faster anyway.
+		return "a restore from scratch was interrupted"
+	}
 	if meta.ChangelogOffset <= 0 && len(meta.Offsets) == 0 {
 		return "" // empty: nothing to resume from anyway
 	}
@@ -148,6 +155,10 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 	}
 	label := taskLabel(p)
 	defer in.m.restoreRemaining.DeleteLabelValues(label)
+	runs, err := in.restoreRunsDir(p, be, meta)
+	if err != nil {
+		return changelog.Result{}, err
+	}
 	wrote := false
 	res, err := changelog.Restore(ctx, changelog.RestoreParams{
 		Admin:       in.adm,
@@ -158,6 +169,7 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 		Group:       in.cfg.AppID,
 		InputTopics: in.cfg.InputTopics,
 		Applied:     applied,
+		RunsDir:     runs,
 		Apply: func(muts []kstate.Mutation, m kstate.Meta) error {
 			wrote = true
 			return be.Apply(muts, m)
@@ -175,6 +187,51 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 		err = be.Apply(nil, meta)
 	}
 	return res, err
+}
+
+// restoreRunsDir is where a restore of task p sorts the changelog before
+// applying it (changelog.RestoreParams.RunsDir): into an empty bbolt store,
+// or one a restore left partial. It is "" for a store that is whole (the
+// restore reads only what it missed) or lives in memory (whose apply
+// merges a sorted slice whatever the order). The runs of a restore that
+// crashed are deleted either way.
+func (in *Instance) restoreRunsDir(p int32, be kstate.Backend, meta kstate.Meta) (string, error) {
+	if in.cfg.Backend != "bbolt" {
+		return "", nil
+	}
+	dir := filepath.Join(in.stateDir(), fmt.Sprintf("%s%04d", restoreRunsPrefix, p))
+	if err := os.RemoveAll(dir); err != nil {
+		return "", fmt.Errorf("task %d: delete the runs of an earlier restore: %w", p, err)
+	}
+	if be.Stats().Keys > 0 && !meta.Partial {
+		return "", nil
+	}
+	return dir, nil
+}
+
+// restoreRunsPrefix names the directories of restores' runs in the state
+// dir: restore-runs-NNNN.
+const restoreRunsPrefix = "restore-runs-"
+
+// removeRestoreRuns deletes every restore's runs left in the state dir by a
+// process that stopped during a restore (its task may restore elsewhere
+// now). Called before any restore starts.
+func (in *Instance) removeRestoreRuns() {
+	if in.cfg.Backend != "bbolt" {
+		return
+	}
+	entries, err := os.ReadDir(in.stateDir())
+	if err != nil {
+		return // no state dir yet
+	}
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), restoreRunsPrefix) {
+			path := filepath.Join(in.stateDir(), e.Name())
+			if err := os.RemoveAll(path); err != nil {
+				in.log.Warn("deleting the runs of an interrupted restore failed", "dir", path, "err", err)
+			}
+		}
+	}
 }
 
 // maxEntryBytes bounds one state entry so that its changelog record fits

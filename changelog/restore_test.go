@@ -23,6 +23,7 @@ type recordingBackend struct {
 	bytes    []int // key and value bytes of each Apply
 	unsorted int   // Applies whose mutations were not sorted by key
 	metas    []kstate.Meta
+	keys     [][][]byte // the first and last key of each Apply (none if empty)
 }
 
 func (b *recordingBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
@@ -37,6 +38,11 @@ func (b *recordingBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error
 	}
 	b.bytes = append(b.bytes, n)
 	b.metas = append(b.metas, meta)
+	var ends [][]byte
+	if len(muts) > 0 {
+		ends = [][]byte{bytes.Clone(muts[0].Key), bytes.Clone(muts[len(muts)-1].Key)}
+	}
+	b.keys = append(b.keys, ends)
 	return b.Backend.Apply(muts, meta)
 }
 
@@ -53,6 +59,26 @@ func entryKey(i int) []byte {
 // its key, so compacting it away from the committed value before the next
 // epoch rewrites the key is not a case a restore has to survive.
 func changelogWith(t *testing.T, epochs, keysPerEpoch, orphans int) (*kfake.Cluster, *kgo.Client, *kadm.Client) {
+	t.Helper()
+	c, cl, adm, produce := newChangelog(t)
+	for e := 1; e <= epochs; e++ {
+		var recs []*kgo.Record
+		for i := range keysPerEpoch {
+			recs = append(recs, &kgo.Record{Key: entryKey((e-1)*keysPerEpoch + i), Value: []byte{byte(e)}})
+		}
+		produce(recs...)
+		produce(&kgo.Record{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: uint64(e), Offsets: map[string]int64{"in": int64(e * 10)}})})
+	}
+	c.Compact()
+	for i := range orphans {
+		produce(&kgo.Record{Key: entryKey(i), Value: []byte("orphan")})
+	}
+	return c, cl, adm
+}
+
+// newChangelog starts a broker with a one-partition app-changelog topic,
+// and returns a client that produces to it and a synchronous produce.
+func newChangelog(t *testing.T) (*kfake.Cluster, *kgo.Client, *kadm.Client, func(...*kgo.Record)) {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
@@ -74,19 +100,7 @@ func changelogWith(t *testing.T, epochs, keysPerEpoch, orphans int) (*kfake.Clus
 			t.Fatal(err)
 		}
 	}
-	for e := 1; e <= epochs; e++ {
-		var recs []*kgo.Record
-		for i := range keysPerEpoch {
-			recs = append(recs, &kgo.Record{Key: entryKey((e-1)*keysPerEpoch + i), Value: []byte{byte(e)}})
-		}
-		produce(recs...)
-		produce(&kgo.Record{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: uint64(e), Offsets: map[string]int64{"in": int64(e * 10)}})})
-	}
-	c.Compact()
-	for i := range orphans {
-		produce(&kgo.Record{Key: entryKey(i), Value: []byte("orphan")})
-	}
-	return c, cl, adm
+	return c, cl, adm, produce
 }
 
 func restoreInto(t *testing.T, cl *kgo.Client, adm *kadm.Client, be *recordingBackend, batch int) Result {

@@ -1,0 +1,342 @@
+package changelog
+
+import (
+	"bufio"
+	"bytes"
+	"container/heap"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// A restore with RestoreParams.RunsDir sorts before it applies, as Kafka
+// Streams bulk-loads RocksDB during a restore. The changelog of a
+// long-running app is in the order its keys were last written, which is
+// random in the keys, and a B-tree takes keys in random order a page copy
+// at a time: each batch of 10,000 random keys rewrote nearly every page of
+// a task's tree.
+//
+// While every key read comes after the one before it (a changelog the job
+// wrote in key order), batches are applied as they come: appends. From the
+// first key out of order on, a batch is not applied but sorted and written
+// to a file of RunsDir, a run. At the last marker the runs and the last
+// batch are merged, the latest value of each key winning (tombstones kept:
+// the backend may hold the key), and applied in key order, in batches of
+// BatchKeys; into an empty backend these are appends, which bbolt takes
+// without a lookup, into full pages.
+//
+// A run holds up to BatchBytes of entries (it has no pages to bound), so a
+// merge reads few. At most maxRuns are kept: the next one merges them into
+// the backend first, as does a run that cannot be written (a full disk),
+// after which the restore goes on without sorting. On disk the runs take
+// about the entries read up to the last marker, less the duplicates within
+// each run; the directory is removed when the restore returns.
+//
+// A crash, an error or a cancellation during a merge leaves a backend
+// holding the state at sortedFrom (a log prefix, as a Partial meta says)
+// with some keys already at later values, each one a value the key takes
+// later in the log. A restore from sortedFrom replays the log over it, and
+// every such key ends at its last value in the log, so the result is the
+// same.
+
+// maxRuns bounds the runs a merge reads at once (open files, buffers).
+const maxRuns = 64
+
+// runEntryOverhead is what an entry of the batch costs beyond its key and
+// value (a map entry, the key as a string, a Mutation when sorted): the
+// bytes bound of a batch for a run counts it.
+const runEntryOverhead = 96
+
+// noteOrder notes the key of a record read forward: whether keys still come
+// in ascending order.
+func (r *restorer) noteOrder(key []byte) {
+	if r.outOfOrder || !r.sorting {
+		return
+	}
+	if r.lastKey != nil && bytes.Compare(key, r.lastKey) <= 0 {
+		r.outOfOrder = true
+		return
+	}
+	r.lastKey = append(r.lastKey[:0], key...)
+}
+
+// applySorted applies muts, sorted by key, in batches of at most BatchKeys
+// keys and BatchBytes bytes (bbolt splits a node only when it commits), the
+// last one with meta. The others carry a Partial meta at sortedFrom, where
+// a restore after a crash in between resumes.
+func (r *restorer) applySorted(muts []kstate.Mutation, meta kstate.Meta) error {
+	start, size := 0, 0
+	for i, m := range muts {
+		size += len(m.Key) + len(m.Value)
+		if i+1-start < r.p.BatchKeys && size < r.p.BatchBytes || i == len(muts)-1 {
+			continue
+		}
+		if err := r.apply(muts[start:i+1], r.partialMeta()); err != nil {
+			return err
+		}
+		start, size = i+1, 0
+	}
+	if err := r.apply(muts[start:], meta); err != nil {
+		return err
+	}
+	r.sortedFrom = meta.ChangelogOffset
+	return nil
+}
+
+// partialMeta is the meta of a batch applied while sorting that does not
+// leave the backend at a log prefix of its own: a restore resumes at
+// sortedFrom.
+func (r *restorer) partialMeta() kstate.Meta {
+	return kstate.Meta{ChangelogOffset: r.sortedFrom, Partial: true, AppliedAt: time.Now()}
+}
+
+// apply applies one batch, unless the restore was cancelled: a merge
+// applies a whole partition, and a task given away waits for it.
+func (r *restorer) apply(muts []kstate.Mutation, meta kstate.Meta) error {
+	if err := r.ctx.Err(); err != nil {
+		return err
+	}
+	if err := r.p.Apply(muts, meta); err != nil {
+		return fmt.Errorf("changelog: apply restored batch: %w", err)
+	}
+	return nil
+}
+
+// runEntry is one entry of a run: a nil value is a tombstone.
+type runEntry struct {
+	key, val []byte
+}
+
+// writeRun writes entries, sorted by key, to a new file of dir.
+func writeRun(dir string, n int, entries []kstate.Mutation) (string, error) {
+	path := filepath.Join(dir, fmt.Sprintf("run-%06d", n))
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("changelog: restore run: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 1<<16)
+	var hdr []byte
+	for _, m := range entries {
+		// key length, key, value length + 1 (0: a tombstone), value
+		hdr = binary.AppendUvarint(hdr[:0], uint64(len(m.Key)))
+		w.Write(hdr)
+		w.Write(m.Key)
+		vl := uint64(0)
+		if m.Value != nil {
+			vl = uint64(len(m.Value)) + 1
+		}
+		hdr = binary.AppendUvarint(hdr[:0], vl)
+		w.Write(hdr)
+		w.Write(m.Value)
+	}
+	err = w.Flush() // a bufio.Writer keeps its first error
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return "", fmt.Errorf("changelog: restore run %s: %w", path, err)
+	}
+	return path, nil
+}
+
+// runSource is one sorted input of the merge: a run file, or the last
+// batch in memory. Later sources (higher order) hold later values.
+type runSource struct {
+	order int
+	f     *os.File
+	r     *bufio.Reader
+	mem   []kstate.Mutation
+	cur   runEntry
+}
+
+// next moves to the source's next entry; false at its end.
+func (s *runSource) next() (bool, error) {
+	if s.f == nil {
+		if len(s.mem) == 0 {
+			return false, nil
+		}
+		s.cur = runEntry{key: s.mem[0].Key, val: s.mem[0].Value}
+		s.mem = s.mem[1:]
+		return true, nil
+	}
+	kl, err := binary.ReadUvarint(s.r)
+	if errors.Is(err, io.EOF) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	key := make([]byte, kl)
+	if _, err := io.ReadFull(s.r, key); err != nil {
+		return false, err
+	}
+	vl, err := binary.ReadUvarint(s.r)
+	if err != nil {
+		return false, err
+	}
+	var val []byte
+	if vl > 0 {
+		val = make([]byte, vl-1)
+		if _, err := io.ReadFull(s.r, val); err != nil {
+			return false, err
+		}
+	}
+	s.cur = runEntry{key: key, val: val}
+	return true, nil
+}
+
+// sources is a heap of sources by their current key, the latest source
+// first among equal keys.
+type sources []*runSource
+
+func (h sources) Len() int { return len(h) }
+func (h sources) Less(i, j int) bool {
+	if c := bytes.Compare(h[i].cur.key, h[j].cur.key); c != 0 {
+		return c < 0
+	}
+	return h[i].order > h[j].order
+}
+func (h sources) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *sources) Push(x any)   { *h = append(*h, x.(*runSource)) }
+func (h *sources) Pop() any {
+	old := *h
+	s := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return s
+}
+
+// spill writes the batch as a run and empties it. With maxRuns runs
+// already, or when the run cannot be written, the runs and the batch are
+// merged into the backend instead, which then holds the log up to the
+// batch's end (a Partial meta there); after a failed write the restore
+// goes on without sorting.
+func (r *restorer) spill(meta kstate.Meta) error {
+	if len(r.runs) < maxRuns {
+		path, err := writeRun(r.p.RunsDir, len(r.runs), r.sortedBatch())
+		if err == nil {
+			r.runs = append(r.runs, path)
+			r.clearBatch()
+			return nil
+		}
+		r.logf("cannot write a restore run; applying what was read so far and going on without sorting", "partition", r.p.Partition, "err", err)
+		r.sorting = false
+	}
+	return r.mergeRuns(meta)
+}
+
+// mergeRuns applies the runs and the batch, merged, with meta on the last
+// apply (the batch's own: the complete one that ends at the last marker,
+// or a partial one), and removes the runs.
+func (r *restorer) mergeRuns(meta kstate.Meta) error {
+	h := make(sources, 0, len(r.runs)+1)
+	defer func() {
+		for _, s := range h {
+			if s.f != nil {
+				s.f.Close()
+			}
+		}
+	}()
+	add := func(s *runSource) error {
+		ok, err := s.next()
+		if err != nil {
+			return fmt.Errorf("changelog: read restore run: %w", err)
+		}
+		if ok {
+			h = append(h, s)
+		} else if s.f != nil {
+			s.f.Close()
+		}
+		return nil
+	}
+	for i, path := range r.runs {
+		f, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("changelog: restore run: %w", err)
+		}
+		if err := add(&runSource{order: i, f: f, r: bufio.NewReaderSize(f, 1<<16)}); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := add(&runSource{order: len(r.runs), mem: r.sortedBatch()}); err != nil {
+		return err
+	}
+	heap.Init(&h)
+	var out []kstate.Mutation
+	size := 0
+	for h.Len() > 0 {
+		e := h[0].cur
+		// Older values of the same key, in earlier sources, are dropped.
+		for {
+			if err := r.advance(&h); err != nil {
+				return err
+			}
+			if h.Len() == 0 || !bytes.Equal(h[0].cur.key, e.key) {
+				break
+			}
+		}
+		// A tombstone stays: the backend may hold the key.
+		out = append(out, kstate.Mutation{Key: e.key, Value: e.val})
+		size += len(e.key) + len(e.val)
+		if len(out) >= r.p.BatchKeys || size >= r.p.BatchBytes {
+			if err := r.apply(out, r.partialMeta()); err != nil {
+				return err
+			}
+			out, size = out[:0], 0
+		}
+	}
+	if err := r.applySorted(out, meta); err != nil {
+		return err
+	}
+	r.clearBatch()
+	for _, path := range r.runs {
+		os.Remove(path)
+	}
+	r.runs = nil
+	return nil
+}
+
+// advance moves the heap's first source to its next entry.
+func (r *restorer) advance(h *sources) error {
+	s := (*h)[0]
+	ok, err := s.next()
+	if err != nil {
+		return fmt.Errorf("changelog: read restore run: %w", err)
+	}
+	if ok {
+		heap.Fix(h, 0)
+		return nil
+	}
+	if s.f != nil {
+		s.f.Close()
+	}
+	heap.Pop(h)
+	return nil
+}
+
+// sortedBatch returns the batch as mutations sorted by key (the keys are
+// unique, a map's, so an unstable sort orders them).
+func (r *restorer) sortedBatch() []kstate.Mutation {
+	muts := r.muts[:0]
+	for k, v := range r.batch {
+		muts = append(muts, kstate.Mutation{Key: []byte(k), Value: v})
+	}
+	slices.SortFunc(muts, func(a, b kstate.Mutation) int { return bytes.Compare(a.Key, b.Key) })
+	r.muts = muts
+	return muts
+}
+
+func (r *restorer) clearBatch() {
+	clear(r.batch)
+	r.batchBytes = 0
+	clear(r.muts) // drop the references, keep the capacity
+	r.muts = r.muts[:0]
+}

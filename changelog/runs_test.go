@@ -1,0 +1,224 @@
+package changelog
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/kstate/kstatetest"
+)
+
+// randomChangelog writes epochs of writes to keys drawn at random from
+// keySpace (values name the epoch and the write; one write in seven is a
+// tombstone), each epoch followed by its marker. The first half is
+// compacted (one record a key, as a long-running app's log begins); the
+// second half keeps every write, so a key's values and tombstones land in
+// different batches. Orphans (no marker after them) follow, as in
+// changelogWith.
+func randomChangelog(t *testing.T, epochs, perEpoch, keySpace, orphans int) (*kgo.Client, *kadm.Client) {
+	t.Helper()
+	c, cl, adm, produce := newChangelog(t)
+	rng := rand.New(rand.NewPCG(7, 9))
+	for e := 1; e <= epochs; e++ {
+		var recs []*kgo.Record
+		for i := range perEpoch {
+			r := &kgo.Record{Key: entryKey(rng.IntN(keySpace))}
+			if rng.IntN(7) != 0 {
+				r.Value = []byte{byte(e), byte(i)}
+			}
+			recs = append(recs, r)
+		}
+		produce(recs...)
+		produce(&kgo.Record{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: uint64(e), Offsets: map[string]int64{"in": int64(e * 10)}})})
+		if e == epochs/2 {
+			c.Compact()
+		}
+	}
+	for i := range orphans {
+		produce(&kgo.Record{Key: entryKey(i), Value: []byte("orphan")})
+	}
+	return cl, adm
+}
+
+// state is every key and value of be.
+func state(t *testing.T, be kstate.Backend) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	if err := be.Scan(nil, func(k, v []byte) error {
+		m[string(k)] = string(v)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func sameOrphans(a, b [][]byte) bool {
+	sa, sb := slices.Clone(a), slices.Clone(b)
+	slices.SortFunc(sa, bytes.Compare)
+	slices.SortFunc(sb, bytes.Compare)
+	return slices.EqualFunc(sa, sb, bytes.Equal)
+}
+
+// A restore that sorts (RunsDir) ends in the same state, with the same
+// result, as one that applies batches as they come, over a changelog in
+// random key order with overwrites, tombstones and orphans, into memory
+// and into bbolt; with fewer runs than a merge reads, its applies reach the
+// backend in ascending key order across all of them (one merge), and with
+// more, the earlier runs are merged into the backend first. It leaves no
+// runs behind.
+func TestRestoreSortedMatchesDirect(t *testing.T) {
+	cl, adm := randomChangelog(t, 30, 200, 1500, 5)
+	entry := len(entryKey(0)) + 2 + runEntryOverhead
+	for _, tc := range []struct {
+		name     string
+		runKeys  int // entries of a run
+		backend  string
+		oneMerge bool
+	}{
+		{"one merge", 100, kstate.MemoryBackend, true},
+		{"one merge into bbolt", 100, kstate.BoltBackend, true},
+		{"more runs than a merge reads", 20, kstate.MemoryBackend, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bounds := RestoreParams{BatchKeys: 50, BatchBytes: tc.runKeys * entry}
+			direct := &recordingBackend{Backend: kstatetest.MustOpen(t, tc.backend)}
+			want := restoreWith(t, cl, adm, direct, bounds)
+
+			runs := filepath.Join(t.TempDir(), "runs")
+			sorted := &recordingBackend{Backend: kstatetest.MustOpen(t, tc.backend)}
+			p := bounds
+			p.RunsDir = runs
+			got := restoreWith(t, cl, adm, sorted, p)
+
+			if ws, gs := state(t, direct), state(t, sorted); len(ws) == 0 || !maps.Equal(ws, gs) {
+				t.Fatalf("sorted restore: %d keys, direct: %d; they differ", len(gs), len(ws))
+			}
+			if got.Last == nil || want.Last == nil || got.Last.Epoch != want.Last.Epoch || got.Next != want.Next || got.Records != want.Records || !sameOrphans(got.Orphans, want.Orphans) {
+				t.Fatalf("sorted result %+v, direct %+v", got, want)
+			}
+			if ds, ss := direct.Stats(), sorted.Stats(); ds.Keys != ss.Keys || ds.Bytes != ss.Bytes {
+				t.Fatalf("stats: sorted %+v, direct %+v", ss, ds)
+			}
+			if m := sorted.metas[len(sorted.metas)-1]; m.Partial || m.Epoch != 30 {
+				t.Fatalf("last apply's meta %+v, want complete epoch 30", m)
+			}
+			for i, n := range sorted.sizes {
+				if n > bounds.BatchKeys || sorted.bytes[i] > bounds.BatchBytes {
+					t.Fatalf("apply %d wrote %d keys, %d bytes: over the bounds", i, n, sorted.bytes[i])
+				}
+			}
+			ascending := true
+			for i := 1; i < len(sorted.keys); i++ {
+				prev, cur := sorted.keys[i-1], sorted.keys[i]
+				if len(prev) > 0 && len(cur) > 0 && bytes.Compare(prev[1], cur[0]) >= 0 {
+					ascending = false
+				}
+			}
+			if ascending != tc.oneMerge {
+				t.Fatalf("applies in ascending key order across all of them: %v, want %v", ascending, tc.oneMerge)
+			}
+			if _, err := os.Stat(runs); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("runs dir after the restore: %v", err)
+			}
+		})
+	}
+}
+
+// Over a changelog in key order, sorting costs nothing: the batches are
+// applied as they come, the same batches as without RunsDir.
+func TestRestoreSortedInOrderWritesNoRuns(t *testing.T) {
+	_, cl, adm := changelogWith(t, 10, 100, 3)
+	direct := &recordingBackend{Backend: kstate.NewMemory()}
+	restoreInto(t, cl, adm, direct, 150)
+	sorted := &recordingBackend{Backend: kstate.NewMemory()}
+	restoreWith(t, cl, adm, sorted, RestoreParams{BatchKeys: 150, RunsDir: filepath.Join(t.TempDir(), "runs")})
+	if !slices.Equal(direct.sizes, sorted.sizes) || !slices.EqualFunc(direct.metas, sorted.metas, func(a, b kstate.Meta) bool {
+		return a.ChangelogOffset == b.ChangelogOffset && a.Partial == b.Partial
+	}) {
+		t.Fatalf("applies of %v keys, without sorting %v (or at other offsets)", sorted.sizes, direct.sizes)
+	}
+	if !maps.Equal(state(t, direct), state(t, sorted)) {
+		t.Fatal("states differ")
+	}
+}
+
+// A sorted restore that fails during its merge leaves a Partial meta from
+// which a restore without sorting (the backend holds state now) completes
+// it to the same state as a restore that never failed.
+func TestRestoreSortedResumesAfterAFailedMerge(t *testing.T) {
+	cl, adm := randomChangelog(t, 20, 200, 1000, 0)
+	entry := len(entryKey(0)) + 2
+	bounds := RestoreParams{BatchKeys: 40, BatchBytes: 50 * entry}
+	direct := &recordingBackend{Backend: kstate.NewMemory()}
+	restoreWith(t, cl, adm, direct, bounds)
+
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	failAt := 4 // the first applies the leading batch; the merge fails mid-way
+	calls := 0
+	p := bounds
+	p.Admin, p.Topic, p.RunsDir = adm, "app-changelog", filepath.Join(t.TempDir(), "runs")
+	p.ClientOpts = []kgo.Opt{kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...)}
+	p.Apply = func(muts []kstate.Mutation, meta kstate.Meta) error {
+		if calls++; calls == failAt {
+			return errors.New("disk full")
+		}
+		return be.Apply(muts, meta)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := Restore(ctx, p); err == nil {
+		t.Fatal("the restore did not report the failed apply")
+	}
+	meta := be.metas[len(be.metas)-1]
+	if !meta.Partial || be.Stats().Keys == 0 {
+		t.Fatalf("after the failure: meta %+v, %d keys; want a partial store", meta, be.Stats().Keys)
+	}
+	again := bounds
+	again.From = meta.ChangelogOffset
+	res := restoreWith(t, cl, adm, be, again)
+	if res.Last == nil || res.Last.Epoch != 20 || !maps.Equal(state(t, direct), state(t, be)) {
+		t.Fatalf("resumed restore ended at %+v with a different state", res.Last)
+	}
+	if ds, bs := direct.Stats(), be.Stats(); ds.Keys != bs.Keys || ds.Bytes != bs.Bytes {
+		t.Fatalf("stats: resumed %+v, direct %+v", bs, ds)
+	}
+}
+
+// A cancelled restore stops its merge at the next batch: a task given away
+// during a restore from scratch does not hold the loop for the whole
+// partition.
+func TestRestoreSortedMergeStopsWhenCancelled(t *testing.T) {
+	cl, adm := randomChangelog(t, 20, 200, 1000, 0)
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	calls := 0
+	_, err := Restore(ctx, RestoreParams{
+		Admin:      adm,
+		ClientOpts: []kgo.Opt{kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...)},
+		Topic:      "app-changelog",
+		BatchKeys:  20,
+		RunsDir:    filepath.Join(t.TempDir(), "runs"),
+		Apply: func(muts []kstate.Mutation, meta kstate.Meta) error {
+			if calls++; calls == 2 {
+				cancel() // a rebalance took the task
+			}
+			return be.Apply(muts, meta)
+		},
+	})
+	if !errors.Is(err, context.Canceled) || calls != 2 {
+		t.Fatalf("after the cancel: %v, %d applies; want context.Canceled after 2", err, calls)
+	}
+}
