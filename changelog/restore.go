@@ -229,13 +229,13 @@ type restorer struct {
 	marker     *Marker           // the last marker read, applied or not
 	tail       map[string][]byte
 	muts       []kstate.Mutation // flush's, reused
-	// sorting: batches go to runs, merged at the first complete batch
-	// (runs.go); runs are their files.
+	// sorting: RunsDir was given and the complete batch is yet to come
+	// (runs.go); runs are the files of the batches sorted so far.
 	sorting bool
 	runs    []string
 	// sortedFrom is the changelog offset the backend is complete to while
-	// sorting; outOfOrder: a key read so far was not above the one before
-	// it (lastKey), so batches go to runs (see inOrder).
+	// sorting; outOfOrder: a key read was not above the one before it
+	// (lastKey), so batches go to runs (see noteOrder).
 	sortedFrom int64
 	outOfOrder bool
 	lastKey    []byte

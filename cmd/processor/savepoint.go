@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -175,7 +176,11 @@ func savepointTask(ctx context.Context, log *slog.Logger, adm *kadm.Client, opts
 		// the group committed since; checking the group against it
 		// would chase a running app's newer epochs.
 		Apply: be.Apply,
-		Logf:  func(msg string, args ...any) { log.Info(msg, args...) },
+		// Sorted first, as a task's restore from scratch is (its state
+		// would be as slow to build in random key order): beside the
+		// scratch file, deleted when the restore returns.
+		RunsDir: filepath.Join(scratch, task+"-runs"),
+		Logf:    func(msg string, args ...any) { log.Info(msg, args...) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("task %d: %w", p, err)
