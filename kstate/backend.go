@@ -36,8 +36,11 @@ type Meta struct {
 	AppliedAt time.Time
 	// Partial marks a restore in progress: the entries are a prefix of the
 	// changelog up to ChangelogOffset, not a complete epoch, and Epoch and
-	// Offsets are those of an older marker. Such a store must never run a
-	// task; resuming the restore from ChangelogOffset completes it.
+	// Offsets are those of an older marker (or none). A restore that sorts
+	// (changelog.RestoreParams.RunsDir) may also have put some keys at
+	// values they take later in the log. Such a store must never run a
+	// task; resuming the restore from ChangelogOffset completes it, since
+	// every key ends at its last value in the log.
 	Partial bool
 	// Watermark is the task's event-time watermark as of Epoch (zero when
 	// the task has none), kept so that it never moves back across a
