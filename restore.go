@@ -199,7 +199,7 @@ func (in *Instance) restoreRunsDir(p int32, be kstate.Backend, meta kstate.Meta)
 	if in.cfg.Backend != "bbolt" {
 		return "", nil
 	}
-	dir := filepath.Join(in.stateDir(), fmt.Sprintf("%s%04d", restoreRunsPrefix, p))
+	dir := in.restoreRunsPath(p)
 	if err := os.RemoveAll(dir); err != nil {
 		return "", fmt.Errorf("task %d: delete the runs of an earlier restore: %w", p, err)
 	}
@@ -210,8 +210,12 @@ func (in *Instance) restoreRunsDir(p int32, be kstate.Backend, meta kstate.Meta)
 }
 
 // restoreRunsPrefix names the directories of restores' runs in the state
-// dir: restore-runs-NNNN.
+// dir: restore-runs-NNNN (restoreRunsPath).
 const restoreRunsPrefix = "restore-runs-"
+
+func (in *Instance) restoreRunsPath(p int32) string {
+	return filepath.Join(in.stateDir(), fmt.Sprintf("%s%04d", restoreRunsPrefix, p))
+}
 
 // removeRestoreRuns deletes every restore's runs left in the state dir by a
 // process that stopped during a restore (its task may restore elsewhere

@@ -36,7 +36,7 @@ func TestRestoreRunsDir(t *testing.T) {
 	in := &Instance{cfg: Options{Backend: "bbolt", StateDir: dir, AppID: "app"}}
 	leftover := func(p int32) string {
 		t.Helper()
-		d := filepath.Join(in.stateDir(), restoreRunsPrefix+taskName(p)[len("task-"):])
+		d := in.restoreRunsPath(p)
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
 		}

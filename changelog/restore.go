@@ -454,31 +454,29 @@ func (r *restorer) flush(partial bool) error {
 	} else if r.res.Last != nil {
 		meta.Epoch, meta.Offsets, meta.Watermark, meta.SinkTxn = r.res.Last.Epoch, r.res.Last.Offsets, r.res.Last.Watermark, r.res.Last.SinkTxn
 	}
+	var err error
 	switch {
 	case r.sorting && !r.outOfOrder:
 		// The changelog is in key order so far: apply it as it comes.
-		if err := r.applySorted(r.sortedBatch(), meta); err != nil {
-			return err
-		}
-		r.clearBatch()
-		r.sorting = partial
+		err = r.applySorted(r.sortedBatch(), meta)
 	case r.sorting && partial:
-		return r.spill(meta)
+		err = r.spill(meta)
 	case r.sorting:
-		if err := r.mergeRuns(meta); err != nil {
-			return err
-		}
-		r.sorting = false // the backend holds state now
+		err = r.mergeRuns(meta)
 	default:
 		// The backend's stable sort, which it skips for sorted input,
 		// does not run: with 50,000 keys in random order it cost more
 		// CPU than any other step of the apply.
-		if err := r.p.Apply(r.sortedBatch(), meta); err != nil {
-			return fmt.Errorf("changelog: apply restored batch: %w", err)
+		if err = r.p.Apply(r.sortedBatch(), meta); err != nil {
+			err = fmt.Errorf("changelog: apply restored batch: %w", err)
 		}
-		r.clearBatch()
 	}
+	if err != nil {
+		return err
+	}
+	r.clearBatch()
 	if !partial {
+		r.sorting = false // the backend holds a complete epoch now
 		r.res.Last, r.res.Next = r.marker, r.batchNext
 	}
 	return nil

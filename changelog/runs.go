@@ -67,27 +67,47 @@ func (r *restorer) noteOrder(key []byte) {
 	r.lastKey = append(r.lastKey[:0], key...)
 }
 
-// applySorted applies muts, sorted by key, in batches of at most BatchKeys
-// keys and BatchBytes bytes (bbolt splits a node only when it commits), the
-// last one with meta. The others carry a Partial meta at sortedFrom, where
-// a restore after a crash in between resumes.
-func (r *restorer) applySorted(muts []kstate.Mutation, meta kstate.Meta) error {
-	start, size := 0, 0
-	for i, m := range muts {
-		size += len(m.Key) + len(m.Value)
-		if i+1-start < r.p.BatchKeys && size < r.p.BatchBytes || i == len(muts)-1 {
-			continue
-		}
-		if err := r.apply(muts[start:i+1], r.partialMeta()); err != nil {
+// sortedApply applies mutations handed to it in key order, in batches of at
+// most BatchKeys keys and BatchBytes bytes (bbolt splits a node only when
+// it commits): each batch but the last with a Partial meta at sortedFrom,
+// where a restore after a crash in between resumes, the last with the meta
+// finish is given.
+type sortedApply struct {
+	r    *restorer
+	out  []kstate.Mutation
+	size int
+}
+
+func (a *sortedApply) add(m kstate.Mutation) error {
+	if len(a.out) >= a.r.p.BatchKeys || a.size >= a.r.p.BatchBytes {
+		if err := a.r.apply(a.out, a.r.partialMeta()); err != nil {
 			return err
 		}
-		start, size = i+1, 0
+		a.out, a.size = a.out[:0], 0
 	}
-	if err := r.apply(muts[start:], meta); err != nil {
+	a.out = append(a.out, m)
+	a.size += len(m.Key) + len(m.Value)
+	return nil
+}
+
+func (a *sortedApply) finish(meta kstate.Meta) error {
+	if err := a.r.apply(a.out, meta); err != nil {
 		return err
 	}
-	r.sortedFrom = meta.ChangelogOffset
+	a.r.sortedFrom = meta.ChangelogOffset
 	return nil
+}
+
+// applySorted applies muts, sorted by key, the last of its batches with
+// meta (see sortedApply).
+func (r *restorer) applySorted(muts []kstate.Mutation, meta kstate.Meta) error {
+	a := sortedApply{r: r}
+	for _, m := range muts {
+		if err := a.add(m); err != nil {
+			return err
+		}
+	}
+	return a.finish(meta)
 }
 
 // partialMeta is the meta of a batch applied while sorting that does not
@@ -157,6 +177,13 @@ type runSource struct {
 	cur   runEntry
 }
 
+// close closes a run file's source (at its end, or when the merge stops).
+func (s *runSource) close() {
+	if s.f != nil {
+		s.f.Close()
+	}
+}
+
 // next moves to the source's next entry; false at its end.
 func (s *runSource) next() (bool, error) {
 	if s.f == nil {
@@ -213,17 +240,16 @@ func (h *sources) Pop() any {
 	return s
 }
 
-// spill writes the batch as a run and empties it. With maxRuns runs
-// already, or when the run cannot be written, the runs and the batch are
-// merged into the backend instead, which then holds the log up to the
-// batch's end (a Partial meta there); after a failed write the restore
-// goes on without sorting.
+// spill writes the batch as a run. With maxRuns runs already, or when the
+// run cannot be written, the runs and the batch are merged into the
+// backend instead, which then holds the log up to the batch's end (a
+// Partial meta there); after a failed write the restore goes on without
+// sorting.
 func (r *restorer) spill(meta kstate.Meta) error {
 	if len(r.runs) < maxRuns {
 		path, err := writeRun(r.p.RunsDir, len(r.runs), r.sortedBatch())
 		if err == nil {
 			r.runs = append(r.runs, path)
-			r.clearBatch()
 			return nil
 		}
 		r.logf("cannot write a restore run; applying what was read so far and going on without sorting", "partition", r.p.Partition, "err", err)
@@ -239,39 +265,32 @@ func (r *restorer) mergeRuns(meta kstate.Meta) error {
 	h := make(sources, 0, len(r.runs)+1)
 	defer func() {
 		for _, s := range h {
-			if s.f != nil {
-				s.f.Close()
-			}
+			s.close()
 		}
 	}()
-	add := func(s *runSource) error {
+	for i := 0; i <= len(r.runs); i++ {
+		s := &runSource{order: i}
+		if i < len(r.runs) {
+			f, err := os.Open(r.runs[i])
+			if err != nil {
+				return fmt.Errorf("changelog: restore run: %w", err)
+			}
+			s.f, s.r = f, bufio.NewReaderSize(f, 1<<16)
+		} else {
+			s.mem = r.sortedBatch() // the latest
+		}
 		ok, err := s.next()
 		if err != nil {
+			s.close()
 			return fmt.Errorf("changelog: read restore run: %w", err)
 		}
-		if ok {
-			h = append(h, s)
-		} else if s.f != nil {
-			s.f.Close()
+		if !ok {
+			s.close()
+			continue
 		}
-		return nil
+		heap.Push(&h, s)
 	}
-	for i, path := range r.runs {
-		f, err := os.Open(path)
-		if err != nil {
-			return fmt.Errorf("changelog: restore run: %w", err)
-		}
-		if err := add(&runSource{order: i, f: f, r: bufio.NewReaderSize(f, 1<<16)}); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	if err := add(&runSource{order: len(r.runs), mem: r.sortedBatch()}); err != nil {
-		return err
-	}
-	heap.Init(&h)
-	var out []kstate.Mutation
-	size := 0
+	a := sortedApply{r: r}
 	for h.Len() > 0 {
 		e := h[0].cur
 		// Older values of the same key, in earlier sources, are dropped.
@@ -284,19 +303,13 @@ func (r *restorer) mergeRuns(meta kstate.Meta) error {
 			}
 		}
 		// A tombstone stays: the backend may hold the key.
-		out = append(out, kstate.Mutation{Key: e.key, Value: e.val})
-		size += len(e.key) + len(e.val)
-		if len(out) >= r.p.BatchKeys || size >= r.p.BatchBytes {
-			if err := r.apply(out, r.partialMeta()); err != nil {
-				return err
-			}
-			out, size = out[:0], 0
+		if err := a.add(kstate.Mutation{Key: e.key, Value: e.val}); err != nil {
+			return err
 		}
 	}
-	if err := r.applySorted(out, meta); err != nil {
+	if err := a.finish(meta); err != nil {
 		return err
 	}
-	r.clearBatch()
 	for _, path := range r.runs {
 		os.Remove(path)
 	}
@@ -304,7 +317,8 @@ func (r *restorer) mergeRuns(meta kstate.Meta) error {
 	return nil
 }
 
-// advance moves the heap's first source to its next entry.
+// advance moves the heap's first source to its next entry, or off the
+// heap at its end.
 func (r *restorer) advance(h *sources) error {
 	s := (*h)[0]
 	ok, err := s.next()
@@ -315,9 +329,7 @@ func (r *restorer) advance(h *sources) error {
 		heap.Fix(h, 0)
 		return nil
 	}
-	if s.f != nil {
-		s.f.Close()
-	}
+	s.close()
 	heap.Pop(h)
 	return nil
 }
