@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -36,9 +38,9 @@ type RestoreParams struct {
 	// Applied, if set, is the last marker the backend applied (its epoch
 	// and offsets), so a restore that finds nothing new still knows them.
 	Applied *Marker
-	// BatchKeys bounds how many distinct keys are held in memory before
-	// they are applied, whatever the markers. Default 10,000 (see
-	// DefaultBatchKeys).
+	// BatchKeys bounds how many records (entries, a key written twice
+	// counting twice) are held in memory before they are applied,
+	// whatever the markers. Default 10,000 (see DefaultBatchKeys).
 	BatchKeys int
 	// BatchBytes bounds the key and value bytes held in memory before
 	// they are applied, so that large values cannot make a batch of
@@ -150,7 +152,7 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 	r := restorer{
 		ctx: ctx,
 		p:   p, res: Result{Next: p.From, Last: p.Applied}, pos: p.From, lastMarker: -1,
-		batch: map[string][]byte{}, tail: map[string][]byte{},
+		tail:   map[string][]byte{},
 		reader: newPartitionReader(p.Admin, cl, p.Topic, p.Partition),
 	}
 	if p.RunsDir != "" {
@@ -223,19 +225,22 @@ type restorer struct {
 	// order; records after it to tail, until a later round finds a marker
 	// past them.
 	lastMarker int64
-	batch      map[string][]byte // nil value = tombstone
-	batchBytes int               // key and value bytes in batch
-	batchNext  int64             // offset just past the last record in batch
-	marker     *Marker           // the last marker read, applied or not
+	ents       []logEntry // the batch, in log order (see hold)
+	slab       slab       // ents' keys and values
+	batchBytes int        // key and value bytes in the batch
+	batchNext  int64      // offset just past the last record in batch
+	marker     *Marker    // the last marker read, applied or not
 	tail       map[string][]byte
 	muts       []kstate.Mutation // flush's, reused
+	applyBuf   []kstate.Mutation // sortedApply's, reused
 	// sorting: RunsDir was given and the complete batch is yet to come
 	// (runs.go); runs are the files of the batches sorted so far.
 	sorting bool
 	runs    []string
 	// sortedFrom is the changelog offset the backend is complete to while
 	// sorting; outOfOrder: a key read was not above the one before it
-	// (lastKey), so batches go to runs (see noteOrder).
+	// (lastKey), so batches must be sorted, and while sorting they go to
+	// runs (see noteOrder).
 	sortedFrom int64
 	outOfOrder bool
 	lastKey    []byte
@@ -300,13 +305,11 @@ func (r *restorer) readTo(ctx context.Context, end int64) error {
 	}
 	if m >= 0 {
 		// The tail read so far lies before this marker: it is part of
-		// the state after all, in the order it was read.
-		for k, v := range r.tail {
-			if old, ok := r.batch[k]; ok {
-				r.batchBytes -= len(k) + len(old)
-			}
-			r.batch[k] = v
-			r.batchBytes += len(k) + len(v)
+		// the state after all, after the batch. Its keys are unique; in
+		// key order they are in the order they were read unless
+		// noteOrder saw a key out of order.
+		for _, k := range slices.Sorted(maps.Keys(r.tail)) {
+			r.hold([]byte(k), r.tail[k])
 		}
 		clear(r.tail)
 		r.lastMarker = m
@@ -342,8 +345,9 @@ func (r *restorer) findLastMarker(ctx context.Context, from, end int64) (int64, 
 
 // scan hands fn every record of [*pos, end), advancing *pos. Control
 // records (commit and abort markers) are included so the position is seen
-// to pass them; values are copied, so a batch held for applying does not
-// pin whole fetch responses.
+// to pass them. The records' keys and values point into the fetch
+// response: what fn keeps it copies, so a batch held for applying does not
+// pin whole responses.
 func (r *restorer) scan(ctx context.Context, pos *int64, end int64, fn func(*kgo.Record) error) error {
 	backoff := 50 * time.Millisecond
 	for *pos < end {
@@ -356,9 +360,6 @@ func (r *restorer) scan(ctx context.Context, pos *int64, end int64, fn func(*kgo
 			if rec.Offset >= end {
 				*pos = end
 				break
-			}
-			if rec.Value != nil {
-				rec.Value = bytes.Clone(rec.Value)
 			}
 			if err := fn(rec); err != nil {
 				return err
@@ -407,7 +408,7 @@ func (r *restorer) add(rec *kgo.Record) error {
 			return fmt.Errorf("changelog: %s/%d offset %d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 		}
 		r.noteOrder(rec.Key)
-		r.tail[string(rec.Key)] = rec.Value
+		r.tail[string(rec.Key)] = bytes.Clone(rec.Value)
 		return nil
 	}
 	r.batchNext = rec.Offset + 1
@@ -426,22 +427,29 @@ func (r *restorer) add(rec *kgo.Record) error {
 		return fmt.Errorf("changelog: %s/%d offset %d: %w", rec.Topic, rec.Partition, rec.Offset, err)
 	}
 	r.noteOrder(rec.Key)
-	// A nil value is a tombstone; keep it as nil so it deletes.
-	if old, ok := r.batch[string(rec.Key)]; ok {
-		r.batchBytes -= len(rec.Key) + len(old)
-	}
-	r.batch[string(rec.Key)] = rec.Value
-	r.batchBytes += len(rec.Key) + len(rec.Value)
+	r.hold(rec.Key, rec.Value)
 	if r.sorting && r.outOfOrder {
-		// A batch for a run is bounded by bytes alone, with what the map
-		// costs per entry: a run has no pages to bound.
-		if r.batchBytes+runEntryOverhead*len(r.batch) >= r.p.BatchBytes {
+		// A batch for a run is bounded by bytes alone, with what an
+		// entry costs beside its bytes: a run has no pages to bound.
+		if r.batchBytes+runEntryOverhead*len(r.ents) >= r.p.BatchBytes {
 			return r.flush(true)
 		}
-	} else if len(r.batch) >= r.p.BatchKeys || r.batchBytes >= r.p.BatchBytes {
+	} else if len(r.ents) >= r.p.BatchKeys || r.batchBytes >= r.p.BatchBytes {
 		return r.flush(true)
 	}
 	return nil
+}
+
+// hold adds an entry to the batch, copying its key and value into the slab
+// (runs.go); a nil value, a tombstone, stays nil. A key written twice is in
+// the batch twice: sortedBatch keeps the later.
+func (r *restorer) hold(key, value []byte) {
+	e := logEntry{Mutation: kstate.Mutation{Key: r.slab.copy(key)}, seq: len(r.ents)}
+	if value != nil {
+		e.Value = r.slab.copy(value)
+	}
+	r.ents = append(r.ents, e)
+	r.batchBytes += len(key) + len(value)
 }
 
 // flush applies the batch: complete when it ends at the last marker,

@@ -50,14 +50,48 @@ import (
 const maxRuns = 64
 
 // runEntryOverhead is what an entry of the batch costs beyond its key and
-// value (a map entry, the key as a string, a Mutation when sorted): the
-// bytes bound of a batch for a run counts it.
-const runEntryOverhead = 96
+// value (its logEntry, and its Mutation when sorted): the bytes bound of a
+// batch for a run counts it.
+const runEntryOverhead = 104
+
+// logEntry is an entry of the batch; seq is its place in the log among the
+// batch's entries, the later of two writes of a key winning.
+type logEntry struct {
+	kstate.Mutation
+	seq int
+}
+
+// slabChunk is the size of slab's allocations.
+const slabChunk = 1 << 20
+
+// slab hands out copies of keys and values from chunks of slabChunk
+// bytes: one allocation a chunk, not one a key and one a value. Nothing is
+// written over once handed out; a chunk is freed when nothing points into
+// it any more.
+type slab struct{ buf []byte }
+
+// copy returns a copy of b; non-nil even when b is empty, so an empty
+// value does not turn into a tombstone.
+func (s *slab) copy(b []byte) []byte {
+	out := s.make(len(b))
+	copy(out, b)
+	return out
+}
+
+// make returns n bytes (non-nil) that nothing else refers to.
+func (s *slab) make(n int) []byte {
+	if s.buf == nil || cap(s.buf)-len(s.buf) < n {
+		s.buf = make([]byte, 0, max(slabChunk, n))
+	}
+	at := len(s.buf)
+	s.buf = s.buf[:at+n]
+	return s.buf[at : at+n : at+n]
+}
 
 // noteOrder notes the key of a record read forward: whether keys still come
-// in ascending order.
+// in ascending order (if so, the batch is sorted as read).
 func (r *restorer) noteOrder(key []byte) {
-	if r.outOfOrder || !r.sorting {
+	if r.outOfOrder {
 		return
 	}
 	if r.lastKey != nil && bytes.Compare(key, r.lastKey) <= 0 {
@@ -74,8 +108,12 @@ func (r *restorer) noteOrder(key []byte) {
 // finish is given.
 type sortedApply struct {
 	r    *restorer
-	out  []kstate.Mutation
+	out  []kstate.Mutation // r.applyBuf's memory
 	size int
+}
+
+func (r *restorer) sortedApply() sortedApply {
+	return sortedApply{r: r, out: r.applyBuf[:0]}
 }
 
 func (a *sortedApply) add(m kstate.Mutation) error {
@@ -91,7 +129,10 @@ func (a *sortedApply) add(m kstate.Mutation) error {
 }
 
 func (a *sortedApply) finish(meta kstate.Meta) error {
-	if err := a.r.apply(a.out, meta); err != nil {
+	err := a.r.apply(a.out, meta)
+	clear(a.out) // drop the references, keep the capacity
+	a.r.applyBuf = a.out[:0]
+	if err != nil {
 		return err
 	}
 	a.r.sortedFrom = meta.ChangelogOffset
@@ -101,7 +142,7 @@ func (a *sortedApply) finish(meta kstate.Meta) error {
 // applySorted applies muts, sorted by key, the last of its batches with
 // meta (see sortedApply).
 func (r *restorer) applySorted(muts []kstate.Mutation, meta kstate.Meta) error {
-	a := sortedApply{r: r}
+	a := r.sortedApply()
 	for _, m := range muts {
 		if err := a.add(m); err != nil {
 			return err
@@ -173,6 +214,7 @@ type runSource struct {
 	order int
 	f     *os.File
 	r     *bufio.Reader
+	slab  *slab // the entries read from f
 	mem   []kstate.Mutation
 	cur   runEntry
 }
@@ -201,7 +243,7 @@ func (s *runSource) next() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	key := make([]byte, kl)
+	key := s.slab.make(int(kl))
 	if _, err := io.ReadFull(s.r, key); err != nil {
 		return false, err
 	}
@@ -211,7 +253,7 @@ func (s *runSource) next() (bool, error) {
 	}
 	var val []byte
 	if vl > 0 {
-		val = make([]byte, vl-1)
+		val = s.slab.make(int(vl - 1))
 		if _, err := io.ReadFull(s.r, val); err != nil {
 			return false, err
 		}
@@ -263,6 +305,7 @@ func (r *restorer) spill(meta kstate.Meta) error {
 // or a partial one), and removes the runs.
 func (r *restorer) mergeRuns(meta kstate.Meta) error {
 	h := make(sources, 0, len(r.runs)+1)
+	var read slab
 	defer func() {
 		for _, s := range h {
 			s.close()
@@ -275,7 +318,7 @@ func (r *restorer) mergeRuns(meta kstate.Meta) error {
 			if err != nil {
 				return fmt.Errorf("changelog: restore run: %w", err)
 			}
-			s.f, s.r = f, bufio.NewReaderSize(f, 1<<16)
+			s.f, s.r, s.slab = f, bufio.NewReaderSize(f, 1<<16), &read
 		} else {
 			s.mem = r.sortedBatch() // the latest
 		}
@@ -290,7 +333,7 @@ func (r *restorer) mergeRuns(meta kstate.Meta) error {
 		}
 		heap.Push(&h, s)
 	}
-	a := sortedApply{r: r}
+	a := r.sortedApply()
 	for h.Len() > 0 {
 		e := h[0].cur
 		// Older values of the same key, in earlier sources, are dropped.
@@ -334,21 +377,35 @@ func (r *restorer) advance(h *sources) error {
 	return nil
 }
 
-// sortedBatch returns the batch as mutations sorted by key (the keys are
-// unique, a map's, so an unstable sort orders them).
+// sortedBatch returns the batch as mutations sorted by key, one a key, its
+// latest. While noteOrder has seen no key out of order the batch is in key
+// order as read; otherwise it is sorted by key and place in the log, and
+// only the last entry of each key is kept.
 func (r *restorer) sortedBatch() []kstate.Mutation {
 	muts := r.muts[:0]
-	for k, v := range r.batch {
-		muts = append(muts, kstate.Mutation{Key: []byte(k), Value: v})
+	ents := r.ents
+	if r.outOfOrder && len(ents) > 1 {
+		slices.SortFunc(ents, func(a, b logEntry) int {
+			if c := bytes.Compare(a.Key, b.Key); c != 0 {
+				return c
+			}
+			return a.seq - b.seq
+		})
 	}
-	slices.SortFunc(muts, func(a, b kstate.Mutation) int { return bytes.Compare(a.Key, b.Key) })
+	for i, e := range ents {
+		if i+1 < len(ents) && bytes.Equal(e.Key, ents[i+1].Key) {
+			continue // a later write of the key follows
+		}
+		muts = append(muts, e.Mutation)
+	}
 	r.muts = muts
 	return muts
 }
 
 func (r *restorer) clearBatch() {
-	clear(r.batch)
 	r.batchBytes = 0
 	clear(r.muts) // drop the references, keep the capacity
 	r.muts = r.muts[:0]
+	clear(r.ents)
+	r.ents = r.ents[:0]
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,21 +22,33 @@ import (
 
 // randomChangelog writes epochs of writes to keys drawn at random from
 // keySpace (values name the epoch and the write; one write in seven is a
-// tombstone), each epoch followed by its marker. The first half is
+// tombstone, one in fourteen an empty value), each epoch followed by its
+// marker. The first half is
 // compacted (one record a key, as a long-running app's log begins); the
 // second half keeps every write, so a key's values and tombstones land in
 // different batches. Orphans (no marker after them) follow, as in
-// changelogWith.
-func randomChangelog(t *testing.T, epochs, perEpoch, keySpace, orphans int) (*kgo.Client, *kadm.Client) {
+// changelogWith. It returns, beside the clients, the state the changelog
+// holds: each key's last value up to the last marker.
+func randomChangelog(t *testing.T, epochs, perEpoch, keySpace, orphans int) (*kgo.Client, *kadm.Client, map[string]string) {
 	t.Helper()
 	c, cl, adm, produce := newChangelog(t)
 	rng := rand.New(rand.NewPCG(7, 9))
+	want := map[string]string{}
 	for e := 1; e <= epochs; e++ {
 		var recs []*kgo.Record
 		for i := range perEpoch {
 			r := &kgo.Record{Key: entryKey(rng.IntN(keySpace))}
-			if rng.IntN(7) != 0 {
+			switch rng.IntN(14) {
+			case 0, 1:
+			case 2:
+				r.Value = []byte{} // empty, not a tombstone
+			default:
 				r.Value = []byte{byte(e), byte(i)}
+			}
+			if r.Value == nil {
+				delete(want, string(r.Key))
+			} else {
+				want[string(r.Key)] = string(r.Value)
 			}
 			recs = append(recs, r)
 		}
@@ -48,7 +61,7 @@ func randomChangelog(t *testing.T, epochs, perEpoch, keySpace, orphans int) (*kg
 	for i := range orphans {
 		produce(&kgo.Record{Key: entryKey(i), Value: []byte("orphan")})
 	}
-	return cl, adm
+	return cl, adm, want
 }
 
 // state is every key and value of be.
@@ -71,15 +84,16 @@ func sameOrphans(a, b [][]byte) bool {
 	return slices.EqualFunc(sa, sb, bytes.Equal)
 }
 
-// A restore that sorts (RunsDir) ends in the same state, with the same
-// result, as one that applies batches as they come, over a changelog in
+// A restore that sorts (RunsDir) ends in the same state (the one the
+// changelog holds), with the same result, as one that applies batches as
+// they come, over a changelog in
 // random key order with overwrites, tombstones and orphans, into memory
 // and into bbolt; with fewer runs than a merge reads, its applies reach the
 // backend in ascending key order across all of them (one merge), and with
 // more, the earlier runs are merged into the backend first. It leaves no
 // runs behind.
 func TestRestoreSortedMatchesDirect(t *testing.T) {
-	cl, adm := randomChangelog(t, 30, 200, 1500, 5)
+	cl, adm, want := randomChangelog(t, 30, 200, 1500, 5)
 	entry := len(entryKey(0)) + 2 + runEntryOverhead
 	for _, tc := range []struct {
 		name     string
@@ -94,7 +108,7 @@ func TestRestoreSortedMatchesDirect(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			bounds := RestoreParams{BatchKeys: 50, BatchBytes: tc.runKeys * entry}
 			direct := &recordingBackend{Backend: kstatetest.MustOpen(t, tc.backend)}
-			want := restoreWith(t, cl, adm, direct, bounds)
+			wantRes := restoreWith(t, cl, adm, direct, bounds)
 
 			runs := filepath.Join(t.TempDir(), "runs")
 			sorted := &recordingBackend{Backend: kstatetest.MustOpen(t, tc.backend)}
@@ -102,11 +116,14 @@ func TestRestoreSortedMatchesDirect(t *testing.T) {
 			p.RunsDir = runs
 			got := restoreWith(t, cl, adm, sorted, p)
 
-			if ws, gs := state(t, direct), state(t, sorted); len(ws) == 0 || !maps.Equal(ws, gs) {
-				t.Fatalf("sorted restore: %d keys, direct: %d; they differ", len(gs), len(ws))
+			if ws := state(t, direct); !maps.Equal(ws, want) {
+				t.Fatalf("direct restore: %d keys, the changelog holds %d; they differ", len(ws), len(want))
 			}
-			if got.Last == nil || want.Last == nil || got.Last.Epoch != want.Last.Epoch || got.Next != want.Next || got.Records != want.Records || !sameOrphans(got.Orphans, want.Orphans) {
-				t.Fatalf("sorted result %+v, direct %+v", got, want)
+			if gs := state(t, sorted); !maps.Equal(gs, want) {
+				t.Fatalf("sorted restore: %d keys, the changelog holds %d; they differ", len(gs), len(want))
+			}
+			if got.Last == nil || wantRes.Last == nil || got.Last.Epoch != wantRes.Last.Epoch || got.Next != wantRes.Next || got.Records != wantRes.Records || !sameOrphans(got.Orphans, wantRes.Orphans) {
+				t.Fatalf("sorted result %+v, direct %+v", got, wantRes)
 			}
 			if ds, ss := direct.Stats(), sorted.Stats(); ds.Keys != ss.Keys || ds.Bytes != ss.Bytes {
 				t.Fatalf("stats: sorted %+v, direct %+v", ss, ds)
@@ -158,7 +175,7 @@ func TestRestoreSortedInOrderWritesNoRuns(t *testing.T) {
 // which a restore without sorting (the backend holds state now) completes
 // it to the same state as a restore that never failed.
 func TestRestoreSortedResumesAfterAFailedMerge(t *testing.T) {
-	cl, adm := randomChangelog(t, 20, 200, 1000, 0)
+	cl, adm, _ := randomChangelog(t, 20, 200, 1000, 0)
 	entry := len(entryKey(0)) + 2
 	bounds := RestoreParams{BatchKeys: 40, BatchBytes: 50 * entry}
 	direct := &recordingBackend{Backend: kstate.NewMemory()}
@@ -200,7 +217,7 @@ func TestRestoreSortedResumesAfterAFailedMerge(t *testing.T) {
 // during a restore from scratch does not hold the loop for the whole
 // partition.
 func TestRestoreSortedMergeStopsWhenCancelled(t *testing.T) {
-	cl, adm := randomChangelog(t, 20, 200, 1000, 0)
+	cl, adm, _ := randomChangelog(t, 20, 200, 1000, 0)
 	be := &recordingBackend{Backend: kstate.NewMemory()}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -220,5 +237,61 @@ func TestRestoreSortedMergeStopsWhenCancelled(t *testing.T) {
 	})
 	if !errors.Is(err, context.Canceled) || calls != 2 {
 		t.Fatalf("after the cancel: %v, %d applies; want context.Canceled after 2", err, calls)
+	}
+}
+
+// A restore that reads its partition twice (the group's offsets were ahead:
+// the first epoch was still landing) keeps what it read after the last
+// marker, none in the first round, and adds it to the batch once the
+// second round finds a marker after it. Sorting, those entries join the
+// batch's list in key order: read in key order, they are applied without a
+// sort, in sorted applies; with keys written twice, the later write wins.
+// Either way the state is the one a restore in one round reaches.
+func TestRestoreSortedTwoRounds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		keys []int
+	}{
+		{"in key order", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}},
+		{"keys written twice", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 5, 3, 12, 0, 11}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cl, adm, produce := newChangelog(t)
+			ctx := context.Background()
+			if _, err := adm.CreateTopic(ctx, 1, 1, nil, "in"); err != nil {
+				t.Fatal(err)
+			}
+			for i, k := range tc.keys {
+				produce(&kgo.Record{Key: entryKey(k), Value: []byte{byte(i)}})
+			}
+			var offs kadm.Offsets
+			offs.AddOffset("in", 0, 10, -1)
+			if _, err := adm.CommitOffsets(ctx, "g", offs); err != nil {
+				t.Fatal(err)
+			}
+			marker := &kgo.Record{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: 1, Offsets: map[string]int64{"in": 10}})}
+			rounds := 1
+			sorted := &recordingBackend{Backend: kstate.NewMemory()}
+			got := restoreWith(t, cl, adm, sorted, RestoreParams{
+				Group: "g", InputTopics: []string{"in"}, RunsDir: filepath.Join(t.TempDir(), "runs"),
+				Logf: func(msg string, _ ...any) {
+					if strings.Contains(msg, "re-reading") && rounds == 1 {
+						rounds++
+						produce(marker) // the epoch lands
+					}
+				},
+			})
+			if rounds != 2 || got.Last == nil || got.Last.Epoch != 1 || len(got.Orphans) != 0 {
+				t.Fatalf("%d rounds, result %+v; want 2 rounds ending at epoch 1 with no orphans", rounds, got)
+			}
+			direct := &recordingBackend{Backend: kstate.NewMemory()}
+			restoreWith(t, cl, adm, direct, RestoreParams{})
+			if ws, gs := state(t, direct), state(t, sorted); len(ws) == 0 || !maps.Equal(ws, gs) {
+				t.Fatalf("two rounds, sorting: %v; one round: %v", gs, ws)
+			}
+			if sorted.unsorted != 0 {
+				t.Fatalf("%d applies were not in key order", sorted.unsorted)
+			}
+		})
 	}
 }
