@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -169,6 +170,16 @@ type Options struct {
 	// and the epoch budget is checked after each poll, so a task may pass
 	// it by that many records. See docs/operations.md.
 	Parallelism int
+	// RestoreConcurrency is how many tasks at once may restore more than
+	// a batch (10,000 records) of their changelog: restores from scratch,
+	// and long tails. The others wait their turn, paused; the short tail
+	// that a task with a kept state file reads never waits. Such a
+	// restore is CPU-bound (decoding, bbolt) and holds some 100 MiB of
+	// heap while it runs (a batch of up to 16 MiB, bbolt's copies of the
+	// pages a batch touches, a fetch, the collector's headroom), so this
+	// bounds an instance's restore memory whatever its partition count.
+	// Default 0: GOMAXPROCS, at least 2. See docs/operations.md.
+	RestoreConcurrency int
 
 	// BroadcastTopic is read whole by every instance; every task applies
 	// each of its records to its own copy of the job's broadcast state
@@ -322,6 +333,9 @@ func (c *Options) fill() error {
 	if c.Parallelism == 0 {
 		c.Parallelism = 1
 	}
+	if c.RestoreConcurrency == 0 {
+		c.RestoreConcurrency = max(2, runtime.GOMAXPROCS(0))
+	}
 	if c.TTLSweepEntries <= 0 {
 		c.TTLSweepEntries = 10000
 	}
@@ -379,6 +393,8 @@ func (c *Options) fill() error {
 		return fmt.Errorf("sluice: Options.IdleTimeout %s is negative", c.IdleTimeout)
 	case c.Parallelism < 0:
 		return fmt.Errorf("sluice: Options.Parallelism %d is negative (0 = 1: one goroutine processes every task)", c.Parallelism)
+	case c.RestoreConcurrency < 0:
+		return fmt.Errorf("sluice: Options.RestoreConcurrency %d is negative (0 = GOMAXPROCS, at least 2)", c.RestoreConcurrency)
 	}
 	if err := c.Job.Validate(); err != nil {
 		return err

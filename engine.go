@@ -69,6 +69,10 @@ type Instance struct {
 	rebalanceWanted atomic.Bool
 	rebalanceWaits  chan struct{} // signalled (never blocking) when a rebalance waits on us
 
+	// restoreSlots holds a token for each restore reading more than a
+	// batch of its changelog (at most Options.RestoreConcurrency).
+	restoreSlots chan struct{}
+
 	wakeMu sync.Mutex
 	wake   context.CancelFunc // cancels the loop's current poll
 	woken  atomic.Bool        // a wake-up came while the loop was not polling
@@ -117,6 +121,7 @@ func New(cfg Options) (*Instance, error) {
 		log:            cfg.Logger.With("app", cfg.AppID, "instance", cfg.InstanceID),
 		changelogTopic: changelog.TopicName(cfg.AppID),
 		rebalanceWaits: make(chan struct{}, 1),
+		restoreSlots:   make(chan struct{}, cfg.RestoreConcurrency),
 		probes:         make(chan chan bool),
 		sasl:           newSASLWatch(),
 		clock:          cfg.Clock,

@@ -147,6 +147,28 @@ func (in *Instance) stale(meta kstate.Meta) string {
 	return ""
 }
 
+// admitRestore waits until fewer than Options.RestoreConcurrency restores
+// read more than a batch of their changelog, and takes a place among them
+// (changelog.RestoreParams.Admit). A restore cancelled while it waits (its
+// task given away, the instance stopping) does not read.
+func (in *Instance) admitRestore(ctx context.Context, p int32, records int64) (func(), error) {
+	select {
+	case in.restoreSlots <- struct{}{}:
+	default:
+		in.log.Info("restore waits for its turn", "task", p, "records", records, "restore_concurrency", cap(in.restoreSlots))
+		select {
+		case in.restoreSlots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	in.log.Info("restoring task", "task", p, "records", records)
+	return func() {
+		in.log.Debug("restore read its changelog; its turn ends", "task", p)
+		<-in.restoreSlots
+	}, nil
+}
+
 // restoreStore reads the changelog into be from the offset its meta holds.
 func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta) (changelog.Result, error) {
 	var applied *changelog.Marker
@@ -170,6 +192,9 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 		InputTopics: in.cfg.InputTopics,
 		Applied:     applied,
 		RunsDir:     runs,
+		Admit: func(ctx context.Context, records int64) (func(), error) {
+			return in.admitRestore(ctx, p, records)
+		},
 		Apply: func(muts []kstate.Mutation, m kstate.Meta) error {
 			wrote = true
 			return be.Apply(muts, m)

@@ -44,7 +44,7 @@ type RestoreParams struct {
 	BatchKeys int
 	// BatchBytes bounds the key and value bytes held in memory before
 	// they are applied, so that large values cannot make a batch of
-	// BatchKeys keys large. Default 16 MiB.
+	// BatchKeys records large. Default 16 MiB.
 	BatchBytes int
 	// RunsDir, if set, makes the restore sort what it reads before it
 	// applies it, in files of this directory (see runs.go): far faster
@@ -57,6 +57,16 @@ type RestoreParams struct {
 	// complete (Partial false: every epoch up to the marker in meta) or a
 	// prefix of the changelog (Partial true).
 	Apply func(muts []kstate.Mutation, meta kstate.Meta) error
+	// Admit, if set, is called at most once: before the restore reads on
+	// from its position, the first time more than BatchKeys records
+	// (offsets) lie between that position and the partition's end. A
+	// restore that will hold a batch waits there for its turn (the
+	// engine's Options.RestoreConcurrency), while the short tail of a
+	// store that was kept goes ahead. The restore calls the returned
+	// release when it returns, after it has removed its runs; a restore
+	// that waits on the broker (an open transaction, a broker that is
+	// down) keeps its turn meanwhile.
+	Admit func(ctx context.Context, records int64) (release func(), err error)
 	// Progress, if set, is told the records read and the records that
 	// remain to the partition's end.
 	Progress func(done, remaining int64)
@@ -118,8 +128,8 @@ const (
 
 // Restore brings a backend up to date from its changelog partition. It reads
 // read_committed from p.From and applies every record up to the partition's
-// last epoch marker, in log order, in batches of at most BatchKeys keys and
-// BatchBytes bytes, each sorted by key; the
+// last epoch marker, in log order, in batches of at most BatchKeys records
+// and BatchBytes bytes, each sorted by key; the
 // entries after the last marker are orphans (see Result.Orphans) and are not
 // applied. Applying in log order up to the last marker is exact because
 // every orphan key is written again, with its committed value, before the
@@ -144,6 +154,14 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 	if p.BatchBytes <= 0 {
 		p.BatchBytes = DefaultBatchBytes
 	}
+	// A turn (Admit) ends after everything else is given back: the runs
+	// on disk, the client.
+	var release func()
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	cl, err := kgo.NewClient(p.ClientOpts...)
 	if err != nil {
 		return Result{}, fmt.Errorf("changelog: restore client: %w", err)
@@ -167,7 +185,7 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 		r.sorting, r.sortedFrom = true, p.From
 	}
 	backoff := 50 * time.Millisecond
-	for attempt := 0; ; attempt++ {
+	for attempt := 0; ; {
 		end, start, err := r.stableEnd(ctx)
 		if err != nil {
 			return r.res, err
@@ -182,6 +200,13 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 			// records before it were deleted (DeleteRecords, or a
 			// broker that moves the start when it compacts).
 			r.pos = start
+		}
+		if p.Admit != nil && release == nil && end-r.pos > int64(p.BatchKeys) {
+			if release, err = p.Admit(ctx, end-r.pos); err != nil {
+				return r.res, err
+			}
+			// The wait may have been long: find the end again.
+			continue
 		}
 		if err := r.readTo(ctx, end); err != nil {
 			return r.res, err
@@ -210,6 +235,7 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 			return r.res, err
 		}
 		backoff = min(2*backoff, time.Second)
+		attempt++
 	}
 }
 

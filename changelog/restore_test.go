@@ -3,7 +3,9 @@ package changelog
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -168,9 +170,9 @@ func TestRestoreBoundedAfterCompaction(t *testing.T) {
 	}
 }
 
-// Large values must not make a batch of BatchKeys keys large: the bytes
+// Large values must not make a batch of BatchKeys records large: the bytes
 // bound cuts it first. Every batch reaches the backend sorted by key (the
-// batch is a map), so the backend has nothing to sort.
+// restore sorts it), so the backend has nothing to sort.
 func TestRestoreBatchesBoundedInBytes(t *testing.T) {
 	_, cl, adm := changelogWith(t, 4, 100, 0)
 	entry := len(entryKey(0)) + 1
@@ -267,5 +269,67 @@ func TestRestorePastALargeAbortedTransaction(t *testing.T) {
 	res := restoreInto(t, cl, adm, be, 0)
 	if res.Last == nil || res.Last.Epoch != 2 || be.Stats().Keys != 20 || len(res.Orphans) != 0 {
 		t.Fatalf("restored %d keys up to %+v with orphans %d, want 20 up to epoch 2 and none", be.Stats().Keys, res.Last, len(res.Orphans))
+	}
+}
+
+// Admit is asked once, with the records to read, by a restore with more
+// than a batch to read, before it applies anything, and released when the
+// restore returns; a restore of a short tail is not held back by it, and
+// one that Admit turns away applies nothing.
+func TestRestoreAdmitsOnlyLongReads(t *testing.T) {
+	_, cl, adm, produce := newChangelog(t)
+	epoch := uint64(0)
+	write := func(keys int) { // keys records and an epoch marker
+		epoch++
+		var recs []*kgo.Record
+		for i := range keys {
+			recs = append(recs, &kgo.Record{Key: entryKey(i), Value: []byte{byte(epoch)}})
+		}
+		produce(append(recs, &kgo.Record{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: epoch})})...)
+	}
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	var asked []int64
+	released, applied := 0, 0
+	admit := func(_ context.Context, records int64) (func(), error) {
+		if len(be.sizes) != applied {
+			t.Errorf("Admit asked after %d applies", len(be.sizes)-applied)
+		}
+		asked = append(asked, records)
+		return func() { released++ }, nil
+	}
+	restore := func(res Result) Result {
+		applied = len(be.sizes)
+		return restoreWith(t, cl, adm, be, RestoreParams{BatchKeys: 150, From: res.Next, Applied: res.Last, Admit: admit})
+	}
+
+	for range 10 {
+		write(100)
+	}
+	res := restore(Result{})
+	if !slices.Equal(asked, []int64{1010}) || released != 1 {
+		t.Fatalf("a restore of 1,010 records asked Admit for %v and released %d times; want [1010] and 1", asked, released)
+	}
+	write(100) // 101 records: a short tail
+	if res = restore(res); len(asked) != 1 || len(be.sizes) == applied || res.Last.Epoch != epoch {
+		t.Fatalf("a restore of a 101-record tail asked Admit for %v, applied %d times and reached %+v", asked[1:], len(be.sizes)-applied, res.Last)
+	}
+	write(100)
+	write(100) // 202 records: a long tail
+	if res = restore(res); !slices.Equal(asked[1:], []int64{202}) || released != 2 || res.Last.Epoch != epoch {
+		t.Fatalf("a restore of a 202-record tail asked Admit for %v, released %d times, reached %+v", asked[1:], released, res.Last)
+	}
+
+	// Turned away: the restore returns Admit's error and applies nothing.
+	refused := errors.New("no turn")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	fresh := &recordingBackend{Backend: kstate.NewMemory()}
+	_, err := Restore(ctx, RestoreParams{
+		Admin: adm, ClientOpts: []kgo.Opt{kgo.SeedBrokers(cl.OptValue(kgo.SeedBrokers).([]string)...)},
+		Topic: "app-changelog", Apply: fresh.Apply, BatchKeys: 150,
+		Admit: func(context.Context, int64) (func(), error) { return nil, refused },
+	})
+	if !errors.Is(err, refused) || len(fresh.sizes) != 0 {
+		t.Fatalf("a restore Admit refused returned %v after %d applies; want %v and none", err, len(fresh.sizes), refused)
 	}
 }

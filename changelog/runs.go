@@ -61,14 +61,22 @@ type logEntry struct {
 	seq int
 }
 
-// slabChunk is the size of slab's allocations.
-const slabChunk = 1 << 20
+// slabFirst and slabChunk bound the size of slab's allocations: its first
+// chunk is slabFirst bytes, each next one twice the last, up to slabChunk,
+// so the short tail of a kept store does not cost a whole chunk.
+const (
+	slabFirst = 4 << 10
+	slabChunk = 1 << 20
+)
 
-// slab hands out copies of keys and values from chunks of slabChunk
+// slab hands out copies of keys and values from chunks of up to slabChunk
 // bytes: one allocation a chunk, not one a key and one a value. Nothing is
 // written over once handed out; a chunk is freed when nothing points into
 // it any more.
-type slab struct{ buf []byte }
+type slab struct {
+	buf  []byte
+	next int // the size of the next chunk (0: slabFirst)
+}
 
 // copy returns a copy of b; non-nil even when b is empty, so an empty
 // value does not turn into a tombstone.
@@ -81,7 +89,9 @@ func (s *slab) copy(b []byte) []byte {
 // make returns n bytes (non-nil) that nothing else refers to.
 func (s *slab) make(n int) []byte {
 	if s.buf == nil || cap(s.buf)-len(s.buf) < n {
-		s.buf = make([]byte, 0, max(slabChunk, n))
+		size := max(s.next, slabFirst)
+		s.next = min(2*size, slabChunk)
+		s.buf = make([]byte, 0, max(size, n))
 	}
 	at := len(s.buf)
 	s.buf = s.buf[:at+n]
@@ -130,7 +140,9 @@ func (a *sortedApply) add(m kstate.Mutation) error {
 
 func (a *sortedApply) finish(meta kstate.Meta) error {
 	err := a.r.apply(a.out, meta)
-	clear(a.out) // drop the references, keep the capacity
+	// Drop the references, keep the capacity; past len too, where the
+	// batches add applied before this one left theirs.
+	clear(a.out[:cap(a.out)])
 	a.r.applyBuf = a.out[:0]
 	if err != nil {
 		return err

@@ -125,6 +125,9 @@ func TestRestoreSortedMatchesDirect(t *testing.T) {
 			if got.Last == nil || wantRes.Last == nil || got.Last.Epoch != wantRes.Last.Epoch || got.Next != wantRes.Next || got.Records != wantRes.Records || !sameOrphans(got.Orphans, wantRes.Orphans) {
 				t.Fatalf("sorted result %+v, direct %+v", got, wantRes)
 			}
+			if direct.unsorted != 0 || sorted.unsorted != 0 {
+				t.Fatalf("applies not in key order: %d direct, %d sorted", direct.unsorted, sorted.unsorted)
+			}
 			if ds, ss := direct.Stats(), sorted.Stats(); ds.Keys != ss.Keys || ds.Bytes != ss.Bytes {
 				t.Fatalf("stats: sorted %+v, direct %+v", ss, ds)
 			}
@@ -243,10 +246,10 @@ func TestRestoreSortedMergeStopsWhenCancelled(t *testing.T) {
 // A restore that reads its partition twice (the group's offsets were ahead:
 // the first epoch was still landing) keeps what it read after the last
 // marker, none in the first round, and adds it to the batch once the
-// second round finds a marker after it. Sorting, those entries join the
-// batch's list in key order: read in key order, they are applied without a
-// sort, in sorted applies; with keys written twice, the later write wins.
-// Either way the state is the one a restore in one round reaches.
+// second round finds a marker after it. The tail is a map, so of a key
+// written twice it holds the later write; sorting, its entries join the
+// batch's list in key order, and are applied in sorted applies. Either way
+// the state is the one a restore in one round reaches.
 func TestRestoreSortedTwoRounds(t *testing.T) {
 	for _, tc := range []struct {
 		name string

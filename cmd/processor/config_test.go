@@ -303,6 +303,8 @@ var configErrorTests = []configErrorTest{
 	{"zero parallelism", envWith(baseEnv(), "SLUICE_PARALLELISM", "0"), "SLUICE_PARALLELISM",
 		`SLUICE_PARALLELISM="0": expected a number of tasks at once, 1 or more`},
 	{"parallelism not a number", envWith(baseEnv(), "SLUICE_PARALLELISM", "auto"), "SLUICE_PARALLELISM", ""},
+	{"negative restore concurrency", envWith(baseEnv(), "SLUICE_RESTORE_CONCURRENCY", "-1"), "SLUICE_RESTORE_CONCURRENCY",
+		`SLUICE_RESTORE_CONCURRENCY="-1": expected a number of restores at once, 0 (GOMAXPROCS, at least 2) or more`},
 	{"unknown sink", envWith(baseEnv(), "SLUICE_SINK", "mysql"), "SLUICE_SINK", `SLUICE_SINK="mysql": expected postgres, or empty for none`},
 	{"sink for a job without rows", envWith(sinkEnv(), "SLUICE_JOB", "temperature-alert", "SLUICE_OUTPUT_TOPIC", "alerts"), "SLUICE_SINK", ""},
 	{"sink at least once", envWith(sinkEnv(), "SLUICE_GUARANTEE", "at_least_once"), "SLUICE_GUARANTEE", ""},

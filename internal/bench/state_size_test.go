@@ -67,6 +67,9 @@ func runStateChild() int {
 	reg := prometheus.NewRegistry()
 	o := sluiceOptions(s.Brokers, "state", input, output, "aggregate", s.Backend, sluice.ExactlyOnce, 100*time.Millisecond, s.State, reg)
 	o.SessionTimeout = 6 * time.Second
+	// SLUICE_RESTORE_CONCURRENCY, as the processor binary reads it (unset:
+	// the default).
+	o.RestoreConcurrency, _ = strconv.Atoi(os.Getenv("SLUICE_RESTORE_CONCURRENCY"))
 	inst, err := sluice.New(o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "state child:", err)
