@@ -218,6 +218,7 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			rewind.set(topic, p, off)
 		}
 		worked := false
+		t.beginBatch(in)
 		for i, r := range recs {
 			took, stop, err := l.take(t, r, rewind)
 			if err != nil {

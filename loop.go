@@ -323,6 +323,7 @@ func (l *loop) process(fs kgo.Fetches) error {
 					return worked, err
 				}
 			}
+			t.beginBatch(in)
 			for _, r := range ftp.Records {
 				took, stop, err := l.take(t, r, rewind)
 				if err != nil || stop {
@@ -518,7 +519,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 			return nil
 		}
 	}
-	now := in.clock.Now()
+	now := t.processingTime(in)
 	rc := &t.rc
 	rc.ctx, rc.in, rc.key, rc.now, rc.ts, rc.out = l.ctx, in, r.Key, now, ts, rc.out[:0]
 	rc.wall = in.outputStamp(now)

@@ -37,6 +37,8 @@ type task struct {
 	// changelog records come from (see record).
 	slab    []outSlot
 	recSlab []Record // the same for the Records handed to Process
+	// pclock is its records' processing time (proctime.go).
+	pclock procClock
 
 	marker *kgo.Record       // this epoch's marker, once produced
 	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog

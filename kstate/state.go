@@ -11,6 +11,9 @@ import (
 type Scope interface {
 	Store() *Store
 	Key() []byte
+	// Now is the processing time. Sluice's record context reads the
+	// wall clock at the start of a batch and then every few records,
+	// within a millisecond of it while records are quick (docs/time.md).
 	Now() time.Time
 }
 
