@@ -37,7 +37,8 @@ type Options struct {
 	// Brokers are the seed brokers, host:port. Required.
 	Brokers []string
 	// ClientOpts are extra franz-go options (TLS, SASL) for every client
-	// the instance makes. A produce hook must not keep a *kgo.Record past
+	// the instance makes; they win over the input consumer's fetch bound
+	// (kgo.FetchMaxBytes, 1 MiB: docs/operations.md#fetch-size). A produce hook must not keep a *kgo.Record past
 	// its promise, nor replace its Context: the instance reuses its output
 	// and changelog records once produced, and reads their Context.
 	ClientOpts []kgo.Opt
