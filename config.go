@@ -37,10 +37,12 @@ type Options struct {
 	// Brokers are the seed brokers, host:port. Required.
 	Brokers []string
 	// ClientOpts are extra franz-go options (TLS, SASL) for every client
-	// the instance makes; they win over the input consumer's fetch bound
-	// (kgo.FetchMaxBytes, 1 MiB: docs/operations.md#fetch-size). A produce hook must not keep a *kgo.Record past
-	// its promise, nor replace its Context: the instance reuses its output
-	// and changelog records once produced, and reads their Context.
+	// the instance makes, the changelog restore's included. They win
+	// over the input consumer's fetch bound (kgo.FetchMaxPartitionBytes,
+	// 256 KiB: docs/operations.md#fetch-size). A produce hook must not
+	// keep a *kgo.Record past its promise, nor replace its Context: the
+	// instance reuses its output and changelog records once produced, and
+	// reads their Context.
 	ClientOpts []kgo.Opt
 
 	// AppID is the consumer group id and the prefix of the transactional

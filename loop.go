@@ -559,7 +559,12 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	// record registered at or behind the watermark.
 	if in.cfg.Job.EventTime {
 		t.clock.observe(r.Topic, ts, now)
-		_, err := l.fireEventTimers(t)
+		n, err := l.fireEventTimers(t)
+		if n > 0 {
+			// Timers read the clock afresh; the records after them
+			// must not see an older time (proctime.go).
+			t.beginBatch(in)
+		}
 		return err
 	}
 	return nil

@@ -2,8 +2,8 @@ package sluice
 
 import "time"
 
-// Reading the wall clock costs some 50 ns here (a Firecracker VM's
-// kvm-clock), and a read per record was 6 % of echo's CPU (BENCHMARKS.md).
+// Reading the wall clock costs some 50 ns on the benchmark's VM
+// (kvm-clock), and a read per record was 6 % of echo's CPU (BENCHMARKS.md).
 // So a task reads it for its records' processing time the way Kafka
 // Streams caches its system time for a task's records: at the start of
 // each batch, then once every few records, as few as keep the time within
@@ -18,7 +18,10 @@ const (
 )
 
 // procClock is a task's processing-time clock when Options.Clock is the
-// wall clock (a test's Clock is read for every record).
+// wall clock (a test's Clock is read for every record). The bound holds
+// between reads: a pause within a stretch (a collection, a blocked
+// produce, a slow record) leaves the rest of the stretch, at most
+// procClockMaxEvery-1 records, with the time it began.
 type procClock struct {
 	read  func() time.Time // the wall clock (a test's in procclock tests)
 	at    time.Time        // the last read

@@ -12,8 +12,9 @@ type Scope interface {
 	Store() *Store
 	Key() []byte
 	// Now is the processing time. Sluice's record context reads the
-	// wall clock at the start of a batch and then every few records,
-	// within a millisecond of it while records are quick (docs/time.md).
+	// wall clock at the start of a batch and then every few records: it
+	// is never ahead of the wall clock, and within a millisecond of it
+	// while records are quick and nothing pauses (docs/time.md).
 	Now() time.Time
 }
 

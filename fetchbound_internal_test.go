@@ -1,0 +1,46 @@
+package sluice
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// The input consumer bounds each partition's records in a fetch response
+// (fetchMaxPartitionBytes), and a franz-go option in Options.ClientOpts
+// wins over that bound.
+func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct {
+		opts []kgo.Opt
+		want int32
+	}{
+		{nil, fetchMaxPartitionBytes},
+		{[]kgo.Opt{kgo.FetchMaxPartitionBytes(1 << 20)}, 1 << 20},
+	} {
+		in, err := New(Options{Brokers: c.ListenAddrs(), AppID: "fb", InstanceID: "i", InputTopics: []string{"in"},
+			Job: Job{Name: "noop", Process: func(Context, *Record) error { return nil }}, StateDir: t.TempDir(),
+			Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(), ClientOpts: tc.opts})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.batchMax = 1 << 20
+		s, err := in.newSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := s.Client().OptValue(kgo.FetchMaxPartitionBytes)
+		s.Close()
+		if got != tc.want {
+			t.Fatalf("ClientOpts %d options: the input consumer fetches up to %v bytes a partition, want %d", len(tc.opts), got, tc.want)
+		}
+	}
+}
