@@ -7,15 +7,10 @@ import (
 	"strconv"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/jobs"
 )
@@ -50,61 +45,19 @@ func TestRestoreConcurrencyBoundsRestores(t *testing.T) {
 	// Distinct keys, so that each task's changelog holds more than a
 	// batch (changelog.DefaultBatchKeys): only such restores take turns.
 	const partitions, records = 4, 4 * (changelog.DefaultBatchKeys + 2000)
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "in", "out"))
-	if err != nil {
-		t.Fatal(err)
+	recs := make([]*kgo.Record, records)
+	for i := range recs {
+		recs[i] = &kgo.Record{Key: []byte("k" + strconv.Itoa(i)), Value: []byte("1")}
 	}
-	defer c.Close()
-	brokers := c.ListenAddrs()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	for i := range records {
-		cl.Produce(context.Background(), &kgo.Record{Key: []byte("k" + strconv.Itoa(i)), Value: []byte("1")}, nil)
-	}
-	if err := cl.Flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	brokers, adm := inputCluster(t, partitions, recs)
 	run := func(state string, restores int, log *slog.Logger, until func(*sluice.Instance) bool) {
 		t.Helper()
-		inst, err := sluice.New(sluice.Options{Brokers: brokers, AppID: "rc", InstanceID: "i1", Job: jobs.Aggregate(),
-			InputTopics: []string{"in"}, OutputTopic: "out", StateDir: state, RestoreConcurrency: restores,
-			Checkpoint:         barrier.Config{Interval: 50 * time.Millisecond, Timeout: 9 * time.Second, TolerableFailures: 3},
-			TransactionTimeout: 60 * time.Second, SessionTimeout: 6 * time.Second,
-			Registry: prometheus.NewRegistry(), Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- inst.Run(ctx) }()
-		deadline := time.Now().Add(time.Minute)
-		for !until(inst) {
-			if time.Now().After(deadline) {
-				cancel()
-				t.Fatalf("not done within a minute (Run: %v)", <-done)
-			}
-			<-time.After(10 * time.Millisecond)
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-	adm := kadm.NewClient(cl)
-	consumedAll := func(*sluice.Instance) bool {
-		offs, err := adm.FetchOffsets(context.Background(), "rc")
-		if err != nil {
-			return false
-		}
-		n := int64(0)
-		offs.Each(func(o kadm.OffsetResponse) { n += o.At })
-		return n == records
+		opts := testOptions(brokers, "rc", jobs.Aggregate(), state)
+		opts.OutputTopic, opts.RestoreConcurrency, opts.Logger = "out", restores, log
+		runUntil(t, opts, until)
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	run(filepath.Join(t.TempDir(), "first"), 0, quiet, consumedAll)
+	run(filepath.Join(t.TempDir(), "first"), 0, quiet, consumedAll(adm, "rc", records))
 
 	// A new state dir: every task restores its whole changelog partition.
 	second := filepath.Join(t.TempDir(), "second")
