@@ -187,8 +187,13 @@ func (s *Store) RecordErr() error { return s.recordErr }
 
 // CommitRecord keeps the record's writes in the epoch write-set.
 func (s *Store) CommitRecord() {
-	for k, v := range s.record {
-		s.epoch.set(k, v)
+	// Ranging over a map costs an iterator even when it is empty, which
+	// it is for every record that did not write during a scan: a few
+	// per cent of a stateless job's CPU.
+	if len(s.record) > 0 {
+		for k, v := range s.record {
+			s.epoch.set(k, v)
+		}
 	}
 	s.clearRecord()
 }
@@ -207,9 +212,13 @@ func (s *Store) RollbackRecord() {
 }
 
 func (s *Store) clearRecord() {
-	clear(s.record)
-	clear(s.undo) // the nodes may belong to an epoch about to be dropped
-	s.undo = s.undo[:0]
+	if len(s.record) > 0 {
+		clear(s.record)
+	}
+	if len(s.undo) > 0 {
+		clear(s.undo) // the nodes may belong to an epoch about to be dropped
+		s.undo = s.undo[:0]
+	}
 	s.gen++
 	s.recordErr = nil
 }
