@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -884,13 +885,9 @@ func (l *loop) alignOffsets() offsets {
 
 // apply advances every task's backend to the committed epoch.
 func (l *loop) apply(tasks []int32) barrier.Action {
-	for _, p := range tasks {
-		if t := l.tasks[p]; t != nil {
-			if err := t.apply(l.in); err != nil {
-				l.fatal = err
-				return l.coord.ApplyFailed(err, time.Now())
-			}
-		}
+	if err := l.applyTasks(tasks); err != nil {
+		l.fatal = err
+		return l.coord.ApplyFailed(err, time.Now())
 	}
 	l.in.committedEpochs.Add(1)
 	l.in.cfg.at(PointAfterApply)
@@ -899,6 +896,58 @@ func (l *loop) apply(tasks []int32) barrier.Action {
 	}
 	return l.coord.Applied(time.Now())
 }
+
+// applyTasks applies the committed epoch to the tasks' backends, several
+// at once: each task's store is its own (a bbolt file, a map), and an
+// apply is CPU (bbolt's copy-on-write of the pages it touches) and two
+// fsyncs, so applied one after another the loop waited for the sum of
+// them while a core, or the disk, sat idle. The loop still waits for all
+// of them: an epoch is applied before the next record is processed. It
+// returns the first error, by task order.
+func (l *loop) applyTasks(tasks []int32) error {
+	var todo []*task
+	for _, p := range tasks {
+		switch t := l.tasks[p]; {
+		case t == nil:
+		case t.marker == nil:
+			// Nothing to write: apply only resets the task's epoch.
+			if err := t.apply(l.in); err != nil {
+				return err
+			}
+		default:
+			todo = append(todo, t)
+		}
+	}
+	if len(todo) <= 1 {
+		for _, t := range todo {
+			return t.apply(l.in)
+		}
+		return nil
+	}
+	errs := make([]error, len(todo))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(len(todo), applyConcurrency()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(todo); i = int(next.Add(1) - 1) {
+				errs[i] = todo[i].apply(l.in)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyConcurrency is how many tasks apply an epoch at once: the cores,
+// and at least 2 so that one task's fsync overlaps another's pages.
+func applyConcurrency() int { return max(2, runtime.GOMAXPROCS(0)) }
 
 // yieldToRebalance lets a rebalance that starts while the epoch commits
 // go ahead instead of waiting for the commit. The commit needs a heartbeat,
