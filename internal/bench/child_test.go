@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
@@ -49,6 +50,19 @@ func runBrokerChild() int {
 		return 1
 	}
 	defer c.Close()
+	if dir := os.Getenv("BENCH_PROFILE"); dir != "" {
+		// The broker's CPU profile over the whole run (every contender).
+		f, err := os.Create(filepath.Join(dir, "broker.cpu.pprof"))
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench broker:", err)
+			return 1
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	fmt.Println("broker", c.ListenAddrs()[0])
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
