@@ -112,7 +112,7 @@ func (s spec) row(kind string) row {
 
 // BenchmarkContenders is `make bench`: one broker in a process of its own,
 // and each contender in a process of its own against it, one after the
-// other. Throughput: 1,000,000 preloaded keyed integer records (4
+// other. Throughput: 3,000,000 preloaded keyed integer records (4
 // partitions, 10,000 keys) read by a fresh group; records/s from the
 // contender's first output record (its produce timestamp) to the moment
 // the group has committed every input offset, with the CPU time and peak
@@ -123,9 +123,12 @@ func (s spec) row(kind string) row {
 // and an allocation profile of each throughput contender there;
 // BENCH_TRACE=dir an execution trace of each over the steady part of its
 // run (runtime/trace: where the loop goroutine waits, scripts/trace-loop);
-// BENCH_RECORDS overrides 1,000,000 and BENCH_ROUNDS the 3 rounds.
+// BENCH_RECORDS overrides 3,000,000 and BENCH_ROUNDS the 3 rounds. (A
+// round of 1,000,000 records lasted about 2 s, too short on a noisy
+// machine: one contender's rounds moved by up to 56 %.) BENCH_PROFILE
+// also writes the broker's CPU profile, over the whole run.
 func BenchmarkContenders(b *testing.B) {
-	n, rounds := 1000000, 3
+	n, rounds := 3000000, 3
 	if v, err := strconv.Atoi(os.Getenv("BENCH_RECORDS")); err == nil && v > 0 {
 		n = v
 	}
