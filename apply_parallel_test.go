@@ -1,11 +1,12 @@
 package sluice_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,77 +17,69 @@ import (
 	"github.com/sluicehq/sluice/kstate"
 )
 
-// overlapBackend counts the Applies of its group's backends in progress at
-// once. An Apply that is alone waits (up to 10 s, once per test) for
-// another to join it, so that applies run in parallel are seen to.
-type overlapBackend struct {
+// failOnceBackend is a task's backend whose first Apply carrying entries
+// fails.
+type failOnceBackend struct {
 	kstate.Backend
-	o    *overlap
-	fail bool // Apply fails, after the wait
+	failed *atomic.Bool
 }
 
-type overlap struct {
-	mu     sync.Mutex
-	active int
-	most   int
-	joined chan struct{} // closed once two Applies were in progress at once
-	gaveUp bool
-}
-
-func (b overlapBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
-	o := b.o
-	o.mu.Lock()
-	o.active++
-	o.most = max(o.most, o.active)
-	if o.active == 2 && !o.gaveUp {
-		close(o.joined)
-		o.gaveUp = true // closed: nothing else waits
-	}
-	wait := !o.gaveUp
-	o.mu.Unlock()
-	if wait {
-		select {
-		case <-o.joined:
-		case <-time.After(10 * time.Second): // applied one at a time
-			o.mu.Lock()
-			o.gaveUp = true
-			o.mu.Unlock()
-		}
-	}
-	defer func() { o.mu.Lock(); o.active--; o.mu.Unlock() }()
-	if b.fail {
+func (b failOnceBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
+	if len(muts) > 0 && b.failed.CompareAndSwap(false, true) {
 		return errors.New("disk on fire")
 	}
 	return b.Backend.Apply(muts, meta)
 }
 
-// An epoch is applied to its tasks' stores at once, not one after another,
-// and every task's state is then the same as applied alone: the aggregate
-// of each key, read back from the files after the instance stopped.
-func TestEpochAppliesTasksInParallel(t *testing.T) {
-	const keys, perKey = 40, 25
-	var recs []*kgo.Record
-	for i := range keys * perKey {
-		recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprintf("k%02d", i%keys)), Value: []byte(fmt.Sprint(i))})
+const applyKeys, applyPerKey = 40, 25
+
+// startReady starts an instance of opts and waits until it is ready (every
+// task restored), so that the input produced next reaches every task in
+// the same epochs; it returns Run's result channel and its cancel.
+func startReady(t *testing.T, opts sluice.Options) (<-chan error, context.CancelFunc) {
+	t.Helper()
+	inst, err := sluice.New(opts)
+	if err != nil {
+		t.Fatal(err)
 	}
-	brokers, adm := inputCluster(t, 4, recs)
-	o := &overlap{joined: make(chan struct{})}
-	state := filepath.Join(t.TempDir(), "s")
-	opts := testOptions(brokers, "par-apply", jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
-	opts.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
-		be, err := kstate.Open(kind, dir, task)
-		if err != nil {
-			return nil, err
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- inst.Run(ctx) }()
+	deadline := time.Now().Add(time.Minute)
+	for !inst.Ready() {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("not ready within a minute (Run: %v)", <-done)
 		}
-		return overlapBackend{Backend: be, o: o}, nil
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
 	}
-	runUntil(t, opts, consumedAll(adm, "par-apply", keys*perKey))
-	if o.most < 2 {
-		t.Fatalf("at most %d task applied an epoch at a time; want them in parallel", o.most)
+	return done, cancel
+}
+
+// produceAggregateInput writes applyPerKey values to each of applyKeys
+// keys, key i to partition i%4, in one ProduceSync.
+func produceAggregateInput(t *testing.T, brokers []string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Each key's count and sum, from the task files.
-	files, err := filepath.Glob(filepath.Join(state, "par-apply", "task-*.db"))
+	defer cl.Close()
+	var recs []*kgo.Record
+	for n := range applyKeys * applyPerKey {
+		i := n % applyKeys
+		recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprintf("k%02d", i)), Value: []byte(fmt.Sprint(n)), Partition: int32(i % 4)})
+	}
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkAggregations reads every key's aggregation from the task files under
+// state and checks its count and sum: each input counted exactly once.
+func checkAggregations(t *testing.T, state, app string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(state, app, "task-*.db"))
 	if err != nil || len(files) != 4 {
 		t.Fatalf("task files %v (%v), want 4", files, err)
 	}
@@ -107,51 +100,66 @@ func TestEpochAppliesTasksInParallel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(got) != keys {
-		t.Fatalf("%d aggregations in the task files, want %d", len(got), keys)
+	if len(got) != applyKeys {
+		t.Fatalf("%d aggregations in the task files, want %d", len(got), applyKeys)
 	}
-	for i := range keys {
+	for i := range applyKeys {
 		var sum int
-		for j := range perKey {
-			sum += i + j*keys
+		for j := range applyPerKey {
+			sum += i + j*applyKeys
 		}
 		k := fmt.Sprintf("k%02d", i)
-		if want := fmt.Sprintf("%016x%016x", perKey, sum); got[k] != want {
+		if want := fmt.Sprintf("%016x%016x", applyPerKey, sum); got[k] != want {
 			t.Errorf("key %q: count and sum %s, want %s", k, got[k], want)
 		}
 	}
 }
 
-// A task whose apply fails stops the instance with that error, whatever
-// the other tasks' applies did alongside it.
-func TestParallelApplyFailureStopsTheInstance(t *testing.T) {
-	var recs []*kgo.Record
-	for i := range 400 {
-		recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprintf("k%d", i%40)), Value: []byte("1")})
-	}
-	brokers, _ := inputCluster(t, 4, recs)
-	o := &overlap{gaveUp: true} // no waiting for a partner
-	opts := testOptions(brokers, "par-fail", jobs.Aggregate(), filepath.Join(t.TempDir(), "s"))
+// A task whose apply fails stops the instance with that error, after the
+// epoch committed in Kafka and while the other tasks' applies of it run
+// alongside (apply_internal_test.go); a restart brings the failed task's
+// store to the committed epoch from its changelog, and every input is then
+// counted exactly once.
+func TestFailedApplyStopsTheInstanceAndRestartRecovers(t *testing.T) {
+	brokers, adm := inputCluster(t, 4, nil)
+	var failed atomic.Bool
+	state := filepath.Join(t.TempDir(), "s")
+	opts := testOptions(brokers, "par-fail", jobs.Aggregate(), state)
 	opts.OutputTopic = "out"
 	opts.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
 		be, err := kstate.Open(kind, dir, task)
-		if err != nil {
-			return nil, err
+		if err != nil || task != "task-0002" {
+			return be, err
 		}
-		return overlapBackend{Backend: be, o: o, fail: task == "task-0002"}, nil
+		return failOnceBackend{Backend: be, failed: &failed}, nil
 	}
-	inst, err := sluice.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- inst.Run(t.Context()) }()
+	done, cancel := startReady(t, opts)
+	defer cancel()
+	produceAggregateInput(t, brokers)
+	var err error
 	select {
 	case err = <-done:
 	case <-time.After(time.Minute):
-		t.Fatal("the instance did not stop within a minute of a failed apply")
+		t.Fatal("the instance did not stop within a minute")
 	}
-	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), "task 2") {
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), "task 2:") {
 		t.Fatalf("Run = %v, want task 2's apply error", err)
 	}
+
+	opts = testOptions(brokers, "par-fail", jobs.Aggregate(), state)
+	opts.OutputTopic = "out"
+	done, cancel = startReady(t, opts)
+	defer cancel()
+	deadline := time.Now().Add(time.Minute)
+	for !consumedAll(adm, "par-fail", applyKeys*applyPerKey)(nil) {
+		if time.Now().After(deadline) {
+			t.Fatal("input not consumed within a minute of the restart")
+		}
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	checkAggregations(t, state, "par-fail")
 }

@@ -75,9 +75,9 @@ type Options struct {
 	Backend string
 	// OpenBackend, if set, opens a task's backend instead of kstate.Open
 	// (same arguments): a seam for wrapping the store, for example to
-	// inject disk faults in tests. The backends of different tasks are
-	// applied to at the same time when an epoch commits, so what they
-	// share must be safe for that.
+	// inject disk faults in tests. When an epoch commits, the Apply of
+	// several tasks' backends run at once (whatever Parallelism is), so
+	// what the backends share must be safe for that.
 	OpenBackend func(kind, dir, task string) (kstate.Backend, error)
 
 	// Guarantee is ExactlyOnce (default) or AtLeastOnce.
@@ -138,9 +138,7 @@ type Options struct {
 	//	NotifyAdvance(wake func())
 	//
 	// is told how to wake the loop when it moves (see sluicetest). Epochs,
-	// timeouts and backoff always run on the wall clock. Now may be called
-	// from several goroutines at once (tasks processed and applied in
-	// parallel).
+	// timeouts and backoff always run on the wall clock.
 	Clock Clock
 	// MaxOutOfOrderness is how far behind the largest timestamp seen the
 	// watermark of an EventTime job stays: records up to this much out of

@@ -897,46 +897,49 @@ func (l *loop) apply(tasks []int32) barrier.Action {
 	return l.coord.Applied(time.Now())
 }
 
-// applyTasks applies the committed epoch to the tasks' backends, several
-// at once: each task's store is its own (a bbolt file, a map), and an
-// apply is CPU (bbolt's copy-on-write of the pages it touches) and two
-// fsyncs, so applied one after another the loop waited for the sum of
-// them while a core, or the disk, sat idle. The loop still waits for all
-// of them: an epoch is applied before the next record is processed. It
-// returns the first error, by task order.
+// applyTasks applies the committed epoch to the tasks that wrote a marker.
+// Their backends' transactions run several at once: each task's store is
+// its own (a bbolt file, a map), and such a transaction is CPU (bbolt's
+// copy-on-write of the pages it touches) and two fsyncs, so one after
+// another the loop waited for the sum of them while a core, or the disk,
+// sat idle. Only task.write runs on those goroutines; the rest of the
+// apply (the task's offsets, its poison, its clock, its metrics) stays on
+// the loop goroutine, so nothing else of the task, the job's clock
+// included, is used from two goroutines at once. The loop still waits for
+// all of them: an epoch is applied before the next record is processed.
+// Every task whose write succeeded moves to the epoch; the first error,
+// by task order, is returned.
 func (l *loop) applyTasks(tasks []int32) error {
 	var todo []*task
+	var metas []kstate.Meta
 	for _, p := range tasks {
-		switch t := l.tasks[p]; {
-		case t == nil:
-		case t.marker == nil:
-			// Nothing to write: apply only resets the task's epoch.
-			if err := t.apply(l.in); err != nil {
-				return err
-			}
-		default:
+		if t := l.tasks[p]; t != nil && t.marker != nil {
 			todo = append(todo, t)
+			metas = append(metas, t.epochMeta(l.in))
 		}
-	}
-	if len(todo) <= 1 {
-		for _, t := range todo {
-			return t.apply(l.in)
-		}
-		return nil
 	}
 	errs := make([]error, len(todo))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(len(todo), applyConcurrency()) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < len(todo); i = int(next.Add(1) - 1) {
-				errs[i] = todo[i].apply(l.in)
-			}
-		}()
+	if len(todo) == 1 {
+		errs[0] = todo[0].write(metas[0])
+	} else if len(todo) > 1 {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range min(len(todo), applyConcurrency()) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := int(next.Add(1) - 1); i < len(todo); i = int(next.Add(1) - 1) {
+					errs[i] = todo[i].write(metas[i])
+				}
+			}()
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	for i, t := range todo {
+		if errs[i] == nil {
+			t.applied(l.in, metas[i])
+		}
+	}
 	for _, err := range errs {
 		if err != nil {
 			return err

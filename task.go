@@ -19,7 +19,8 @@ import (
 
 // task is one input partition number with its store. Only the loop
 // goroutine touches a running task, or while the loop waits for them, one
-// worker processing the task's records (parallel.go).
+// worker processing the task's records (parallel.go), or one applying the
+// committed epoch to the task's backend (task.write, loop.applyTasks).
 type task struct {
 	p     int32
 	label string
@@ -241,20 +242,33 @@ func (t *task) epochHeader() []kgo.RecordHeader {
 	return []kgo.RecordHeader{{Key: changelog.EpochHeader, Value: changelog.EncodeEpoch(t.epoch + 1)}}
 }
 
-// apply advances the backend to the committed epoch, in one backend
-// transaction with its meta. Ordering rule: called only after the Kafka
-// transaction (or, at-least-once, the offset commit) succeeded.
-func (t *task) apply(in *Instance) error {
-	if t.marker == nil {
-		return nil
-	}
+// An epoch is applied to a task in three steps, so that the middle one, the
+// backend's transaction, can run on a goroutine of its own beside other
+// tasks' (loop.applyTasks) while the rest stays on the loop goroutine:
+// epochMeta, write, applied. Ordering rule: only after the Kafka
+// transaction (or, at-least-once, the offset commit) succeeded, and only
+// for a task that wrote a marker.
+
+// epochMeta is the meta the task's backend takes with the committed epoch.
+func (t *task) epochMeta(in *Instance) kstate.Meta {
 	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now(), Watermark: t.watermark()}
 	if t.sinkID != nil {
 		meta.SinkTxn = t.sinkID.String()
 	}
+	return meta
+}
+
+// write advances the backend to the committed epoch, in one backend
+// transaction with its meta. It touches only the task's store.
+func (t *task) write(meta kstate.Meta) error {
 	if err := t.store.Apply(t.dirty, meta); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
+	return nil
+}
+
+// applied moves the task to the epoch its backend now holds.
+func (t *task) applied(in *Instance, meta kstate.Meta) {
 	t.epoch = meta.Epoch
 	t.committed = meta.Offsets
 	t.next = maps.Clone(meta.Offsets)
@@ -271,7 +285,6 @@ func (t *task) apply(in *Instance) error {
 	in.m.stateKeys.WithLabelValues(t.label).Set(float64(st.Keys))
 	in.m.stateBytes.WithLabelValues(t.label).Set(float64(st.Bytes))
 	in.m.stateHeapBytes.WithLabelValues(t.label).Set(float64(st.HeapBytes))
-	return nil
 }
 
 // recordContext is the Context of the record being processed; one per
