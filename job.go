@@ -42,7 +42,10 @@ type Context interface {
 	// OutputTopic is the job's output topic.
 	OutputTopic() string
 	// Emit sends a record to the job's output topic, partitioned by key
-	// with Kafka's default murmur2 partitioner.
+	// with Kafka's default murmur2 partitioner. The record keeps key,
+	// value and the headers' bytes until its produce is acknowledged (by
+	// the epoch's commit at the latest): do not modify or reuse them after
+	// the call. The same holds for EmitTo, EmitToPartition and Output.
 	Emit(key, value []byte, headers ...Header)
 	// EmitTo sends a record to another topic (a side output), partitioned
 	// by key with murmur2.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/kstate"
@@ -55,6 +56,37 @@ func (a Aggregation) appendJSON(b []byte) []byte {
 	b = append(b, `,"max":`...)
 	b = strconv.AppendInt(b, a.Max, 10)
 	return append(b, '}')
+}
+
+// outputChunk is where aggregate outputs are carved from: one allocation
+// for many outputs instead of one each (an output is kept by its Kafka
+// record until the produce is acknowledged, so a chunk is never reused;
+// the collector frees it once none of its outputs is in flight).
+type outputChunk struct{ b []byte }
+
+// outputChunks holds each goroutine's current chunk: a Get and a Put on
+// the same goroutine are a per-P slot, cheaper than the allocation.
+var outputChunks = sync.Pool{New: func() any { return new(outputChunk) }}
+
+const (
+	outputChunkSize = 32 << 10
+	maxOutputLen    = 4*20 + len(`{"count":,"sum":,"min":,"max":}`) // four int64s in base 10
+)
+
+// output returns a's output, {"count":C,"sum":S,"min":m,"max":M},
+// carved from a chunk.
+func (a Aggregation) output() []byte {
+	c := outputChunks.Get().(*outputChunk)
+	if cap(c.b)-len(c.b) < maxOutputLen {
+		c.b = make([]byte, 0, outputChunkSize)
+	}
+	n := len(c.b)
+	out := a.appendJSON(c.b[n : n : n+maxOutputLen])
+	if len(out) <= maxOutputLen { // else append moved it out of the chunk
+		c.b = c.b[:n+len(out)]
+	}
+	outputChunks.Put(c)
+	return out[:len(out):len(out)]
 }
 
 // Aggregate keeps count, sum, min and max of base-10 int64 values per key
@@ -110,7 +142,7 @@ func AggregateWith(o AggregateOptions) sluice.Job {
 				}
 			}
 			if o.Emit {
-				ctx.Emit(rec.Key, a.appendJSON(make([]byte, 0, 64)))
+				ctx.Emit(rec.Key, a.output())
 			}
 			return nil
 		},

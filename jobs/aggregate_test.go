@@ -3,6 +3,7 @@ package jobs
 import (
 	"encoding/json"
 	"math"
+	"sync"
 	"testing"
 )
 
@@ -25,5 +26,42 @@ func TestAggregationJSONAndCodec(t *testing.T) {
 	}
 	if _, err := (aggregationCodec{}).Decode([]byte{1, 2}); err == nil {
 		t.Error("a short value decoded")
+	}
+}
+
+// Outputs carved from shared chunks stay as they were made while many more
+// are made, on several goroutines at once, the longest ones included: no
+// two outputs share bytes, and none can grow into the next.
+func TestAggregateOutputsDoNotOverlap(t *testing.T) {
+	const workers, each = 4, 5000
+	outs := make([][][]byte, workers)
+	aggs := func(w, i int) Aggregation {
+		if i%7 == 0 {
+			return Aggregation{Count: math.MaxInt64 - int64(i), Sum: math.MinInt64 + int64(w), Min: math.MinInt64, Max: math.MaxInt64}
+		}
+		return Aggregation{Count: int64(i), Sum: int64(w*each + i), Min: -int64(i), Max: int64(w)}
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				out := aggs(w, i).output()
+				if cap(out) != len(out) {
+					t.Errorf("output has room to grow: len %d, cap %d", len(out), cap(out))
+					return
+				}
+				outs[w] = append(outs[w], out)
+			}
+		}()
+	}
+	wg.Wait()
+	for w := range workers {
+		for i, got := range outs[w] {
+			if want, _ := json.Marshal(aggs(w, i)); string(got) != string(want) {
+				t.Fatalf("output %d of goroutine %d = %s, want %s", i, w, got, want)
+			}
+		}
 	}
 }
