@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,27 +34,54 @@ func (b failOnceBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 
 const applyKeys, applyPerKey = 40, 25
 
+// running is an instance started by startReady.
+type running struct {
+	done   chan error
+	cancel context.CancelFunc
+	once   sync.Once
+	err    error
+}
+
+// wait reports whether Run ended within d, and its result.
+func (r *running) wait(d time.Duration) (ended bool, err error) {
+	select {
+	case err := <-r.done:
+		r.once.Do(func() { r.err = err })
+		return true, r.err
+	case <-time.After(d):
+		return false, nil
+	}
+}
+
+// stop cancels Run and returns its result; the test's cleanup calls it
+// too, so that a failed test does not leave the instance running.
+func (r *running) stop() error {
+	r.cancel()
+	r.once.Do(func() { r.err = <-r.done })
+	return r.err
+}
+
 // startReady starts an instance of opts and waits until it is ready (every
 // task restored), so that the input produced next reaches every task in
-// the same epochs; it returns Run's result channel and its cancel.
-func startReady(t *testing.T, opts sluice.Options) (<-chan error, context.CancelFunc) {
+// the same epochs.
+func startReady(t *testing.T, opts sluice.Options) *running {
 	t.Helper()
 	inst, err := sluice.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- inst.Run(ctx) }()
+	r := &running{done: make(chan error, 1), cancel: cancel}
+	go func() { r.done <- inst.Run(ctx) }()
+	t.Cleanup(func() { r.stop() })
 	deadline := time.Now().Add(time.Minute)
 	for !inst.Ready() {
 		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("not ready within a minute (Run: %v)", <-done)
+			t.Fatalf("not ready within a minute (Run: %v)", r.stop())
 		}
 		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
 	}
-	return done, cancel
+	return r
 }
 
 // produceAggregateInput writes applyPerKey values to each of applyKeys
@@ -133,13 +161,10 @@ func TestFailedApplyStopsTheInstanceAndRestartRecovers(t *testing.T) {
 		}
 		return failOnceBackend{Backend: be, failed: &failed}, nil
 	}
-	done, cancel := startReady(t, opts)
-	defer cancel()
+	r := startReady(t, opts)
 	produceAggregateInput(t, brokers)
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(time.Minute):
+	ended, err := r.wait(time.Minute)
+	if !ended {
 		t.Fatal("the instance did not stop within a minute")
 	}
 	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), "task 2:") {
@@ -148,8 +173,7 @@ func TestFailedApplyStopsTheInstanceAndRestartRecovers(t *testing.T) {
 
 	opts = testOptions(brokers, "par-fail", jobs.Aggregate(), state)
 	opts.OutputTopic = "out"
-	done, cancel = startReady(t, opts)
-	defer cancel()
+	r = startReady(t, opts)
 	deadline := time.Now().Add(time.Minute)
 	for !consumedAll(adm, "par-fail", applyKeys*applyPerKey)(nil) {
 		if time.Now().After(deadline) {
@@ -157,8 +181,7 @@ func TestFailedApplyStopsTheInstanceAndRestartRecovers(t *testing.T) {
 		}
 		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
 	checkAggregations(t, state, "par-fail")

@@ -36,10 +36,17 @@ func TestAggregateOutputsDoNotOverlap(t *testing.T) {
 	const workers, each = 4, 5000
 	outs := make([][][]byte, workers)
 	aggs := func(w, i int) Aggregation {
-		if i%7 == 0 {
+		switch {
+		case i%11 == 0: // the longest output there is: maxOutputLen bytes
+			return Aggregation{Count: math.MinInt64, Sum: math.MinInt64, Min: math.MinInt64, Max: math.MinInt64}
+		case i%7 == 0:
 			return Aggregation{Count: math.MaxInt64 - int64(i), Sum: math.MinInt64 + int64(w), Min: math.MinInt64, Max: math.MaxInt64}
 		}
 		return Aggregation{Count: int64(i), Sum: int64(w*each + i), Min: -int64(i), Max: int64(w)}
+	}
+	longest := Aggregation{Count: math.MinInt64, Sum: math.MinInt64, Min: math.MinInt64, Max: math.MinInt64}
+	if n := len(longest.output()); n != maxOutputLen {
+		t.Fatalf("the longest output is %d bytes, maxOutputLen %d", n, maxOutputLen)
 	}
 	var wg sync.WaitGroup
 	for w := range workers {

@@ -99,14 +99,16 @@ func (s *Stats) count(key []byte, n int64) {
 
 // Backend is one task's durable key-value store: the state a Store overlays.
 //
-// A Backend has one writer, the goroutine that owns its task: Apply must not
-// run concurrently with another Apply. Reads (Get, Scan, ScanFrom, Meta,
+// A Backend has one writer at a time: Apply must not run concurrently with
+// another Apply of the same Backend. (The engine calls it from a goroutine
+// of its own while the task's goroutine waits, beside other tasks'
+// Backends.) Reads (Get, Scan, ScanFrom, Meta,
 // Stats) may run from any goroutine, so metrics and savepoint exports can
 // read while the task works. A scan callback may call Get but must not call
 // Apply, and Close must not run concurrently with any other call: a scan
 // holds a read lock (or read transaction) while its callback runs. A scan
 // whose callback calls Get must not run concurrently with an Apply either
-// (the engine's scans and Applies are on one goroutine): bbolt's Apply may
+// (the engine's scans never overlap its Applies): bbolt's Apply may
 // wait for the scan's transaction to end while the callback's Get waits
 // for the Apply.
 type Backend interface {
