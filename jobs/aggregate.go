@@ -64,8 +64,8 @@ func (a Aggregation) appendJSON(b []byte) []byte {
 // the collector frees it once none of its outputs is in flight).
 type outputChunk struct{ b []byte }
 
-// outputChunks holds each goroutine's current chunk: a Get and a Put on
-// the same goroutine are a per-P slot, cheaper than the allocation.
+// outputChunks holds a current chunk per P: a Get and a Put on the same
+// goroutine take the P's own slot, cheaper than an allocation.
 var outputChunks = sync.Pool{New: func() any { return new(outputChunk) }}
 
 const (
