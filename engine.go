@@ -510,6 +510,15 @@ func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 // consumer's fetch responses (newSession).
 const fetchMaxPartitionBytes = 256 << 10
 
+// producerLinger is how long a partition's records wait for more before
+// their batch is sent (newSession): franz-go's own default. It was 0, which
+// sent smaller batches the slower a job produced: aggregate's outputs and
+// changelog went out some 300 records a batch against the raw loop's
+// 1,300, which doubled the broker's CPU per record on 2 cores shared with
+// it (BENCHMARKS.md, settings). A commit flushes whatever lingers, so it
+// costs no latency: outputs are visible only once their epoch commits.
+const producerLinger = 10 * time.Millisecond
+
 func (in *Instance) newSession() (txsink.Session, error) {
 	// Callbacks are bound to this session's serial: the client starts
 	// joining as soon as it is built, so its first assignment can arrive
@@ -536,8 +545,9 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	// the peak RSS. A bound on the whole response would do the same, but
 	// would fill a response with one partition, serialising tasks and
 	// starving the other topics of a join (found by review). Before
-	// baseOpts, so that Options.ClientOpts may override it.
-	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes)}, in.baseOpts()...)
+	// baseOpts, so that Options.ClientOpts may override it, as it may the
+	// linger.
+	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes), kgo.ProducerLinger(producerLinger)}, in.baseOpts()...)
 	opts = append(opts,
 		kgo.ConsumeTopics(in.cfg.InputTopics...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -549,7 +559,6 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.DisableAutoCommit(),
 		kgo.RecordPartitioner(newPartitioner()),
-		kgo.ProducerLinger(0),
 		kgo.ProducerBatchMaxBytes(int32(in.batchMax)),
 		kgo.MaxBufferedRecords(100000),
 		kgo.OnPartitionsAssigned(record("assigned")),

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -11,8 +12,8 @@ import (
 )
 
 // The input consumer bounds each partition's records in a fetch response
-// (fetchMaxPartitionBytes), and a franz-go option in Options.ClientOpts
-// wins over that bound.
+// (fetchMaxPartitionBytes), its producer lingers producerLinger, and a
+// franz-go option in Options.ClientOpts wins over either.
 func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "in"))
 	if err != nil {
@@ -20,11 +21,12 @@ func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 	}
 	defer c.Close()
 	for _, tc := range []struct {
-		opts []kgo.Opt
-		want int32
+		opts   []kgo.Opt
+		want   int32
+		linger time.Duration
 	}{
-		{nil, fetchMaxPartitionBytes},
-		{[]kgo.Opt{kgo.FetchMaxPartitionBytes(1 << 20)}, 1 << 20},
+		{nil, fetchMaxPartitionBytes, producerLinger},
+		{[]kgo.Opt{kgo.FetchMaxPartitionBytes(1 << 20), kgo.ProducerLinger(0)}, 1 << 20, 0},
 	} {
 		in, err := New(Options{Brokers: c.ListenAddrs(), AppID: "fb", InstanceID: "i", InputTopics: []string{"in"},
 			Job: Job{Name: "noop", Process: func(Context, *Record) error { return nil }}, StateDir: t.TempDir(),
@@ -38,9 +40,13 @@ func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := s.Client().OptValue(kgo.FetchMaxPartitionBytes)
+		linger := s.Client().OptValue(kgo.ProducerLinger)
 		s.Close()
 		if got != tc.want {
 			t.Fatalf("ClientOpts %d options: the input consumer fetches up to %v bytes a partition, want %d", len(tc.opts), got, tc.want)
+		}
+		if linger != tc.linger {
+			t.Fatalf("ClientOpts %d options: the producer lingers %v, want %v", len(tc.opts), linger, tc.linger)
 		}
 	}
 }

@@ -88,7 +88,7 @@ func rawLoopOn(ctx context.Context, brokers, group, in, out string, eos bool, in
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(brokers), kgo.ConsumerGroup(group), kgo.ConsumeTopics(in),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.DisableAutoCommit(), kgo.ProducerLinger(0),
+		kgo.DisableAutoCommit(),
 	}
 	if eos {
 		opts = append(opts, kgo.TransactionalID(group+"-raw"))
