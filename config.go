@@ -41,10 +41,9 @@ type Options struct {
 	// over the input consumer's fetch bound (kgo.FetchMaxPartitionBytes,
 	// 256 KiB: docs/operations.md#fetch-size) and its producer's linger
 	// (kgo.ProducerLinger, 10 ms: docs/operations.md#producer-linger). A
-	// produce hook must not
-	// keep a *kgo.Record past its promise, nor replace its Context: the
-	// instance reuses its output and changelog records once produced, and
-	// reads their Context.
+	// produce hook must not keep a *kgo.Record past its promise, nor
+	// replace its Context: the instance reuses its output and changelog
+	// records once produced, and reads their Context.
 	ClientOpts []kgo.Opt
 
 	// AppID is the consumer group id and the prefix of the transactional

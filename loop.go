@@ -919,22 +919,10 @@ func (l *loop) applyTasks(tasks []int32) error {
 		}
 	}
 	errs := make([]error, len(todo))
-	if len(todo) == 1 {
-		errs[0] = todo[0].write(metas[0])
-	} else if len(todo) > 1 {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range min(len(todo), applyConcurrency()) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := int(next.Add(1) - 1); i < len(todo); i = int(next.Add(1) - 1) {
-					errs[i] = todo[i].write(metas[i])
-				}
-			}()
-		}
-		wg.Wait()
-	}
+	inParallel(min(len(todo), applyConcurrency()), len(todo), func(i int) bool {
+		errs[i] = todo[i].write(metas[i])
+		return false // the others' writes go on: their epoch committed too
+	})
 	for i, t := range todo {
 		if errs[i] == nil {
 			t.applied(l.in, metas[i])

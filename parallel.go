@@ -66,18 +66,41 @@ func (l *loop) eachTask(n int, rewind offsets, work taskWork) (worked bool, err 
 		err    error
 	}
 	results := make([]result, n)
+	inParallel(workers, n, func(i int) bool {
+		r := &results[i]
+		r.rewind = offsets{}
+		r.worked, r.err = work(i, r.rewind)
+		return r.err != nil
+	})
+	for _, r := range results {
+		for topic, ps := range r.rewind {
+			for p, off := range ps {
+				rewind.set(topic, p, off.Offset)
+			}
+		}
+		worked = worked || r.worked
+		if err == nil {
+			err = r.err
+		}
+	}
+	return worked, err
+}
+
+// inParallel calls do(i) for every i below n on up to workers goroutines,
+// the calling one among them, each taking the next i not taken yet; once
+// a call returns true (stop), no further i is taken. It returns when every
+// call has.
+func inParallel(workers, n int, do func(i int) (stop bool)) {
 	var next atomic.Int64
-	var failed atomic.Bool
+	var stopped atomic.Bool
 	take := func() {
-		for !failed.Load() {
+		for !stopped.Load() {
 			i := int(next.Add(1) - 1)
 			if i >= n {
 				return
 			}
-			r := &results[i]
-			r.rewind = offsets{}
-			if r.worked, r.err = work(i, r.rewind); r.err != nil {
-				failed.Store(true)
+			if do(i) {
+				stopped.Store(true)
 			}
 		}
 	}
@@ -91,18 +114,6 @@ func (l *loop) eachTask(n int, rewind offsets, work taskWork) (worked bool, err 
 	}
 	take()
 	wg.Wait()
-	for _, r := range results {
-		for topic, ps := range r.rewind {
-			for p, off := range ps {
-				rewind.set(topic, p, off.Offset)
-			}
-		}
-		worked = worked || r.worked
-		if err == nil {
-			err = r.err
-		}
-	}
-	return worked, err
 }
 
 // parallel reports whether the next poll's tasks may be processed in
