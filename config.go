@@ -78,7 +78,10 @@ type Options struct {
 	// (same arguments): a seam for wrapping the store, for example to
 	// inject disk faults in tests. When an epoch commits, the Apply of
 	// several tasks' backends run at once (whatever Parallelism is), so
-	// what the backends share must be safe for that.
+	// what the backends share must be safe for that; and each Apply runs
+	// while its task processes the next epoch, whose reads of keys the
+	// epoch did not change call the backend's Get alongside (the Backend
+	// contract allows reads beside Apply; scans wait for it).
 	OpenBackend func(kind, dir, task string) (kstate.Backend, error)
 
 	// Guarantee is ExactlyOnce (default) or AtLeastOnce.
@@ -248,7 +251,7 @@ const (
 	PointBeforePreCommit = "before-precommit" // barrier placed, nothing of the epoch produced to the changelog
 	PointBeforeCommit    = "before-commit"    // changelog and markers produced, EndTxn not sent
 	PointAfterCommit     = "after-commit"     // transaction committed, backends not yet applied
-	PointAfterApply      = "after-apply"      // every task applied the epoch
+	PointAfterApply      = "after-apply"      // every task's backend holds the epoch (the next epoch's records may be processed by then)
 )
 
 func (c *Options) at(point string) {

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,6 +57,11 @@ type loop struct {
 	// bounds the replay (task.replayUntil).
 	refused atomic.Bool
 	ckptAt  time.Time // when the checkpoint in flight placed its barrier
+	// behind is the committed epoch whose backend writes run while the
+	// loop goes on (applyTasks), nil when none does; applySem bounds the
+	// writes running at once.
+	behind   *epochBehind
+	applySem chan struct{}
 	// processing: a poll's records are being processed (eachTask), when
 	// the coordinator must not run (see run).
 	processing atomic.Bool
@@ -141,6 +147,10 @@ func (l *loop) iterate() error {
 	in := l.in
 	if in.killed.Load() {
 		return errKilled
+	}
+	if err := l.settleApply(false); err != nil {
+		l.fatal = err
+		return err
 	}
 	if err := l.installRestored(); err != nil {
 		return err
@@ -883,33 +893,65 @@ func (l *loop) alignOffsets() offsets {
 	return marked
 }
 
-// apply advances every task's backend to the committed epoch.
+// apply moves every task that wrote a marker to the committed epoch and
+// starts its backend's write; the loop goes on with the next epoch while
+// the writes run (see applyTasks), and settleApply finishes the apply.
 func (l *loop) apply(tasks []int32) barrier.Action {
 	if err := l.applyTasks(tasks); err != nil {
 		l.fatal = err
 		return l.coord.ApplyFailed(err, time.Now())
 	}
-	l.in.committedEpochs.Add(1)
-	l.in.cfg.at(PointAfterApply)
-	if !l.ckptAt.IsZero() {
-		l.in.m.checkpointDuration.Observe(time.Since(l.ckptAt).Seconds())
+	if err := l.settleApply(false); err != nil {
+		l.fatal = err
+		return l.coord.ApplyFailed(err, time.Now())
 	}
 	return l.coord.Applied(time.Now())
 }
 
+// epochBehind is a committed epoch whose backend writes are under way.
+type epochBehind struct {
+	tasks  []*task
+	ckptAt time.Time     // when its barrier was placed
+	done   chan struct{} // closed when the last write returned
+	doneAt time.Time     // when it was closed
+	left   atomic.Int32  // writes not yet returned
+}
+
+// writeDone counts one of the epoch's writes as returned.
+func (b *epochBehind) writeDone() {
+	if b.left.Add(-1) == 0 {
+		b.doneAt = time.Now()
+		close(b.done)
+	}
+}
+
 // applyTasks applies the committed epoch to the tasks that wrote a marker.
-// Their backends' transactions run several at once: each task's store is
-// its own (a bbolt file, a map), and such a transaction is CPU (bbolt's
-// copy-on-write of the pages it touches) and two fsyncs, so one after
-// another the loop waited for the sum of them while a core, or the disk,
-// sat idle. Only task.write runs on those goroutines; the rest of the
-// apply (the task's offsets, its poison, its clock, its metrics) stays on
-// the loop goroutine, so nothing else of the task, the job's clock
-// included, is used from two goroutines at once. The loop still waits for
-// all of them: an epoch is applied before the next record is processed.
-// Every task whose write succeeded moves to the epoch; the first error,
-// by task order, is returned.
+// Each task moves to the epoch at once (task.applied), and its backend's
+// transaction (task.write) runs on a goroutine of its own, so that:
+//
+//   - the tasks' transactions run several at once: each task's store is
+//     its own (a bbolt file, a map), and such a transaction is CPU
+//     (bbolt's copy-on-write of the pages it touches) and two fsyncs, so
+//     one after another the loop waited for the sum of them while a core,
+//     or the disk, sat idle;
+//   - the loop does not wait for them: it processes the next epoch while
+//     they run, its stores reading the committed epoch from the write-set
+//     taken aside (kstate.Store.ApplyBehind) until their backend has it.
+//
+// Nothing of the epoch protocol moves: the epoch committed in Kafka
+// before its writes start, and after a crash each backend is at the epoch
+// before or at this one (its changelog holds the epoch either way), as in
+// the crash table. The next epoch's apply, a release, the session's end
+// and every scan of a store wait for the writes first (settleApply,
+// kstate.Store.Settle), so a backend never has two writes at once, and
+// its scans never overlap its write. Only the write itself runs on those
+// goroutines; the rest (the task's offsets, its poison, its clock, its
+// metrics) stays on the loop goroutine, so nothing else of the task, the
+// job's clock included, is used from two goroutines at once.
 func (l *loop) applyTasks(tasks []int32) error {
+	if err := l.settleApply(true); err != nil {
+		return err
+	}
 	var todo []*task
 	var metas []kstate.Meta
 	for _, p := range tasks {
@@ -918,20 +960,70 @@ func (l *loop) applyTasks(tasks []int32) error {
 			metas = append(metas, t.epochMeta(l.in))
 		}
 	}
-	errs := make([]error, len(todo))
-	inParallel(min(len(todo), applyConcurrency()), len(todo), func(i int) bool {
-		errs[i] = todo[i].write(metas[i])
-		return false // the others' writes go on: their epoch committed too
-	})
+	b := &epochBehind{tasks: todo, ckptAt: l.ckptAt, done: make(chan struct{})}
+	b.left.Store(int32(len(todo)) + 1) // one for this function, until every write started
+	if l.applySem == nil {
+		l.applySem = make(chan struct{}, applyConcurrency())
+	}
+	start := func(write func()) {
+		go func() {
+			l.applySem <- struct{}{}
+			write()
+			<-l.applySem
+			b.writeDone()
+		}()
+	}
+	var first error
 	for i, t := range todo {
-		if errs[i] == nil {
-			t.applied(l.in, metas[i])
+		if err := t.write(metas[i], start); err != nil {
+			b.writeDone() // not started
+			first = cmp.Or(first, err)
+			continue
+		}
+		t.applied(l.in, metas[i])
+	}
+	b.writeDone()
+	l.behind = b
+	return first
+}
+
+// settleApply finishes the apply of the epoch whose writes applyTasks
+// started: it waits for them when wait is set (else it returns at once if
+// they are still running), then ends each task's write (the store reads
+// its backend again), publishes what the backends now hold, and counts the
+// epoch applied (PointAfterApply, the checkpoint's duration). The first
+// failed write, by task order, is returned: the backend is behind the
+// changelog, and only a restart restores it.
+func (l *loop) settleApply(wait bool) error {
+	b := l.behind
+	if b == nil {
+		return nil
+	}
+	if wait {
+		<-b.done
+	} else {
+		select {
+		case <-b.done:
+		default:
+			return nil
 		}
 	}
-	for _, err := range errs {
-		if err != nil {
-			return err
+	l.behind = nil
+	var first error
+	for _, t := range b.tasks {
+		if err := t.store.Settle(); err != nil {
+			first = cmp.Or(first, fmt.Errorf("task %d: apply epoch %d: %w", t.p, t.epoch, err))
+			continue
 		}
+		t.settled(l.in)
+	}
+	if first != nil {
+		return first
+	}
+	l.in.committedEpochs.Add(1)
+	l.in.cfg.at(PointAfterApply)
+	if !b.ckptAt.IsZero() {
+		l.in.m.checkpointDuration.Observe(b.doneAt.Sub(b.ckptAt).Seconds())
 	}
 	return nil
 }
@@ -1027,6 +1119,11 @@ func (l *loop) release(why string, gone []int32) error {
 			return err
 		}
 	} else if err := l.abort(); err != nil {
+		return err
+	}
+	// A released task's backend is closed: its write ends first.
+	if err := l.settleApply(true); err != nil {
+		l.fatal = err
 		return err
 	}
 	for _, p := range gone {
@@ -1176,6 +1273,11 @@ func (l *loop) close() {
 	l.sess.Close()
 	if l.bc != nil {
 		l.bc.stop()
+	}
+	// The backends' writes end before they close; one that failed leaves
+	// its backend behind the changelog, which the next start restores.
+	if err := l.settleApply(true); err != nil {
+		l.in.log.Warn("applying the last epoch to a task store failed; the next start restores it from the changelog", "err", err)
 	}
 	for p, t := range l.tasks {
 		if err := t.store.Backend().Close(); err != nil {

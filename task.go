@@ -242,10 +242,13 @@ func (t *task) epochHeader() []kgo.RecordHeader {
 	return []kgo.RecordHeader{{Key: changelog.EpochHeader, Value: changelog.EncodeEpoch(t.epoch + 1)}}
 }
 
-// An epoch is applied to a task in three steps, so that the middle one, the
-// backend's transaction, can run on a goroutine of its own beside other
-// tasks' (loop.applyTasks) while the rest stays on the loop goroutine:
-// epochMeta, write, applied. Ordering rule: only after the Kafka
+// An epoch is applied to a task in four steps, so that the backend's
+// transaction runs on a goroutine of its own, beside other tasks' and
+// behind the next epoch's processing (loop.applyTasks), while the rest
+// stays on the loop goroutine: epochMeta, write (which starts the
+// backend's transaction), applied (the task moves to the epoch at once:
+// its store reads the epoch from its write-set until the backend has it),
+// settled (the backend has it). Ordering rule: only after the Kafka
 // transaction (or, at-least-once, the offset commit) succeeded, and only
 // for a task that wrote a marker.
 
@@ -258,29 +261,39 @@ func (t *task) epochMeta(in *Instance) kstate.Meta {
 	return meta
 }
 
-// write advances the backend to the committed epoch, in one backend
-// transaction with its meta. It touches only the task's store.
-func (t *task) write(meta kstate.Meta) error {
-	if err := t.store.Apply(t.dirty, meta); err != nil {
+// write starts advancing the backend to the committed epoch, in one
+// backend transaction with its meta, which start runs (see
+// kstate.Store.ApplyBehind). It touches only the task's store. Its error
+// is a write behind of an earlier epoch that failed.
+func (t *task) write(meta kstate.Meta, start func(write func())) error {
+	if err := t.store.ApplyBehind(t.dirty, meta, start); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
 	return nil
 }
 
-// applied moves the task to the epoch its backend now holds.
+// applied moves the task to the committed epoch, whose backend write
+// write started.
 func (t *task) applied(in *Instance, meta kstate.Meta) {
 	t.epoch = meta.Epoch
-	t.committed = meta.Offsets
+	// Copies: the write still reads meta.Offsets, and the loop adds to
+	// committed the first offset of a topic new to the task (take).
+	t.committed = maps.Clone(meta.Offsets)
 	t.next = maps.Clone(meta.Offsets)
 	t.advanced = false
 	t.marker, t.dirty, t.orphans, t.replayUntil = nil, nil, nil, nil
 	t.sink, t.sinkID = nil, nil
-	t.prunePoison()
 	if t.clock != nil {
 		t.clock.commit()
 	}
-	t.publishTime(in)
+}
+
+// settled follows the end of the backend's write: what reads the backend
+// itself (poison of timers, gauges) reads it now.
+func (t *task) settled(in *Instance) {
 	in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
+	t.prunePoison()
+	t.publishTime(in)
 	st := t.store.Backend().Stats()
 	in.m.stateKeys.WithLabelValues(t.label).Set(float64(st.Keys))
 	in.m.stateBytes.WithLabelValues(t.label).Set(float64(st.Bytes))

@@ -162,6 +162,12 @@ func (l *loop) sweepTTL() error {
 		if wall.Sub(t.sweptAt) < in.cfg.Checkpoint.Interval {
 			continue
 		}
+		// A scan waits for the task's apply (kstate.Store.ApplyBehind):
+		// the sweep waits for the next iteration instead. A failed
+		// apply is settleApply's to report.
+		if done, _ := t.store.TrySettle(); !done {
+			continue
+		}
 		t.sweptAt = wall
 		next, removed, err := kstate.SweepExpired(t.store, now, t.sweepCursor, in.cfg.TTLSweepEntries)
 		if err != nil {

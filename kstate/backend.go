@@ -101,10 +101,11 @@ func (s *Stats) count(key []byte, n int64) {
 //
 // A Backend has one writer at a time: Apply must not run concurrently with
 // another Apply of the same Backend. (The engine calls it from a goroutine
-// of its own while the task's goroutine waits, beside other tasks'
-// Backends.) Reads (Get, Scan, ScanFrom, Meta, Stats) may run from any
-// goroutine, so metrics and savepoint exports can read while the task
-// works. A scan callback may call Get but must not call
+// of its own, beside other tasks' Backends, while the task goes on with
+// the next epoch: see Store.ApplyBehind.) Reads (Get, Scan, ScanFrom,
+// Meta, Stats) may run from any goroutine, so metrics and savepoint
+// exports can read while the task works, and Get may run while Apply
+// does (it returns the entry as of before or after the Apply). A scan callback may call Get but must not call
 // Apply, and Close must not run concurrently with any other call: a scan
 // holds a read lock (or read transaction) while its callback runs. A scan
 // whose callback calls Get must not run concurrently with an Apply either

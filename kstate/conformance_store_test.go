@@ -8,7 +8,10 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/kstate"
 )
@@ -22,6 +25,8 @@ var storeCases = []conformanceCase{
 	{"Store/ScanFromWhileDeleting", testStoreScanFromWhileDeleting},
 	{"Store/RecordErrForUnstorableKey", testStoreRecordErr},
 	{"Store/MatchesModel", testStoreModel},
+	{"Store/ApplyBehindReadsTheEpochUntilWritten", testStoreApplyBehind},
+	{"Store/ApplyBehindFailureKeepsTheEpoch", testStoreApplyBehindFailure},
 }
 
 // storeOver returns a Store whose backend already holds base.
@@ -371,8 +376,18 @@ func testStoreModel(t *testing.T, kind string) {
 			maps.Copy(epoch, record)
 			clear(record)
 			epochNo++
-			if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: epochNo}); err != nil {
-				t.Fatal(err)
+			if rng.IntN(2) == 0 {
+				if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: epochNo}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				// The write runs on a goroutine of its own, so the
+				// reads below may meet it (the race detector watches);
+				// the scans below settle it.
+				op = "apply behind"
+				if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: epochNo}, func(w func()) { go w() }); err != nil {
+					t.Fatal(err)
+				}
 			}
 			for k, v := range epoch {
 				if v == nil {
@@ -416,5 +431,166 @@ func testStoreModel(t *testing.T, kind string) {
 	}
 	if s := st.Backend().Stats(); s.Keys != int64(len(backend)) {
 		t.Fatalf("Stats.Keys = %d, want %d", s.Keys, len(backend))
+	}
+}
+
+// gatedBackend holds every Apply until gate is closed, then fails it with
+// fail (if set); scanned is closed by the first scan that begins while an
+// Apply is held.
+type gatedBackend struct {
+	kstate.Backend
+	gate     chan struct{}
+	fail     error
+	applying atomic.Bool
+	once     sync.Once
+	scanned  chan struct{}
+}
+
+func newGated(t *testing.T, kind string, base ...kstate.Mutation) *gatedBackend {
+	b := mustOpen(t, kind)
+	mustApply(t, b, kstate.Meta{}, base...)
+	return &gatedBackend{Backend: b, gate: make(chan struct{}), scanned: make(chan struct{})}
+}
+
+func (b *gatedBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
+	b.applying.Store(true)
+	defer b.applying.Store(false)
+	<-b.gate
+	if b.fail != nil {
+		return b.fail
+	}
+	return b.Backend.Apply(muts, meta)
+}
+
+func (b *gatedBackend) Scan(prefix []byte, fn func(k, v []byte) error) error {
+	return b.ScanFrom(prefix, prefix, fn)
+}
+
+func (b *gatedBackend) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error {
+	if b.applying.Load() {
+		b.once.Do(func() { close(b.scanned) })
+	}
+	return b.Backend.ScanFrom(prefix, start, fn)
+}
+
+// goWrite is ApplyBehind's start as the engine's: a goroutine of its own.
+func goWrite(w func()) { go w() }
+
+// While an epoch's write is held, the Store reads that epoch (puts,
+// deletes) under the next one's write-set, which starts empty and goes to
+// Dirty alone; a scan waits for the write rather than scan the backend
+// beside it; once written, the backend has the epoch and the Store reads
+// it there.
+func testStoreApplyBehind(t *testing.T, kind string) {
+	b := newGated(t, kind, put("a", "b0"), put("b", "b0"), put("c", "b0"))
+	st := kstate.NewStore(b)
+	st.Put([]byte("a"), []byte("e1"))
+	st.Delete([]byte("b"))
+	st.Put([]byte("d"), []byte("e1"))
+	st.CommitRecord()
+	if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: 1}, goWrite); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Behind() || st.DirtyLen() != 0 {
+		t.Fatalf("Behind %v, DirtyLen %d after ApplyBehind; want true, 0", st.Behind(), st.DirtyLen())
+	}
+	wantGet(t, st, "a", []byte("e1"))
+	wantGet(t, st, "b", nil)
+	wantGet(t, st, "c", []byte("b0"))
+	wantGet(t, st, "d", []byte("e1"))
+	st.Put([]byte("a"), []byte("e2"))
+	st.CommitRecord()
+	st.Put([]byte("d"), []byte("x")) // a record that fails
+	st.Put([]byte("e"), []byte("x"))
+	st.RollbackRecord()
+	wantGet(t, st, "d", []byte("e1"))
+	wantGet(t, st, "e", nil)
+	if got := fmt.Sprint(st.Dirty()); got != fmt.Sprint([]kstate.Mutation{put("a", "e2")}) {
+		t.Fatalf("Dirty = %s, want the second epoch's a=e2 alone", got)
+	}
+	done := make(chan []string)
+	go func() {
+		var out []string
+		_ = st.Scan(nil, func(k, v []byte) error {
+			out = append(out, string(k)+"="+string(v))
+			return nil
+		})
+		done <- out
+	}()
+	// A scan of the backend beside its write shows up here; none may.
+	select {
+	case <-b.scanned:
+		t.Fatal("the Store scanned its backend while the epoch's write was held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(b.gate)
+	if got := <-done; !slices.Equal(got, []string{"a=e2", "c=b0", "d=e1"}) {
+		t.Fatalf("Scan = %q, want [a=e2 c=b0 d=e1]", got)
+	}
+	if st.Behind() {
+		t.Fatal("the scan did not settle the write")
+	}
+	wantGet(t, b.Backend, "a", []byte("e1"))
+	wantGet(t, b.Backend, "b", nil)
+	if m, err := b.Meta(); err != nil || m.Epoch != 1 {
+		t.Fatalf("backend meta %+v %v, want epoch 1", m, err)
+	}
+	wantGet(t, st, "d", []byte("e1"))
+}
+
+// A write behind that fails leaves the backend at the epoch before; the
+// Store keeps reading the epoch (a record in flight that rolls back a key
+// the epoch changed falls back to the epoch's value, not the backend's;
+// so does an abort of the next epoch), the next epoch's Dirty carries the
+// epoch's keys so a later Apply would write them, and every Settle, Apply
+// and ApplyBehind reports the error.
+func testStoreApplyBehindFailure(t *testing.T, kind string) {
+	b := newGated(t, kind, put("a", "b0"))
+	b.fail = errors.New("disk on fire")
+	st := kstate.NewStore(b)
+	st.Put([]byte("a"), []byte("e1"))
+	st.Put([]byte("g"), []byte("e1"))
+	st.CommitRecord()
+	if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: 1}, goWrite); err != nil {
+		t.Fatal(err)
+	}
+	st.Put([]byte("h"), []byte("e2"))
+	st.CommitRecord()
+	st.Put([]byte("g"), []byte("z")) // in flight across the failure
+	close(b.gate)
+	if err := st.Settle(); err == nil || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("Settle = %v, want the write's error", err)
+	}
+	wantGet(t, st, "g", []byte("z"))
+	st.RollbackRecord()
+	wantGet(t, st, "g", []byte("e1"))
+	wantGet(t, st, "a", []byte("e1"))
+	wantGet(t, b.Backend, "a", []byte("b0"))
+	if got := scanAll(t, st, ""); !slices.Equal(got, []string{"a=e1", "g=e1", "h=e2"}) {
+		t.Fatalf("Scan = %q, want [a=e1 g=e1 h=e2]", got)
+	}
+	if got := fmt.Sprint(st.Dirty()); got != fmt.Sprint([]kstate.Mutation{put("a", "e1"), put("g", "e1"), put("h", "e2")}) {
+		t.Fatalf("Dirty = %s, want the failed epoch's keys with the next one's", got)
+	}
+	// The next epoch aborts: its own change goes, the failed epoch's stay.
+	st.Discard()
+	wantGet(t, st, "a", []byte("e1"))
+	wantGet(t, st, "g", []byte("e1"))
+	wantGet(t, st, "h", nil)
+	if got := fmt.Sprint(st.Dirty()); got != fmt.Sprint([]kstate.Mutation{put("a", "e1"), put("g", "e1")}) {
+		t.Fatalf("Dirty after Discard = %s, want the failed epoch's keys", got)
+	}
+	if err := st.Rewrite([]byte("g")); err != nil {
+		t.Fatal(err)
+	}
+	wantGet(t, st, "g", []byte("e1"))
+	if err := st.Settle(); err == nil {
+		t.Fatal("a second Settle forgot the error")
+	}
+	if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: 2}); err == nil {
+		t.Fatal("Apply after a failed write behind succeeded")
+	}
+	if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: 2}, goWrite); err == nil {
+		t.Fatal("ApplyBehind after a failed write behind succeeded")
 	}
 }

@@ -23,7 +23,8 @@ import (
 //     was when it started; CommitRecord folds them in.
 //
 // Reads look at the record write-set, then the epoch write-set, then the
-// backend; a delete in a write-set hides the backend's entry.
+// write-set of an epoch being applied behind (ApplyBehind), then the
+// backend; a delete in a write-set hides the entries below it.
 //
 // Values written are copied into an arena of the epoch's, and keys into the
 // write-set's own, so the hot path (a read and a write per record) makes no
@@ -33,6 +34,18 @@ import (
 type Store struct {
 	backend Backend
 	epoch   *writeSet
+	// behind is the committed epoch whose backend write runs on another
+	// goroutine (ApplyBehind), nil when none does; spare is a write-set
+	// that was behind, kept for the next epoch so a write-set's index is
+	// not allocated anew every epoch.
+	behind *behindApply
+	spare  *writeSet
+	// applyErr is the error of a write behind that failed, returned by
+	// every later Settle, Apply and ApplyBehind; failed is that write's
+	// write-set, committed but not in the backend, which the epoch
+	// write-set holds from then on (see fold).
+	applyErr error
+	failed   *writeSet
 	// record holds the writes made during a scan (nil value is a
 	// tombstone); undo the epoch nodes the record changed directly, with
 	// their values before it. gen numbers the records: a node whose gen
@@ -89,6 +102,11 @@ func (s *Store) Get(key []byte) ([]byte, bool, error) {
 	}
 	if n := s.epoch.get(key); n != nil {
 		return n.val, n.val != nil, nil
+	}
+	if s.behind != nil {
+		if n := s.behind.ws.get(key); n != nil {
+			return n.val, n.val != nil, nil
+		}
 	}
 	return s.backend.Get(key)
 }
@@ -297,7 +315,7 @@ func (s *Store) Rewrite(key []byte) error {
 	if s.epoch.get(key) != nil {
 		return nil
 	}
-	v, ok, err := s.backend.Get(key)
+	v, ok, err := s.committed(key)
 	if err != nil {
 		return err
 	}
@@ -309,6 +327,27 @@ func (s *Store) Rewrite(key []byte) error {
 	}
 	s.epoch.set(string(key), v)
 	return nil
+}
+
+// committed returns key's value as of the last committed epoch: the
+// epoch applied behind, if it changed the key, else the backend.
+func (s *Store) committed(key []byte) ([]byte, bool, error) {
+	for _, ws := range [2]*writeSet{s.behindSet(), s.failed} {
+		if ws != nil {
+			if n := ws.get(key); n != nil {
+				return n.val, n.val != nil, nil
+			}
+		}
+	}
+	return s.backend.Get(key)
+}
+
+// behindSet is the write-set of the write behind, nil if none runs.
+func (s *Store) behindSet() *writeSet {
+	if s.behind == nil {
+		return nil
+	}
+	return s.behind.ws
 }
 
 // Apply writes dirty, the epoch's Dirty exactly as it went to the
@@ -323,11 +362,134 @@ func (s *Store) Apply(dirty []Mutation, meta Meta) error {
 	if s.recordInFlight() {
 		return errRecordInFlight
 	}
+	if err := s.Settle(); err != nil {
+		return err
+	}
 	if err := s.backend.Apply(dirty, meta); err != nil {
 		return err
 	}
 	s.resetEpoch()
 	return nil
+}
+
+// behindApply is an epoch's backend write under way on another goroutine.
+type behindApply struct {
+	ws   *writeSet
+	done chan struct{} // closed when the write returned
+	err  error         // the write's error, once done is closed
+}
+
+// ApplyBehind is Apply without the wait: it takes the epoch write-set
+// aside, starts a fresh one for the next epoch, and hands start the
+// backend write (dirty and meta in one transaction, as Apply), which
+// start runs on a goroutine of its own (or at once). Until the write
+// returns, reads see the epoch taken aside under the new one, so the task
+// goes on processing the next epoch while its backend catches up; the
+// backend's Get may therefore run while its Apply does, which the Backend
+// contract allows.
+//
+// Settle (or TrySettle) ends it. Scans, Apply and the next ApplyBehind
+// settle first: the engine's scans never overlap its Applies (see
+// Backend). Call it only after the epoch's Kafka transaction committed,
+// between records; with a record in flight it returns an error. An
+// earlier write's error is returned without starting this one.
+func (s *Store) ApplyBehind(dirty []Mutation, meta Meta, start func(write func())) error {
+	if s.recordInFlight() {
+		return errRecordInFlight
+	}
+	if err := s.Settle(); err != nil {
+		return err
+	}
+	b := &behindApply{ws: s.epoch, done: make(chan struct{})}
+	s.behind = b
+	if s.spare != nil {
+		s.epoch, s.spare = s.spare, nil
+	} else {
+		s.epoch = newWriteSet()
+	}
+	s.clearRecord()
+	s.values = arena{} // the values behind stay where they are
+	backend := s.backend
+	start(func() {
+		b.err = backend.Apply(dirty, meta)
+		close(b.done)
+	})
+	return nil
+}
+
+// Settle waits for the write ApplyBehind started, if any, and returns its
+// error. Once it succeeded the backend holds the epoch and reads go to it
+// again. If it failed, the backend is still at the epoch before, and the
+// epoch's writes move into the current epoch's write-set wherever the
+// current epoch did not change the key (see fold), there to stay: a
+// Discard folds them in again, and Rewrite reads them as committed. So
+// reads stay as they were, and the error is returned by every later
+// Settle, Apply and ApplyBehind. It may be called mid-record (a scan
+// does).
+func (s *Store) Settle() error {
+	if s.behind == nil {
+		return s.applyErr
+	}
+	<-s.behind.done
+	return s.settled()
+}
+
+// TrySettle is Settle without the wait: if the write ApplyBehind started
+// has yet to return, it reports false.
+func (s *Store) TrySettle() (bool, error) {
+	if s.behind == nil {
+		return true, s.applyErr
+	}
+	select {
+	case <-s.behind.done:
+		return true, s.settled()
+	default:
+		return false, nil
+	}
+}
+
+// Behind reports whether a write started by ApplyBehind has yet to be
+// settled.
+func (s *Store) Behind() bool { return s.behind != nil }
+
+func (s *Store) settled() error {
+	b := s.behind
+	s.behind = nil
+	if b.err != nil {
+		s.fold(b.ws)
+		s.applyErr, s.failed = b.err, b.ws
+		return b.err
+	}
+	b.ws.reset()
+	s.spare = b.ws
+	return nil
+}
+
+// fold moves a committed epoch's write-set, whose backend write failed,
+// under the current epoch's: each of its keys the current epoch did not
+// change is set to its value, so reads see what they saw with the epoch
+// behind, and the next Apply writes it. A record in flight that created a
+// key's node (its undo entry says unset) would, when rolled back, fall
+// through to the backend, which lacks the epoch: its undo entry takes the
+// committed value instead.
+func (s *Store) fold(ws *writeSet) {
+	for n := ws.first(); n != nil; n = n.after() {
+		e := s.epoch.node(n.kb)
+		switch {
+		case e == nil:
+			s.epoch.set(n.key, n.val)
+		case e.unset:
+			s.epoch.assign(e, n.val)
+		}
+	}
+	for i := range s.undo {
+		u := &s.undo[i]
+		if u.unset {
+			if n := ws.get(u.n.kb); n != nil {
+				u.val, u.unset = n.val, false
+			}
+		}
+	}
 }
 
 // resetEpoch empties the epoch write-set. Its bytes may still be in use
@@ -340,8 +502,15 @@ func (s *Store) resetEpoch() {
 }
 
 // Discard drops both write-sets: the epoch aborted, and the backend already
-// holds the state the task rewinds to.
-func (s *Store) Discard() { s.resetEpoch() }
+// holds the state the task rewinds to (or is being written with it:
+// ApplyBehind). After a write behind failed, the epoch it lacks is folded
+// into the new epoch write-set again.
+func (s *Store) Discard() {
+	s.resetEpoch()
+	if s.failed != nil {
+		s.fold(s.failed)
+	}
+}
 
 // Scan calls fn for every key with the prefix as the current record sees it,
 // in ascending byte order: write-set values replace backend values, deletes
@@ -359,6 +528,10 @@ func (s *Store) Scan(prefix []byte, fn func(k, v []byte) error) error {
 // seeks to start, so the keys before it cost nothing (the record
 // write-set, a handful of keys, is filtered instead).
 func (s *Store) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error {
+	// A write behind settles first: the backend's scan must not overlap
+	// its Apply (see Backend). Its error is the next Settle's to report;
+	// the state read here is whole either way (see Settle).
+	_ = s.Settle()
 	from := scanStart(prefix, start)
 	// The write-sets are read up front (the record's range is copied, and
 	// while a scan runs writes go to the record write-set, not the epoch's

@@ -19,7 +19,7 @@ row() { # name, focus[, ignore]
 }
 row "decode (fetch goroutine)"      'kgo\.\(\*source\)\.(fetch|handleReqResp)'
 row "poll (PollRecords in the loop)" 'PollRecords'
-row "record conversion (apiRecord)" 'sluice\.apiRecord'
+row "record conversion (inputRecord)" '\(\*task\)\.inputRecord'
 row "job (Process, less state/emit)" '(AggregateWith|EchoWith)\.func' 'kstate\.|recordContext\)\.Emit'
 row "state read (ValueState.Get)"   'kstate\.\(\*ValueState.*\)\.Get'
 row "  of which bbolt reads"        'kstate\.\(\*boltBackend\)\.Get'
@@ -28,7 +28,7 @@ row "emit + produceFor (buffering)" 'recordContext\)\.Emit|\(\*loop\)\.produceFo
 row "  of which kgo record buffering"    'kgo\.\(\*Client\)\.(doPartition|loadPartsAndPartition)'
 row "changelog (task.preCommit)"    '\(\*task\)\.preCommit|sluice/changelog\.'
 row "produce requests (kgo sinks)"  'kgo\.\(\*broker\)\.handleReqs|kgo\.\(\*sink\)\.'
-row "bbolt apply (task.apply)"      '\(\*task\)\.apply'
+row "bbolt apply (loop.apply)"      '\(\*loop\)\.apply$|\(\*task\)\.write$'
 row "commit (loop.commit, on CPU)"  '\(\*loop\)\.commit$'
 row "GC background marking"         'runtime\.gcBgMarkWorker'
 row "malloc (everywhere)"           'runtime\.mallocgc$'

@@ -136,6 +136,13 @@ func BenchmarkContenders(b *testing.B) {
 		rounds = v
 	}
 	only := regexp.MustCompile(os.Getenv("BENCH_ONLY"))
+	for _, v := range []string{"BENCH_PROFILE", "BENCH_TRACE"} {
+		if dir := os.Getenv(v); dir != "" {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				b.Fatalf("%s: %v", v, err)
+			}
+		}
+	}
 	keep := func(s spec) bool { return only.MatchString(s.Name + "/" + s.Interval.String()) }
 	var out *os.File
 	if path := os.Getenv("BENCH_OUT"); path != "" {
