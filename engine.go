@@ -508,7 +508,7 @@ func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 
 // fetchMaxPartitionBytes bounds each partition's records in the input
 // consumer's fetch responses (newSession).
-const fetchMaxPartitionBytes = 256 << 10
+const fetchMaxPartitionBytes = 64 << 10
 
 // producerLinger is how long a partition's records wait for more before
 // their batch is sent (newSession): franz-go's own default. It was 0, which
@@ -537,12 +537,16 @@ func (in *Instance) newSession() (txsink.Session, error) {
 			in.evMu.Unlock()
 		}
 	}
-	// At most 256 KiB a partition in a fetch response (franz-go's and
+	// At most 64 KiB a partition in a fetch response (franz-go's and
 	// Kafka's default is 1 MiB): with a few partitions, the records a
 	// poll hands over were decoded shortly before and are still in the
-	// CPU's caches. Measured (BENCHMARKS.md, settings chosen by
-	// measurement): echo and aggregate some 15-30 % more records/s, half
-	// the peak RSS. A bound on the whole response would do the same, but
+	// CPU's caches, and a poll of MaxPollRecords mostly takes the whole
+	// response, which sends the next fetch at once (franz-go fetches
+	// again only once the last response was taken). Measured
+	// (BENCHMARKS.md, settings chosen by measurement): against 1 MiB,
+	// echo and aggregate some 15-30 % more records/s and a third of the
+	// peak RSS; against 256 KiB, shorter checkpoints and a little more
+	// throughput. A bound on the whole response would do the same, but
 	// would fill a response with one partition, serialising tasks and
 	// starving the other topics of a join (found by review). Before
 	// baseOpts, so that Options.ClientOpts may override it, as it may the
