@@ -4,7 +4,9 @@
     make bench BENCH_OUT=/tmp/bench.jsonl
     python3 scripts/bench-charts.py /tmp/bench.jsonl docs/img
 
-writes docs/img/bench-interval.svg (throughput and p99 latency against the
+    python3 scripts/bench-charts.py --tables /tmp/bench.jsonl
+
+The first writes docs/img/bench-interval.svg (throughput and p99 latency against the
 checkpoint interval) and docs/img/bench-contenders.svg (each contender's
 throughput at 100 ms, Sluice against the raw franz-go loops, exactly-once
 against at-least-once). Standard library only, so that it runs anywhere
@@ -173,9 +175,63 @@ def contenders_chart(rows):
     return "\n".join(out)
 
 
+# The contenders' names in BENCHMARKS.md's tables, in the tables' order.
+TABLE_NAMES = [
+    ("raw-alos", "raw franz-go, at-least-once"),
+    ("raw-eos", "raw franz-go, `GroupTransactSession`"),
+    ("echo-eos", "Sluice `echo`, exactly-once"),
+    ("aggregate-eos-bbolt", "Sluice `aggregate`, exactly-once, bbolt"),
+    ("aggregate-eos-memory", "Sluice `aggregate`, exactly-once, memory"),
+    ("aggregate-alos-bbolt", "Sluice `aggregate`, at-least-once, bbolt"),
+    ("echo-eos-p2", "Sluice `echo`, exactly-once, 2 tasks at once"),
+    ("aggregate-eos-bbolt-p2", "Sluice `aggregate`, exactly-once, bbolt, 2 tasks at once"),
+    ("hash-eos", "Sluice `hash`, exactly-once"),
+    ("hash-eos-p2", "Sluice `hash`, exactly-once, 2 tasks at once"),
+]
+
+
+def fmt_interval(ms):
+    return "1 s" if ms == 1000 else f"{ms} ms"
+
+
+def fmt_records(v):
+    return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"
+
+
+def tables(rows):
+    """BENCHMARKS.md's throughput and latency tables, in Markdown: 100 ms
+    rows first in TABLE_NAMES order, then the other intervals."""
+    order = {name: i for i, (name, _) in enumerate(TABLE_NAMES)}
+    label = dict(TABLE_NAMES)
+
+    def key(r):
+        return (r["interval_ms"] != 100, order.get(r["contender"], 99), r["interval_ms"])
+
+    out = ["| contender | interval | records/s | × raw ALOS | × raw EOS | CPU s / M records | peak RSS MiB | allocs / record | B / record | checkpoint p50 / p99 ms | share of time in checkpoints |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in rows if r.get("kind") == "throughput"), key=key):
+        ckpt, share = "–", "–"
+        if r.get("sluice"):
+            ckpt = f"{r['checkpoint_p50_ms']:.1f} / {r['checkpoint_p99_ms']:.1f}"
+            share = f"{100 * r['checkpoint_share']:.0f} %"
+        out.append(f"| {label.get(r['contender'], r['contender'])} | {fmt_interval(r['interval_ms'])} | {fmt_records(r['records_per_s'])} | "
+                   f"{r['ratio_raw_alos']:.2f} | {r['ratio_raw_eos']:.2f} | {r['cpu_s_per_m_records']:.2f} | {r['peak_rss_mib']:.0f} | "
+                   f"{r['allocs_per_record']:.1f} | {r['alloc_bytes_per_record']:.0f} | {ckpt} | {share} |")
+    out += ["", "| contender | interval | p50 ms | p99 ms | received / produced |", "|---|---|---|---|---|"]
+    lat = sorted((r for r in rows if r.get("kind") == "latency"), key=lambda r: (order.get(r["contender"], 99), r["interval_ms"]))
+    for r in lat:
+        out.append(f"| {label.get(r['contender'], r['contender'])} | {fmt_interval(r['interval_ms'])} | {r['latency_p50_ms']:.1f} | "
+                   f"{r['latency_p99_ms']:.1f} | {r['received']:,} / {r['produced']:,} |")
+    return "\n".join(out)
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--tables":
+        with open(sys.argv[2]) as f:
+            print(tables([json.loads(line) for line in f if line.strip()]))
+        return
     if len(sys.argv) != 3:
-        print("usage: bench-charts.py BENCH_OUT.jsonl OUTDIR", file=sys.stderr)
+        print("usage: bench-charts.py BENCH_OUT.jsonl OUTDIR\n       bench-charts.py --tables BENCH_OUT.jsonl", file=sys.stderr)
         sys.exit(2)
     with open(sys.argv[1]) as f:
         rows = [json.loads(line) for line in f if line.strip()]

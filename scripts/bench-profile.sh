@@ -28,7 +28,7 @@ row "emit + produceFor (buffering)" 'recordContext\)\.Emit|\(\*loop\)\.produceFo
 row "  of which kgo record buffering"    'kgo\.\(\*Client\)\.(doPartition|loadPartsAndPartition)'
 row "changelog (task.preCommit)"    '\(\*task\)\.preCommit|sluice/changelog\.'
 row "produce requests (kgo sinks)"  'kgo\.\(\*broker\)\.handleReqs|kgo\.\(\*sink\)\.'
-row "bbolt apply (loop.apply)"      '\(\*loop\)\.apply$|\(\*task\)\.write$'
+row "bbolt apply (Backend.Apply)"   'kstate\.\(\*boltBackend\)\.Apply$'
 row "commit (loop.commit, on CPU)"  '\(\*loop\)\.commit$'
 row "GC background marking"         'runtime\.gcBgMarkWorker'
 row "malloc (everywhere)"           'runtime\.mallocgc$'
