@@ -179,6 +179,8 @@ def contenders_chart(rows):
 TABLE_NAMES = [
     ("raw-alos", "raw franz-go, at-least-once"),
     ("raw-eos", "raw franz-go, `GroupTransactSession`"),
+    ("raw-alos-64k", "raw franz-go, at-least-once, 64 KiB fetches"),
+    ("raw-eos-64k", "raw franz-go, `GroupTransactSession`, 64 KiB fetches"),
     ("echo-eos", "Sluice `echo`, exactly-once"),
     ("aggregate-eos-bbolt", "Sluice `aggregate`, exactly-once, bbolt"),
     ("aggregate-eos-memory", "Sluice `aggregate`, exactly-once, memory"),

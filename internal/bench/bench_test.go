@@ -83,13 +83,14 @@ func rawLoop(ctx context.Context, brokers, group string, eos bool, interval time
 	return rawLoopOn(ctx, brokers, group, input, output, eos, interval)
 }
 
-// rawLoopOn is rawLoop from topic in to topic out.
-func rawLoopOn(ctx context.Context, brokers, group, in, out string, eos bool, interval time.Duration) error {
-	opts := []kgo.Opt{
+// rawLoopOn is rawLoop from topic in to topic out, with extra options for
+// its client.
+func rawLoopOn(ctx context.Context, brokers, group, in, out string, eos bool, interval time.Duration, extra ...kgo.Opt) error {
+	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(brokers), kgo.ConsumerGroup(group), kgo.ConsumeTopics(in),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.DisableAutoCommit(),
-	}
+	}, extra...)
 	if eos {
 		opts = append(opts, kgo.TransactionalID(group+"-raw"))
 		s, err := kgo.NewGroupTransactSession(opts...)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/gctune"
@@ -90,6 +91,9 @@ type spec struct {
 	Trace     string        `json:"trace"`     // optional execution trace of the child
 	// Parallelism is Options.Parallelism (Sluice; 0 is the default, 1).
 	Parallelism int `json:"parallelism"`
+	// FetchMaxPartitionBytes, if set, is the raw loop's
+	// kgo.FetchMaxPartitionBytes (0: franz-go's default, 1 MiB).
+	FetchMaxPartitionBytes int32 `json:"fetch_max_partition_bytes"`
 }
 
 // childResult is what a contender writes when it stops: what only the
@@ -145,7 +149,11 @@ func runContenderChild() int {
 	reg := prometheus.NewRegistry()
 	var err error
 	if s.Raw {
-		err = rawLoopOn(ctx, s.Brokers, s.Group, s.In, s.Out, s.EOS, s.Interval)
+		var extra []kgo.Opt
+		if s.FetchMaxPartitionBytes > 0 {
+			extra = append(extra, kgo.FetchMaxPartitionBytes(s.FetchMaxPartitionBytes))
+		}
+		err = rawLoopOn(ctx, s.Brokers, s.Group, s.In, s.Out, s.EOS, s.Interval, extra...)
 	} else {
 		// What the processor binary does before it runs (the raw loops
 		// keep Go's defaults, as a program of their own would).

@@ -27,6 +27,11 @@ var (
 	throughputContenders = []spec{
 		{Name: "raw-alos", Raw: true, Interval: 100 * time.Millisecond},
 		{Name: "raw-eos", Raw: true, EOS: true, Interval: 100 * time.Millisecond},
+		// The raw loops given Sluice's fetch bound (64 KiB a partition,
+		// docs/operations.md#fetch-size): what the setting is worth to
+		// a loop of one's own. The ratios stay against the defaults.
+		{Name: "raw-alos-64k", Raw: true, Interval: 100 * time.Millisecond, FetchMaxPartitionBytes: 64 << 10},
+		{Name: "raw-eos-64k", Raw: true, EOS: true, Interval: 100 * time.Millisecond, FetchMaxPartitionBytes: 64 << 10},
 		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
 		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
 		{Name: "aggregate-eos-memory", Job: "aggregate", EOS: true, Backend: "memory", Interval: 100 * time.Millisecond},
