@@ -88,13 +88,20 @@ func startReady(t *testing.T, opts sluice.Options) *running {
 // keys, key i to partition i%4, in one ProduceSync.
 func produceAggregateInput(t *testing.T, brokers []string) {
 	t.Helper()
+	produceAggregateRange(t, brokers, 0, applyKeys*applyPerKey)
+}
+
+// produceAggregateRange writes inputs from to to of produceAggregateInput's
+// (input n is the value n of key n%applyKeys), in one ProduceSync.
+func produceAggregateRange(t *testing.T, brokers []string, from, to int) {
+	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	var recs []*kgo.Record
-	for n := range applyKeys * applyPerKey {
+	for n := from; n < to; n++ {
 		i := n % applyKeys
 		recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprintf("k%02d", i)), Value: []byte(fmt.Sprint(n)), Partition: int32(i % 4)})
 	}
@@ -177,4 +184,104 @@ func TestFailedApplyStopsTheInstanceAndRestartRecovers(t *testing.T) {
 	// Ready: task 2's restore from its changelog is in its file.
 	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
 	checkAggregations(t, state, "par-fail")
+}
+
+// heldBackend is a task's backend whose first Apply carrying entries
+// signals held, waits for release, and fails.
+type heldBackend struct {
+	kstate.Backend
+	once          *sync.Once
+	held, release chan struct{}
+}
+
+func (b heldBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
+	first := false
+	if len(muts) > 0 {
+		b.once.Do(func() { first = true })
+	}
+	if !first {
+		return b.Backend.Apply(muts, meta)
+	}
+	close(b.held)
+	<-b.release
+	return errors.New("disk on fire")
+}
+
+// The apply runs behind the next epoch, so a task's file can fall more
+// than one epoch behind its changelog: here task 2's first apply is held
+// while the instance processes the rest of the input and commits a later
+// epoch in Kafka, then fails. The instance stops with the error; the
+// restart replays both committed epochs from the changelog into the file,
+// which still holds none of them, and every input is counted exactly once.
+func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
+	brokers, adm := inputCluster(t, 4, nil)
+	state := filepath.Join(t.TempDir(), "s")
+	opts := testOptions(brokers, "behind-fail", jobs.Aggregate(), state)
+	opts.OutputTopic = "out"
+	var once sync.Once
+	held, release := make(chan struct{}), make(chan struct{})
+	opts.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
+		be, err := kstate.Open(kind, dir, task)
+		if err != nil || task != "task-0002" {
+			return be, err
+		}
+		return heldBackend{Backend: be, once: &once, held: held, release: release}, nil
+	}
+	var afterHeld atomic.Bool // set by the test once the apply is held
+	var released sync.Once
+	opts.Hook = func(point string) {
+		// A commit after the held apply began: a later epoch, in
+		// Kafka, while task 2's file has none of them.
+		if point == sluice.PointAfterCommit && afterHeld.Load() {
+			released.Do(func() { close(release) })
+		}
+	}
+	r := startReady(t, opts)
+	half := applyKeys * applyPerKey / 2
+	produceAggregateRange(t, brokers, 0, half)
+	select {
+	case <-held:
+	case <-time.After(time.Minute):
+		t.Fatal("task 2's apply did not begin within a minute")
+	}
+	afterHeld.Store(true)
+	produceAggregateRange(t, brokers, half, applyKeys*applyPerKey)
+	ended, err := r.wait(time.Minute)
+	if !ended {
+		t.Fatal("the instance did not stop within a minute")
+	}
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), "task 2:") {
+		t.Fatalf("Run = %v, want task 2's apply error", err)
+	}
+	be, err := kstate.OpenBolt(filepath.Join(state, "behind-fail", "task-0002.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := be.Meta()
+	be.Close()
+	if err != nil || m.Epoch != 0 {
+		t.Fatalf("task 2's file at epoch %d (%v), want 0: nothing applied", m.Epoch, err)
+	}
+	// The later epoch took some of the second half's inputs of
+	// partition 2 into Kafka: its committed offset is past the first
+	// half's.
+	firstHalf := int64(0)
+	for n := range half {
+		if n%applyKeys%4 == 2 {
+			firstHalf++
+		}
+	}
+	offs, err := adm.FetchOffsets(context.Background(), "behind-fail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := offs.Lookup("in", 2); !ok || o.At <= firstHalf {
+		t.Fatalf("partition 2 committed at %d (%v), want past the first half's %d: no later epoch committed", o.At, ok, firstHalf)
+	}
+
+	opts = testOptions(brokers, "behind-fail", jobs.Aggregate(), state)
+	opts.OutputTopic = "out"
+	consumed := consumedAll(adm, "behind-fail", applyKeys*applyPerKey)
+	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
+	checkAggregations(t, state, "behind-fail")
 }
