@@ -27,6 +27,7 @@ type pairing struct {
 	in     int
 	paired bool
 	both   chan struct{}
+	gate   chan struct{} // if set, every Apply waits for it to close
 }
 
 func (b pairedBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
@@ -48,6 +49,9 @@ func (b pairedBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 			p.mu.Unlock()
 		case <-time.After(10 * time.Second):
 		}
+	}
+	if p.gate != nil {
+		<-p.gate
 	}
 	if b.fail != nil {
 		return b.fail
@@ -106,10 +110,22 @@ func applyFixture(t *testing.T, failing int32) (*loop, map[int32]kstate.Backend,
 // (racyClock, under the race detector).
 func TestApplyTasksWritesBackendsAtOnce(t *testing.T) {
 	l, inner, pair := applyFixture(t, -1)
+	pair.gate = make(chan struct{})
 	if err := l.applyTasks([]int32{0, 1, 2, 3}); err != nil {
 		t.Fatal(err)
 	}
+	// The writes are held: applyTasks returned all the same, and
+	// nothing is counted applied until they end.
+	if err := l.settleApply(false); err != nil || l.behind == nil || l.in.committedEpochs.Load() != 0 {
+		t.Fatalf("settleApply(false) = %v with the writes held (behind %v, %d epochs applied), want nil, still behind, 0", err, l.behind != nil, l.in.committedEpochs.Load())
+	}
 	for p, tk := range l.tasks {
+		if !tk.store.Behind() {
+			t.Errorf("task %d: not behind while its write is held", p)
+		}
+		if _, ok, _ := inner[p].Get([]byte(fmt.Sprintf("k%d", p))); ok {
+			t.Errorf("task %d: the backend has the key while its write is held", p)
+		}
 		if v, ok, err := tk.store.Get([]byte(fmt.Sprintf("k%d", p))); err != nil || !ok || string(v) != "v" {
 			t.Errorf("task %d: store reads %q %v %v during the write, want the epoch's value", p, v, ok, err)
 		}
@@ -121,6 +137,7 @@ func TestApplyTasksWritesBackendsAtOnce(t *testing.T) {
 		// race detector reports it if the two share the offsets.
 		tk.committed["in2"] = 0
 	}
+	close(pair.gate)
 	if err := l.settleApply(true); err != nil {
 		t.Fatal(err)
 	}

@@ -251,7 +251,7 @@ const (
 	PointBeforePreCommit = "before-precommit" // barrier placed, nothing of the epoch produced to the changelog
 	PointBeforeCommit    = "before-commit"    // changelog and markers produced, EndTxn not sent
 	PointAfterCommit     = "after-commit"     // transaction committed, backends not yet applied
-	PointAfterApply      = "after-apply"      // every task's backend holds the epoch (the next epoch's records may be processed by then)
+	PointAfterApply      = "after-apply"      // every task's backend holds the epoch: the writes run behind the next epoch, so this may come after its records, its commit, or a release or the session's end that waited for them
 )
 
 func (c *Options) at(point string) {

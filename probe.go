@@ -33,7 +33,9 @@ func kill(in *Instance) {
 // quiet reports whether in has nothing in flight: it is in its group, every
 // assigned task is restored and running, no epoch is open, and no timer is
 // due by its clock or watermark. Together with group offsets committed up to
-// the inputs' ends, it says that everything sent so far has committed. The
+// the inputs' ends, it says that everything sent so far has committed. A
+// task's last apply may still be running (kstate.Store.Behind): quiet is
+// about what Kafka holds, and the state files catch up on their own. The
 // loop answers between iterations; ctx bounds the wait.
 func quiet(ctx context.Context, in *Instance) (bool, error) {
 	reply := make(chan bool, 1)

@@ -362,8 +362,10 @@ func (c *Coordinator) EpochFailed(err error, now time.Time) Action {
 	return c.illegal("EpochFailed", "no epoch can fail now")
 }
 
-// Applied reports that every task applied the epoch to its backend. The
-// checkpoint is complete: the epoch number advances, the consecutive
+// Applied reports that every task applied the epoch: its backend holds it,
+// or is being written with it behind the next epoch's processing (the
+// engine's apply, whose failure ends the instance rather than the
+// checkpoint). The checkpoint is complete: the epoch number advances, the consecutive
 // failures reset, and the next epoch (begun at this checkpoint's barrier)
 // goes on. Waiting requests are served now, and the next epoch ends at
 // once if it is already due.

@@ -84,7 +84,9 @@
 //
 // Epoch E ends at its barrier (ActEndEpoch) and E+1 begins there. E is
 // committed in one Kafka transaction (ActCommit) and only then applied to
-// the backends (ActApply); Applied makes E+1 current. If E fails (timeout,
+// the backends (ActApply; the engine starts the backends' writes and
+// reports Applied, and they finish behind E+1's processing); Applied makes
+// E+1 current. If E fails (timeout,
 // commit error, EpochFailed), ActAbort rewinds the tasks and, after Aborted,
 // E starts over under the same number. An epoch without work is never
 // committed on interval; savepoints commit even an empty one. At most one

@@ -105,13 +105,15 @@ func (s *Stats) count(key []byte, n int64) {
 // the next epoch: see Store.ApplyBehind.) Reads (Get, Scan, ScanFrom,
 // Meta, Stats) may run from any goroutine, so metrics and savepoint
 // exports can read while the task works, and Get may run while Apply
-// does (it returns the entry as of before or after the Apply). A scan callback may call Get but must not call
+// does: it returns the entry as of before or after the Apply (bbolt's
+// reads beside a write in a transaction of its own; the memory backend's
+// waits for the write). A scan callback may call Get but must not call
 // Apply, and Close must not run concurrently with any other call: a scan
 // holds a read lock (or read transaction) while its callback runs. A scan
 // whose callback calls Get must not run concurrently with an Apply either
-// (the engine's scans never overlap its Applies): bbolt's Apply may
-// wait for the scan's transaction to end while the callback's Get waits
-// for the Apply.
+// (the engine's scans never overlap its Applies): bbolt's Apply may wait
+// for the scan's transaction to end while the callback's Get waits for the
+// Apply.
 type Backend interface {
 	// Get returns the value stored under key. The returned slice is the
 	// caller's to keep, but not to modify: it may share memory with other

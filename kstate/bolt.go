@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -54,6 +55,12 @@ type boltBackend struct {
 	rtx   *bolt.Tx
 	rcur  *bolt.Cursor
 	reads arena
+	// writing is set while a write runs. A Get then reads in a
+	// transaction of its own instead of waiting on rmu for the write,
+	// fsyncs included: it sees the entry as of before the write, which
+	// a Store asks for only when its write-sets do not hold the key
+	// (Store.ApplyBehind), so the write does not change it.
+	writing atomic.Bool
 
 	checkErr error // the consistency check's first finding, at open
 }
@@ -232,6 +239,9 @@ func openErr(path string, lockTimeout time.Duration, err error) error {
 }
 
 func (b *boltBackend) Get(key []byte) (value []byte, ok bool, err error) {
+	if b.writing.Load() {
+		return b.getBeside(key)
+	}
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	if b.rtx == nil {
@@ -247,6 +257,19 @@ func (b *boltBackend) Get(key []byte) (value []byte, ok bool, err error) {
 		value = b.reads.copy(value)
 	}
 	return value, ok, nil
+}
+
+// getBeside is Get while a write runs: a read transaction of its own, and
+// a copy of the value (the shared arena is rmu's).
+func (b *boltBackend) getBeside(key []byte) (value []byte, ok bool, err error) {
+	err = b.view(func(tx *bolt.Tx) error {
+		value, ok = lookup(tx.Bucket(stateBucket).Cursor(), key)
+		if ok {
+			value = bytes.Clone(value)
+		}
+		return nil
+	})
+	return value, ok, err
 }
 
 // endRead rolls back the shared read transaction, if one is open; the
@@ -421,6 +444,8 @@ func (b *boltBackend) view(fn func(*bolt.Tx) error) error {
 
 // update runs fn in a write transaction. fn must not call Get (rmu is held).
 func (b *boltBackend) update(fn func(*bolt.Tx) error) error {
+	b.writing.Store(true)
+	defer b.writing.Store(false)
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	b.endRead()

@@ -411,6 +411,15 @@ func testStoreModel(t *testing.T, kind string) {
 				t.Fatalf("step %d (%s): Get(%q) = %q,%v,%v; want %q,%v", step, op, k, got, ok, err, w, wok)
 			}
 		}
+		if st.DirtyLen() != len(epoch) {
+			t.Fatalf("step %d (%s): DirtyLen = %d, want %d", step, op, st.DirtyLen(), len(epoch))
+		}
+		// A scan settles a write behind, so most steps do without one:
+		// the writes stay behind across steps, under the puts,
+		// rollbacks, discards and the next apply.
+		if rng.IntN(3) != 0 {
+			continue
+		}
 		p := prefixes[rng.IntN(len(prefixes))]
 		var wantScan []string
 		for _, k := range slices.Sorted(maps.Keys(want)) {
@@ -424,9 +433,6 @@ func testStoreModel(t *testing.T, kind string) {
 		start := keys[rng.IntN(len(keys))]
 		if got, want := scanFromAll(t, st, p, start), fromStart(wantScan, start); !slices.Equal(got, want) {
 			t.Fatalf("step %d (%s): ScanFrom(%q, %q) = %q, want %q", step, op, p, start, got, want)
-		}
-		if st.DirtyLen() != len(epoch) {
-			t.Fatalf("step %d (%s): DirtyLen = %d, want %d", step, op, st.DirtyLen(), len(epoch))
 		}
 	}
 	if s := st.Backend().Stats(); s.Keys != int64(len(backend)) {
@@ -452,8 +458,14 @@ func newGated(t *testing.T, kind string, base ...kstate.Mutation) *gatedBackend 
 	return &gatedBackend{Backend: b, gate: make(chan struct{}), scanned: make(chan struct{})}
 }
 
-func (b *gatedBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
+// start is ApplyBehind's start: the write counts as under way from here,
+// before its goroutine runs.
+func (b *gatedBackend) start(w func()) {
 	b.applying.Store(true)
+	go w()
+}
+
+func (b *gatedBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 	defer b.applying.Store(false)
 	<-b.gate
 	if b.fail != nil {
@@ -488,7 +500,7 @@ func testStoreApplyBehind(t *testing.T, kind string) {
 	st.Delete([]byte("b"))
 	st.Put([]byte("d"), []byte("e1"))
 	st.CommitRecord()
-	if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: 1}, goWrite); err != nil {
+	if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: 1}, b.start); err != nil {
 		t.Fatal(err)
 	}
 	if !st.Behind() || st.DirtyLen() != 0 {

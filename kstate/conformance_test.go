@@ -517,6 +517,19 @@ func testBackendConcurrentReaders(t *testing.T, kind string) {
 				errs <- err
 				return
 			}
+			// A Get beside an Apply (the engine's reads while its
+			// apply runs behind) sees the entry of some epoch whole.
+			if v, ok, err := b.Get([]byte("k07")); err != nil || !ok || len(v) == 0 {
+				if err == nil {
+					err = fmt.Errorf("Get(k07) = %q, %v beside an Apply, want a value", v, ok)
+				}
+				errs <- err
+				return
+			}
+			if _, ok, err := b.Get([]byte("zz")); err != nil || ok {
+				errs <- fmt.Errorf("Get(zz) = %v, %v beside an Apply, want absent", ok, err)
+				return
+			}
 			seen := map[string]bool{}
 			err := b.Scan([]byte("k"), func(k, v []byte) error {
 				seen[string(v)] = true

@@ -7,14 +7,15 @@
 //
 // # Layers
 //
-// A task's state is a Backend (durable, one per task) under a Store (two
-// write-sets, the record's and the epoch's). Keyed state descriptors such as
-// Value and Map read and write through a Scope, which names the Store, the
-// current record key and the processing clock:
+// A task's state is a Backend (durable, one per task) under a Store (the
+// record's write-set, the epoch's, and while the last committed epoch is
+// being written to the backend, that epoch's). Keyed state descriptors
+// such as Value and Map read and write through a Scope, which names the
+// Store, the current record key and the processing clock:
 //
 //	descriptor (Value, List, Map, Reducing, Aggregating, timers)
 //	    │  Scope: Store + record key + clock
-//	Store ── record write-set ── epoch write-set
+//	Store ── record write-set ── epoch write-set ── committed write-set (ApplyBehind, until Settle)
 //	    │
 //	Backend (memory | bbolt)
 //
@@ -30,7 +31,9 @@
 //	    cursor, _, err = kstate.SweepExpired(st, now, cursor, limit) // bounded; deletes join the epoch
 //	    muts := st.Dirty()           // produce to the changelog, then the marker
 //	    commit the Kafka transaction
-//	    if committed { st.Apply(muts, meta) } else { st.Discard(); rewind inputs }
+//	    if committed { st.ApplyBehind(muts, meta, start) } else { st.Discard(); rewind inputs }
+//	    // (or st.Apply(muts, meta), which waits for the write; the next
+//	    // ApplyBehind, Apply or scan settles a write behind first)
 //
 // The order is the exactly-once argument: the backend changes only after
 // the transaction that made the change visible has committed, in one

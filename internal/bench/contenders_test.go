@@ -83,7 +83,8 @@ type row struct {
 	CkptP99      float64 `json:"checkpoint_p99_ms,omitempty"`
 	Checkpoints  uint64  `json:"checkpoints,omitempty"`
 	// CkptShare is the checkpoints' total duration over the measured
-	// window: the share of wall time an epoch was being committed.
+	// window: the share of wall time an epoch was being committed or
+	// applied (the apply overlaps the next epoch's processing).
 	CkptShare float64 `json:"checkpoint_share,omitempty"`
 	// BrokerCPUPerM is the broker process's CPU time per million records
 	// over the steady part of the run (first commit to done), and
