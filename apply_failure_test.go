@@ -277,3 +277,55 @@ func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
 	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
 	checkAggregations(t, state, "behind-fail")
 }
+
+// slowBackend is a task's backend on a slow disk: each Apply carrying
+// entries takes hold longer, and a Close that comes while one runs is
+// recorded.
+type slowBackend struct {
+	kstate.Backend
+	hold         time.Duration
+	applying     atomic.Int32
+	closedDuring *atomic.Bool
+}
+
+func (b *slowBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
+	b.applying.Add(1)
+	defer b.applying.Add(-1)
+	if len(muts) > 0 {
+		<-time.After(b.hold) // the slow disk, not a synchronisation
+	}
+	return b.Backend.Apply(muts, meta)
+}
+
+func (b *slowBackend) Close() error {
+	if b.applying.Load() > 0 {
+		b.closedDuring.Store(true)
+	}
+	return b.Backend.Close()
+}
+
+// The instance stops while the last epoch's writes still run behind it
+// (each takes 100 ms more, and the stop comes as soon as the group's
+// offsets cover the input): no backend is closed under its write, and
+// every file holds the last epoch, each input counted exactly once.
+func TestStopWaitsForTheWritesBehind(t *testing.T) {
+	brokers, adm := inputCluster(t, 4, nil)
+	state := filepath.Join(t.TempDir(), "s")
+	opts := testOptions(brokers, "behind-stop", jobs.Aggregate(), state)
+	opts.OutputTopic = "out"
+	var closedDuring atomic.Bool
+	opts.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
+		be, err := kstate.Open(kind, dir, task)
+		if err != nil {
+			return be, err
+		}
+		return &slowBackend{Backend: be, hold: 100 * time.Millisecond, closedDuring: &closedDuring}, nil
+	}
+	produceAggregateInput(t, brokers)
+	consumed := consumedAll(adm, "behind-stop", applyKeys*applyPerKey)
+	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
+	if closedDuring.Load() {
+		t.Fatal("a backend was closed while its write ran")
+	}
+	checkAggregations(t, state, "behind-stop")
+}
