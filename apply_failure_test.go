@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
@@ -328,4 +329,86 @@ func TestStopWaitsForTheWritesBehind(t *testing.T) {
 		t.Fatal("a backend was closed while its write ran")
 	}
 	checkAggregations(t, state, "behind-stop")
+}
+
+// A rebalance while writes run behind: a second instance joins while the
+// first processes a steady input whose every write takes 100 ms more. The
+// first commits for the revoke, lets two partitions go (its last epoch's
+// writes usually still unsettled: release waits for them), and the second
+// restores and runs them; both stop without an error, and no backend of
+// either is closed under its write. Whether the release found a write
+// still running depends on how long the rebalance's poll took, so this is
+// no proof that release waits (TestStopWaitsForTheWritesBehind is, for
+// close); it shows the rebalance completes with writes behind.
+func TestRebalanceWithWritesBehind(t *testing.T) {
+	brokers, _ := inputCluster(t, 4, nil)
+	var closedDuring atomic.Bool
+	slow := func(kind, dir, task string) (kstate.Backend, error) {
+		be, err := kstate.Open(kind, dir, task)
+		if err != nil {
+			return be, err
+		}
+		return &slowBackend{Backend: be, hold: 100 * time.Millisecond, closedDuring: &closedDuring}, nil
+	}
+	opts := testOptions(brokers, "behind-release", jobs.Aggregate(), filepath.Join(t.TempDir(), "s1"))
+	opts.OutputTopic = "out"
+	opts.OpenBackend = slow
+	first := startReady(t, opts)
+
+	opts2 := testOptions(brokers, "behind-release", jobs.Aggregate(), filepath.Join(t.TempDir(), "s2"))
+	opts2.InstanceID = "i2"
+	opts2.OutputTopic = "out"
+	opts2.OpenBackend = slow
+	reg2 := prometheus.NewRegistry()
+	opts2.Registry = reg2
+	inst2, err := sluice.New(opts2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	produceAggregateRange(t, brokers, 0, 200)
+	ctx, cancel := context.WithCancel(context.Background())
+	done2 := make(chan error, 1)
+	go func() { done2 <- inst2.Run(ctx) }()
+	// The input goes on until the second instance runs tasks the first
+	// let go, so that the first has epochs to write when it does.
+	deadline := time.Now().Add(time.Minute)
+	for n := 200; !inst2.Ready() || runningTasks(t, reg2) == 0; n += 20 {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("the second instance was not ready within a minute (Run: %v)", <-done2)
+		}
+		produceAggregateRange(t, brokers, n, n+20)
+	}
+	cancel()
+	if err := <-done2; err != nil {
+		t.Fatalf("second instance: %v", err)
+	}
+	if err := first.stop(); err != nil {
+		t.Fatalf("first instance: %v", err)
+	}
+	if closedDuring.Load() {
+		t.Fatal("a backend was closed while its write ran")
+	}
+}
+
+// runningTasks is the instance's sluice_tasks{state="running"}.
+func runningTasks(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_tasks" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "state" && l.GetValue() == "running" {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
