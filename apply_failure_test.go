@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/kstate"
 )
@@ -372,7 +373,14 @@ func TestRebalanceWithWritesBehind(t *testing.T) {
 	// The input goes on until the second instance runs tasks the first
 	// let go, so that the first has epochs to write when it does.
 	deadline := time.Now().Add(time.Minute)
-	for n := 200; !inst2.Ready() || runningTasks(t, reg2) == 0; n += 20 {
+	running := func() float64 {
+		n, err := check.MetricSum(reg2, "sluice_tasks", "state", "running")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for n := 200; !inst2.Ready() || running() == 0; n += 20 {
 		if time.Now().After(deadline) {
 			cancel()
 			t.Fatalf("the second instance was not ready within a minute (Run: %v)", <-done2)
@@ -389,26 +397,4 @@ func TestRebalanceWithWritesBehind(t *testing.T) {
 	if closedDuring.Load() {
 		t.Fatal("a backend was closed while its write ran")
 	}
-}
-
-// runningTasks is the instance's sluice_tasks{state="running"}.
-func runningTasks(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_tasks" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "state" && l.GetValue() == "running" {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

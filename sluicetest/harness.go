@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/testhook"
 )
 
@@ -270,23 +271,11 @@ func (h *Harness) start() {
 // runningTasks is the instance's count of running tasks (sluice_tasks):
 // assigned, restored, and fetching.
 func (h *Harness) runningTasks() int {
-	mfs, err := h.cur.reg.Gather()
+	n, err := check.MetricSum(h.cur.reg, "sluice_tasks", "state", "running")
 	if err != nil {
 		return 0
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_tasks" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "state" && l.GetValue() == "running" {
-					return int(m.GetGauge().GetValue())
-				}
-			}
-		}
-	}
-	return 0
+	return int(n)
 }
 
 // await polls cond with a short backoff until it returns nil. It fails the

@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -263,8 +265,9 @@ func OpenTransactions(ctx context.Context, brokers []string, topics ...string) (
 }
 
 // MetricSum sums the values of every series of the counter or gauge name in
-// reg (0 when it has none).
-func MetricSum(reg prometheus.Gatherer, name string) (float64, error) {
+// reg (0 when it has none) whose labels match labels, pairs of label name
+// and value: MetricSum(reg, "sluice_tasks", "state", "running").
+func MetricSum(reg prometheus.Gatherer, name string, labels ...string) (float64, error) {
 	mfs, err := reg.Gather()
 	sum := 0.0
 	for _, mf := range mfs {
@@ -272,10 +275,24 @@ func MetricSum(reg prometheus.Gatherer, name string) (float64, error) {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			if hasLabels(m, labels) {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
 		}
 	}
 	return sum, err
+}
+
+// hasLabels reports whether m has every label of pairs (name, value, …).
+func hasLabels(m *dto.Metric, pairs []string) bool {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+			return l.GetName() == pairs[i] && l.GetValue() == pairs[i+1]
+		}) {
+			return false
+		}
+	}
+	return true
 }
 
 // CommittedSum is the sum of group's committed offsets over every

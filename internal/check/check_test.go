@@ -1,6 +1,8 @@
 package check
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+
 	"encoding/json"
 	"testing"
 
@@ -51,6 +53,24 @@ func TestEcho(t *testing.T) {
 	for _, tt := range tests {
 		if got := Echo(in, map[int32][][]byte{0: tt.out}); got != tt.want {
 			t.Errorf("%s: %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// MetricSum adds the series whose labels match the pairs given, all of
+// them without pairs.
+func TestMetricSumByLabel(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tasks"}, []string{"state"})
+	reg.MustRegister(g)
+	g.WithLabelValues("running").Set(3)
+	g.WithLabelValues("restoring").Set(2)
+	for _, c := range []struct {
+		labels []string
+		want   float64
+	}{{nil, 5}, {[]string{"state", "running"}, 3}, {[]string{"state", "gone"}, 0}} {
+		if got, err := MetricSum(reg, "tasks", c.labels...); err != nil || got != c.want {
+			t.Errorf("MetricSum(%v) = %v, %v; want %v", c.labels, got, err, c.want)
 		}
 	}
 }

@@ -356,23 +356,11 @@ func TestSinkDatabaseDown(t *testing.T) {
 // (sluice_tasks{state="restoring"}).
 func restoring(t *testing.T, cfg sluice.Options) float64 {
 	t.Helper()
-	mfs, err := cfg.Registry.(*prometheus.Registry).Gather()
+	n, err := check.MetricSum(cfg.Registry.(*prometheus.Registry), "sluice_tasks", "state", "restoring")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_tasks" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "state" && l.GetValue() == "restoring" {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return n
 }
 
 // A row WriteRow refuses (a key that is not valid UTF-8 for a text
