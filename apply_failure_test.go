@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
@@ -152,6 +153,42 @@ func checkAggregations(t *testing.T, state, app string) {
 	}
 }
 
+// backends is an Options.OpenBackend that wraps the backend of task (of
+// every task if task is "") in wrap.
+func backends(task string, wrap func(kstate.Backend) kstate.Backend) func(kind, dir, task string) (kstate.Backend, error) {
+	return func(kind, dir, name string) (kstate.Backend, error) {
+		be, err := kstate.Open(kind, dir, name)
+		if err != nil || (task != "" && name != task) {
+			return be, err
+		}
+		return wrap(be), nil
+	}
+}
+
+// wantApplyError waits for r to stop with task 2's failed apply.
+func wantApplyError(t *testing.T, r *running) {
+	t.Helper()
+	ended, err := r.wait(time.Minute)
+	if !ended {
+		t.Fatal("the instance did not stop within a minute")
+	}
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), "task 2:") {
+		t.Fatalf("Run = %v, want task 2's apply error", err)
+	}
+}
+
+// restartAndCheck runs app's instance over state again until it is ready
+// (every task restored from its changelog into its file) and has consumed
+// the whole input, then checks every key's aggregation in the files.
+func restartAndCheck(t *testing.T, brokers []string, adm *kadm.Client, state, app string) {
+	t.Helper()
+	opts := testOptions(brokers, app, jobs.Aggregate(), state)
+	opts.OutputTopic = "out"
+	consumed := consumedAll(adm, app, applyKeys*applyPerKey)
+	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
+	checkAggregations(t, state, app)
+}
+
 // A task whose apply fails stops the instance with that error, after the
 // epoch committed in Kafka and while the other tasks' applies of it run
 // alongside (apply_internal_test.go); a restart brings the failed task's
@@ -163,29 +200,13 @@ func TestFailedApplyStopsTheInstanceAndRestartRecovers(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "s")
 	opts := testOptions(brokers, "par-fail", jobs.Aggregate(), state)
 	opts.OutputTopic = "out"
-	opts.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
-		be, err := kstate.Open(kind, dir, task)
-		if err != nil || task != "task-0002" {
-			return be, err
-		}
-		return failOnceBackend{Backend: be, failed: &failed}, nil
-	}
+	opts.OpenBackend = backends("task-0002", func(be kstate.Backend) kstate.Backend {
+		return failOnceBackend{Backend: be, failed: &failed}
+	})
 	r := startReady(t, opts)
 	produceAggregateInput(t, brokers)
-	ended, err := r.wait(time.Minute)
-	if !ended {
-		t.Fatal("the instance did not stop within a minute")
-	}
-	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), "task 2:") {
-		t.Fatalf("Run = %v, want task 2's apply error", err)
-	}
-
-	opts = testOptions(brokers, "par-fail", jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
-	consumed := consumedAll(adm, "par-fail", applyKeys*applyPerKey)
-	// Ready: task 2's restore from its changelog is in its file.
-	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
-	checkAggregations(t, state, "par-fail")
+	wantApplyError(t, r)
+	restartAndCheck(t, brokers, adm, state, "par-fail")
 }
 
 // heldBackend is a task's backend whose first Apply carrying entries
@@ -224,13 +245,9 @@ func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
 	var once sync.Once
 	var held atomic.Bool
 	release := make(chan struct{})
-	opts.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
-		be, err := kstate.Open(kind, dir, task)
-		if err != nil || task != "task-0002" {
-			return be, err
-		}
-		return heldBackend{Backend: be, once: &once, held: &held, release: release}, nil
-	}
+	opts.OpenBackend = backends("task-0002", func(be kstate.Backend) kstate.Backend {
+		return heldBackend{Backend: be, once: &once, held: &held, release: release}
+	})
 	var released sync.Once
 	opts.Hook = func(point string) {
 		// A commit after the held apply began is a later epoch's, in
@@ -256,13 +273,7 @@ func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
 		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
 	}
 	produceAggregateRange(t, brokers, half, applyKeys*applyPerKey)
-	ended, err := r.wait(time.Minute)
-	if !ended {
-		t.Fatal("the instance did not stop within a minute")
-	}
-	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), "task 2:") {
-		t.Fatalf("Run = %v, want task 2's apply error", err)
-	}
+	wantApplyError(t, r)
 	be, err := kstate.OpenBolt(filepath.Join(state, "behind-fail", "task-0002.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -272,12 +283,7 @@ func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
 	if err != nil || m.Epoch != 0 {
 		t.Fatalf("task 2's file at epoch %d (%v), want 0: nothing applied", m.Epoch, err)
 	}
-
-	opts = testOptions(brokers, "behind-fail", jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
-	consumed := consumedAll(adm, "behind-fail", applyKeys*applyPerKey)
-	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
-	checkAggregations(t, state, "behind-fail")
+	restartAndCheck(t, brokers, adm, state, "behind-fail")
 }
 
 // slowBackend is a task's backend on a slow disk: each Apply carrying
@@ -299,6 +305,14 @@ func (b *slowBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 	return b.Backend.Apply(muts, meta)
 }
 
+// slowBackends wraps every task's backend in a slowBackend whose writes
+// take 100 ms more, recording in closedDuring a Close under a write.
+func slowBackends(closedDuring *atomic.Bool) func(kind, dir, task string) (kstate.Backend, error) {
+	return backends("", func(be kstate.Backend) kstate.Backend {
+		return &slowBackend{Backend: be, hold: 100 * time.Millisecond, closedDuring: closedDuring}
+	})
+}
+
 func (b *slowBackend) Close() error {
 	if b.applying.Load() > 0 {
 		b.closedDuring.Store(true)
@@ -316,13 +330,7 @@ func TestStopWaitsForTheWritesBehind(t *testing.T) {
 	opts := testOptions(brokers, "behind-stop", jobs.Aggregate(), state)
 	opts.OutputTopic = "out"
 	var closedDuring atomic.Bool
-	opts.OpenBackend = func(kind, dir, task string) (kstate.Backend, error) {
-		be, err := kstate.Open(kind, dir, task)
-		if err != nil {
-			return be, err
-		}
-		return &slowBackend{Backend: be, hold: 100 * time.Millisecond, closedDuring: &closedDuring}, nil
-	}
+	opts.OpenBackend = slowBackends(&closedDuring)
 	produceAggregateInput(t, brokers)
 	consumed := consumedAll(adm, "behind-stop", applyKeys*applyPerKey)
 	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
@@ -344,13 +352,7 @@ func TestStopWaitsForTheWritesBehind(t *testing.T) {
 func TestRebalanceWithWritesBehind(t *testing.T) {
 	brokers, _ := inputCluster(t, 4, nil)
 	var closedDuring atomic.Bool
-	slow := func(kind, dir, task string) (kstate.Backend, error) {
-		be, err := kstate.Open(kind, dir, task)
-		if err != nil {
-			return be, err
-		}
-		return &slowBackend{Backend: be, hold: 100 * time.Millisecond, closedDuring: &closedDuring}, nil
-	}
+	slow := slowBackends(&closedDuring)
 	opts := testOptions(brokers, "behind-release", jobs.Aggregate(), filepath.Join(t.TempDir(), "s1"))
 	opts.OutputTopic = "out"
 	opts.OpenBackend = slow

@@ -1,11 +1,10 @@
 package check
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
-
 	"encoding/json"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
