@@ -24,15 +24,24 @@ COLORS = {
     "exactly-once": "#1f6fb4",
     "at-least-once": "#e08a1e",
 }
+# The contenders' names in BENCHMARKS.md's tables, in the tables' order.
+TABLE_NAMES = [
+    ("raw-alos", "raw franz-go, at-least-once"),
+    ("raw-eos", "raw franz-go, `GroupTransactSession`"),
+    ("raw-alos-64k", "raw franz-go, at-least-once, 64 KiB fetches"),
+    ("raw-eos-64k", "raw franz-go, `GroupTransactSession`, 64 KiB fetches"),
+    ("echo-eos", "Sluice `echo`, exactly-once"),
+    ("aggregate-eos-bbolt", "Sluice `aggregate`, exactly-once, bbolt"),
+    ("aggregate-eos-memory", "Sluice `aggregate`, exactly-once, memory"),
+    ("aggregate-alos-bbolt", "Sluice `aggregate`, at-least-once, bbolt"),
+    ("echo-eos-p2", "Sluice `echo`, exactly-once, 2 tasks at once"),
+    ("aggregate-eos-bbolt-p2", "Sluice `aggregate`, exactly-once, bbolt, 2 tasks at once"),
+    ("hash-eos", "Sluice `hash`, exactly-once"),
+    ("hash-eos-p2", "Sluice `hash`, exactly-once, 2 tasks at once"),
+]
+# The charts' labels: the tables' names without Markdown.
+LABELS = {name: label.replace("`", "") for name, label in TABLE_NAMES}
 SERIES = {"echo-eos": "#1f6fb4", "aggregate-eos-bbolt": "#c23b3b"}
-LABELS = {
-    "raw-alos": "raw franz-go, at-least-once",
-    "raw-eos": "raw franz-go, GroupTransactSession",
-    "echo-eos": "Sluice echo, exactly-once",
-    "aggregate-eos-bbolt": "Sluice aggregate, exactly-once, bbolt",
-    "aggregate-eos-memory": "Sluice aggregate, exactly-once, memory",
-    "aggregate-alos-bbolt": "Sluice aggregate, at-least-once, bbolt",
-}
 
 
 def text(x, y, s, size=12, anchor="start", weight="normal", fill="#222"):
@@ -175,21 +184,6 @@ def contenders_chart(rows):
     return "\n".join(out)
 
 
-# The contenders' names in BENCHMARKS.md's tables, in the tables' order.
-TABLE_NAMES = [
-    ("raw-alos", "raw franz-go, at-least-once"),
-    ("raw-eos", "raw franz-go, `GroupTransactSession`"),
-    ("raw-alos-64k", "raw franz-go, at-least-once, 64 KiB fetches"),
-    ("raw-eos-64k", "raw franz-go, `GroupTransactSession`, 64 KiB fetches"),
-    ("echo-eos", "Sluice `echo`, exactly-once"),
-    ("aggregate-eos-bbolt", "Sluice `aggregate`, exactly-once, bbolt"),
-    ("aggregate-eos-memory", "Sluice `aggregate`, exactly-once, memory"),
-    ("aggregate-alos-bbolt", "Sluice `aggregate`, at-least-once, bbolt"),
-    ("echo-eos-p2", "Sluice `echo`, exactly-once, 2 tasks at once"),
-    ("aggregate-eos-bbolt-p2", "Sluice `aggregate`, exactly-once, bbolt, 2 tasks at once"),
-    ("hash-eos", "Sluice `hash`, exactly-once"),
-    ("hash-eos-p2", "Sluice `hash`, exactly-once, 2 tasks at once"),
-]
 
 
 def fmt_interval(ms):
