@@ -52,3 +52,40 @@ func TestRecycleIgnoresCopies(t *testing.T) {
 		t.Fatal("recycle took a copy of a record")
 	}
 }
+
+// A record whose produce finished is handed out again, by any task, with
+// the new task's context: the slots circulate instead of slabs being
+// allocated.
+func TestRecycledRecordsAreReused(t *testing.T) {
+	a, b := &task{p: 1}, &task{p: 2}
+	r := a.record(false)
+	recycle(r)
+	got := b.record(true)
+	if got != r {
+		t.Fatal("task.record did not reuse the recycled record")
+	}
+	if c := got.Context.(*outCtx); !c.explicit || c.task != 2 || c.slot == nil {
+		t.Fatalf("reused record's context = %+v", c)
+	}
+}
+
+// The free list keeps at most maxFreeSlots, and a take moves at most the
+// number asked for, the most recently freed first.
+func TestSlotListIsBounded(t *testing.T) {
+	var l slotList
+	slab := make([]outSlot, maxFreeSlots+10)
+	for i := range slab {
+		l.put(&slab[i])
+	}
+	got := l.take(nil, 10)
+	if len(got) != 10 || got[9] != &slab[maxFreeSlots-1] {
+		t.Fatalf("took %d slots, want the last 10 kept", len(got))
+	}
+	got = l.take(got[:0], 2*maxFreeSlots)
+	if len(got) != maxFreeSlots-10 || got[0] != &slab[0] {
+		t.Fatalf("took %d slots, want the other %d", len(got), maxFreeSlots-10)
+	}
+	if again := l.take(nil, 1); len(again) != 0 {
+		t.Fatalf("took %d slots from an empty list", len(again))
+	}
+}
