@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -287,11 +288,11 @@ func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
 }
 
 // slowBackend is a task's backend on a slow disk: each Apply carrying
-// entries takes hold longer, and a Close that comes while one runs is
-// recorded.
+// entries calls wait first, and a Close that comes while one waits or
+// runs is recorded.
 type slowBackend struct {
 	kstate.Backend
-	hold         time.Duration
+	wait         func(kstate.Meta)
 	applying     atomic.Int32
 	closedDuring *atomic.Bool
 }
@@ -300,17 +301,9 @@ func (b *slowBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 	b.applying.Add(1)
 	defer b.applying.Add(-1)
 	if len(muts) > 0 {
-		<-time.After(b.hold) // the slow disk, not a synchronisation
+		b.wait(meta)
 	}
 	return b.Backend.Apply(muts, meta)
-}
-
-// slowBackends wraps every task's backend in a slowBackend whose writes
-// take 100 ms more, recording in closedDuring a Close under a write.
-func slowBackends(closedDuring *atomic.Bool) func(kind, dir, task string) (kstate.Backend, error) {
-	return backends("", func(be kstate.Backend) kstate.Backend {
-		return &slowBackend{Backend: be, hold: 100 * time.Millisecond, closedDuring: closedDuring}
-	})
 }
 
 func (b *slowBackend) Close() error {
@@ -318,6 +311,15 @@ func (b *slowBackend) Close() error {
 		b.closedDuring.Store(true)
 	}
 	return b.Backend.Close()
+}
+
+// slowBackends wraps every task's backend in a slowBackend whose writes
+// take 100 ms more, recording in closedDuring a Close under a write.
+func slowBackends(closedDuring *atomic.Bool) func(kind, dir, task string) (kstate.Backend, error) {
+	return backends("", func(be kstate.Backend) kstate.Backend {
+		slow := func(kstate.Meta) { <-time.After(100 * time.Millisecond) } // the slow disk, not a synchronisation
+		return &slowBackend{Backend: be, wait: slow, closedDuring: closedDuring}
+	})
 }
 
 // The instance stops while the last epoch's writes still run behind it
@@ -346,9 +348,9 @@ func TestStopWaitsForTheWritesBehind(t *testing.T) {
 // writes usually still unsettled: release waits for them), and the second
 // restores and runs them; both stop without an error, and no backend of
 // either is closed under its write. Whether the release found a write
-// still running depends on how long the rebalance's poll took, so this is
-// no proof that release waits (TestStopWaitsForTheWritesBehind is, for
-// close); it shows the rebalance completes with writes behind.
+// still running depends on how long the rebalance's poll took
+// (TestReleaseWaitsForTheWritesBehind holds one across the release); it
+// shows the rebalance completes with writes behind.
 func TestRebalanceWithWritesBehind(t *testing.T) {
 	brokers, _ := inputCluster(t, 4, nil)
 	var closedDuring atomic.Bool
@@ -399,4 +401,142 @@ func TestRebalanceWithWritesBehind(t *testing.T) {
 	if closedDuring.Load() {
 		t.Fatal("a backend was closed while its write ran")
 	}
+}
+
+// writeGate holds task 3's write of its last input (the epoch whose
+// offsets reach the end of its partition) until it is opened.
+type writeGate struct {
+	held         atomic.Int32 // writes that waited at the gate
+	open         chan struct{}
+	once         sync.Once
+	closedDuring atomic.Bool
+	released     atomic.Value // the tasks of the instance's first release, as logged
+}
+
+func (g *writeGate) opened() { g.once.Do(func() { close(g.open) }) }
+
+// backends wraps task 3's backend in a slowBackend waiting at g.
+func (g *writeGate) backends() func(kind, dir, task string) (kstate.Backend, error) {
+	return backends("task-0003", func(be kstate.Backend) kstate.Backend {
+		b := &slowBackend{Backend: be, closedDuring: &g.closedDuring}
+		b.wait = func(meta kstate.Meta) {
+			if meta.Offsets["in"] == applyKeys*applyPerKey/4 {
+				g.held.Add(1)
+				<-g.open
+			}
+		}
+		return b
+	})
+}
+
+// opensOnRelease is a slog.Handler that opens g a second after the
+// instance logs that it released partitions, which it does before it
+// ends the epoch, waits for the writes behind and closes the released
+// tasks' backends: the held write then looks like a disk that took a
+// second more (not a synchronisation: release must wait for it however
+// long it takes).
+type opensOnRelease struct {
+	slog.Handler
+	g *writeGate
+}
+
+func (h opensOnRelease) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "partitions released" {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "tasks" {
+				h.g.released.CompareAndSwap(nil, a.Value.String())
+			}
+			return true
+		})
+		go func() {
+			<-time.After(time.Second)
+			h.g.opened()
+		}()
+	}
+	return h.Handler.Handle(ctx, r)
+}
+func (h opensOnRelease) WithAttrs(as []slog.Attr) slog.Handler {
+	return opensOnRelease{h.Handler.WithAttrs(as), h.g}
+}
+
+// A revoke while a revoked task's write is held: the first instance
+// processes all the input but one record, commits it, then the last
+// record, which goes to task 3. Task 3's write of that epoch waits at a
+// gate that opens a second after the instance logs that it released
+// partitions. A second instance joins and takes tasks 2 and 3 (the
+// cooperative-sticky balancer moves the last two), and the first, idle,
+// lets them go while task 3's write still waits: no backend is closed
+// under its write, both instances stop cleanly, and a restart over the
+// first's files counts every input exactly once. Two waits stand between
+// the release and the close, and the test does not tell them apart:
+// release's own settleApply, and before it the abort of the open epoch,
+// whose discard reads each task's timers (a scan, which settles the
+// store's write first). Removing the first alone still passes (checked).
+func TestReleaseWaitsForTheWritesBehind(t *testing.T) {
+	brokers, adm := inputCluster(t, 4, nil)
+	g := &writeGate{open: make(chan struct{})}
+	state := filepath.Join(t.TempDir(), "s1")
+	opts := testOptions(brokers, "release-held", jobs.Aggregate(), state)
+	opts.OutputTopic = "out"
+	opts.OpenBackend = g.backends()
+	opts.Logger = slog.New(opensOnRelease{slog.Default().Handler(), g})
+	first := startReady(t, opts)
+	// Registered after the instance, so it runs before the instance's
+	// stop: a held write would hold up the stop of a test that failed.
+	t.Cleanup(g.opened)
+	// The last input (999) is task 3's last: it comes alone, once every
+	// other input is committed, so that its epoch is the only one left
+	// to write and nothing waits for it but the release.
+	last := applyKeys*applyPerKey - 1
+	produceAggregateRange(t, brokers, 0, last)
+	consumed := consumedAll(adm, "release-held", int64(last))
+	deadline := time.Now().Add(time.Minute)
+	for !consumed(nil) {
+		if time.Now().After(deadline) {
+			t.Fatal("the input was not committed within a minute")
+		}
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+	}
+	produceAggregateRange(t, brokers, last, last+1)
+	for g.held.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("task 3's last write did not begin within a minute")
+		}
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+	}
+
+	opts2 := testOptions(brokers, "release-held", jobs.Aggregate(), filepath.Join(t.TempDir(), "s2"))
+	opts2.InstanceID = "i2"
+	opts2.OutputTopic = "out"
+	reg2 := opts2.Registry.(*prometheus.Registry)
+	second := startReady(t, opts2)
+	for {
+		n, err := check.MetricSum(reg2, "sluice_tasks", "state", "running")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second instance ran no task within a minute")
+		}
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+	}
+	if err := second.stop(); err != nil {
+		t.Fatalf("second instance: %v", err)
+	}
+	if err := first.stop(); err != nil {
+		t.Fatalf("first instance: %v", err)
+	}
+	if got, _ := g.released.Load().(string); !strings.Contains(got, "3") {
+		t.Fatalf("the first instance released tasks %q, not task 3 whose write was held", got)
+	}
+	if g.held.Load() != 1 {
+		t.Fatalf("%d writes waited at the gate, want task 3's last", g.held.Load())
+	}
+	if g.closedDuring.Load() {
+		t.Fatal("task 3's backend was closed while its write was held")
+	}
+	restartAndCheck(t, brokers, adm, state, "release-held")
 }
