@@ -157,6 +157,7 @@ func (l *loop) iterate() error {
 		l.fatal = fmt.Errorf("%w: %w", barrier.ErrApplyFailed, err)
 		return l.fatal
 	}
+	defer l.flushCounts() // also when the poll's processing failed
 	if err := l.installRestored(); err != nil {
 		return err
 	}
@@ -512,7 +513,7 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	}
 	t.next[r.Topic] = r.Offset + 1
 	t.advanced = true
-	t.recordsIn.Inc()
+	t.inCount++
 
 	ref := recordRef(r)
 	var ps *poison
@@ -609,7 +610,7 @@ func (l *loop) commitHandled(t *task, ref inputRef, ps *poison, out []*kgo.Recor
 			l.produceFor(t, ref, o, false)
 		}
 	}
-	t.recordsOut.Add(float64(len(out)))
+	t.outCount += len(out)
 }
 
 // noteBudget ends the epoch early once a task's write-set reaches the
@@ -684,6 +685,9 @@ func (l *loop) run(act barrier.Action) error {
 			// record polled before the barrier. Each task hands over
 			// by producing its dirty keys (and, exactly-once, its
 			// marker at once: one transaction holds both).
+			// Every record of the epoch is counted before its points
+			// (a hook may read the counters).
+			l.flushCounts()
 			in.cfg.at(PointBeforePreCommit)
 			start := now
 			records := 0
