@@ -75,25 +75,16 @@ func (b *epochBehind) writeDone() {
 // metrics) stays on the loop goroutine, so nothing else of the task, the
 // job's clock included, is used from two goroutines at once.
 func (l *loop) applyTasks(tasks []int32) error {
-	var todo []*task
-	for _, p := range tasks {
-		if t := l.tasks[p]; t != nil && t.marker != nil {
-			todo = append(todo, t)
-		}
-	}
-	if len(todo) == 0 {
-		// Nothing to write (an epoch that consumed nothing, as the
-		// one a rebalance asks for often is): the writes behind go on,
-		// and the loop with them, instead of waiting for a slow disk
-		// before it can answer the rebalance.
-		return nil
-	}
 	if err := l.settleApply(true); err != nil {
 		return err
 	}
-	metas := make([]kstate.Meta, len(todo))
-	for i, t := range todo {
-		metas[i] = t.epochMeta(l.in)
+	var todo []*task
+	var metas []kstate.Meta
+	for _, p := range tasks {
+		if t := l.tasks[p]; t != nil && t.marker != nil {
+			todo = append(todo, t)
+			metas = append(metas, t.epochMeta(l.in))
+		}
 	}
 	b := &epochBehind{tasks: todo, ckptAt: l.ckptAt, done: make(chan struct{})}
 	b.left.Store(int32(len(todo)) + 1) // one for this function, until every write started

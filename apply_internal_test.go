@@ -107,8 +107,7 @@ func applyFixture(t *testing.T, failing int32) (*loop, map[int32]kstate.Backend,
 // applyTasks returns with the tasks moved to the epoch and their stores
 // reading it, and once settled each backend has its key and its meta.
 // The rest of the apply reads the job's clock on the loop goroutine only
-// (racyClock, under the race detector). The apply of an epoch with
-// nothing to write returns at once, the writes still behind.
+// (racyClock, under the race detector).
 func TestApplyTasksWritesBackendsAtOnce(t *testing.T) {
 	l, inner, pair := applyFixture(t, -1)
 	pair.gate = make(chan struct{})
@@ -137,22 +136,6 @@ func TestApplyTasksWritesBackendsAtOnce(t *testing.T) {
 		// task, while the write may still read the epoch's meta: the
 		// race detector reports it if the two share the offsets.
 		tk.committed["in2"] = 0
-	}
-	// The next epoch consumed nothing (no task wrote a marker): its
-	// apply has nothing to write and does not wait for these writes,
-	// which it would until the gate opened.
-	b := l.behind
-	empty := make(chan error, 1)
-	go func() { empty <- l.applyTasks([]int32{0, 1, 2, 3}) }()
-	select {
-	case err := <-empty:
-		if err != nil || l.behind != b {
-			t.Fatalf("applyTasks of an empty epoch = %v, behind replaced %v; want nil, the writes still behind", err, l.behind != b)
-		}
-	case <-time.After(10 * time.Second):
-		close(pair.gate)
-		<-empty
-		t.Fatal("the apply of an epoch with nothing to write waited for the writes behind")
 	}
 	close(pair.gate)
 	if err := l.settleApply(true); err != nil {
