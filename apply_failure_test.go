@@ -523,11 +523,12 @@ func TestReleaseWaitsForTheWritesBehind(t *testing.T) {
 		}
 		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
 	}
-	if err := second.stop(); err != nil {
-		t.Fatalf("second instance: %v", err)
-	}
-	if err := first.stop(); err != nil {
-		t.Fatalf("first instance: %v", err)
+	second.cancel()
+	first.cancel()
+	for name, r := range map[string]*running{"first": first, "second": second} {
+		if ended, err := r.wait(time.Minute); !ended || err != nil {
+			t.Fatalf("%s instance: stopped %v within a minute, Run = %v", name, ended, err)
+		}
 	}
 	if got, _ := g.released.Load().(string); !strings.Contains(got, "3") {
 		t.Fatalf("the first instance released tasks %q, not task 3 whose write was held", got)

@@ -21,7 +21,8 @@ import (
 //   - the session's Produce may be called from any goroutine (franz-go),
 //     and its promises keep failures in atomics and under failures.mu;
 //   - budgetFull and refused are atomics;
-//   - recycled output records come from a sync.Pool (task.record);
+//   - recycled output records come from a list under a mutex
+//     (outSlots, task.record), each task taking them into its own stack;
 //   - the job's functions and Options.Clock are documented to be called
 //     concurrently for different tasks (Options.Parallelism), and an
 //     Options.Sink's methods from any goroutine (txsink.EpochSink).

@@ -3,7 +3,10 @@ package sluice
 import (
 	"context"
 	"reflect"
+	"runtime"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -40,8 +43,8 @@ func TestRecycleClearsEveryRecordField(t *testing.T) {
 	}
 }
 
-// A copy of a task.record record does not put its slot in the pool: the
-// slot would then be handed out twice.
+// A copy of a task.record record does not put its slot in the free list:
+// the slot would then be handed out twice.
 func TestRecycleIgnoresCopies(t *testing.T) {
 	tk := &task{p: 1}
 	r := tk.record(false)
@@ -61,10 +64,12 @@ func TestRecycledRecordsAreReused(t *testing.T) {
 	r := a.record(false)
 	recycle(r)
 	got := b.record(true)
-	if got != r {
+	// A promise of an earlier test's instance may have put a slot after
+	// r: then r is among b's spares.
+	if got != r && !slices.Contains(b.spare, r.Context.(*outCtx).slot) {
 		t.Fatal("task.record did not reuse the recycled record")
 	}
-	if c := got.Context.(*outCtx); !c.explicit || c.task != 2 || c.slot == nil {
+	if c := got.Context.(*outCtx); !c.explicit || c.task != 2 || c.slot == nil || &c.slot.rec != got {
 		t.Fatalf("reused record's context = %+v", c)
 	}
 }
@@ -87,5 +92,58 @@ func TestSlotListIsBounded(t *testing.T) {
 	}
 	if again := l.take(nil, 1); len(again) != 0 {
 		t.Fatalf("took %d slots from an empty list", len(again))
+	}
+}
+
+// A trim drops the slots that were free at the trim before and that no
+// take has reached since: those a burst left behind.
+func TestSlotListTrimsWhatIsNotTaken(t *testing.T) {
+	var l slotList
+	slab := make([]outSlot, 10)
+	for i := range 6 {
+		l.put(&slab[i])
+	}
+	l.trim() // the first: nothing was free before it
+	if len(l.free) != 6 {
+		t.Fatalf("%d free after the first trim, want 6", len(l.free))
+	}
+	l.take(nil, 2) // reaches 2 of the 6: 4 were not needed
+	for i := 6; i < 10; i++ {
+		l.put(&slab[i])
+	}
+	l.trim()
+	if len(l.free) != 4 || l.free[0] != &slab[6] {
+		t.Fatalf("%d free after the second trim, want the 4 put since", len(l.free))
+	}
+	l.trim() // nothing taken since: all go
+	if len(l.free) != 0 {
+		t.Fatalf("%d free after a trim with no take since the one before, want 0", len(l.free))
+	}
+}
+
+// outSlots is trimmed at every garbage collection: slots put back and not
+// taken again are let go after two.
+func TestOutSlotsAreTrimmedByTheCollector(t *testing.T) {
+	mine := newSlots(nil)
+	for _, s := range mine {
+		outSlots.put(s)
+	}
+	held := func() bool {
+		outSlots.mu.Lock()
+		defer outSlots.mu.Unlock()
+		for _, s := range outSlots.free {
+			if slices.Contains(mine, s) {
+				return true
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for held() {
+		if time.Now().After(deadline) {
+			t.Fatal("the free list still held the slots after 30 s of garbage collections")
+		}
+		runtime.GC()                        // the cleanup that trims runs after it, on a goroutine of its own
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
 	}
 }

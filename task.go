@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -34,11 +35,11 @@ type task struct {
 	next      map[string]int64
 	advanced  bool // records were consumed in the open epoch
 
-	// slab is the unused part of the records slab the task's outputs and
-	// changelog records come from (see record).
-	slab    []outSlot
-	spare   []*outSlot // slots taken from outSlots, for record
-	recSlab []Record   // the same for the Records handed to Process
+	// spare holds free record slots for the task's outputs and changelog
+	// records (see record); recSlab is the unused part of the slab of
+	// Records handed to Process.
+	spare   []*outSlot
+	recSlab []Record
 	// pclock is its records' processing time (proctime.go).
 	pclock procClock
 
@@ -353,30 +354,40 @@ func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...Heade
 
 // record returns a fresh record, its Context an outCtx (explicit says its
 // Partition is set by the caller): one franz-go is done with (recycle), or
-// else one from the task's slab. A slab holds many records and is dropped
-// whole by the garbage collector once none of them is in use, so outputs
-// and changelog records cost no allocation each, and recycled ones no
-// garbage either.
+// else one of a new slab. A slab holds many records and is dropped whole
+// by the garbage collector once none of them is in use, so outputs and
+// changelog records cost no allocation each, and recycled ones no garbage
+// either.
 func (t *task) record(explicit bool) *kgo.Record {
 	if len(t.spare) == 0 {
-		t.spare = outSlots.take(t.spare, spareSlots)
+		t.spare = outSlots.take(t.spare, slabLen)
+		if len(t.spare) == 0 {
+			t.spare = newSlots(t.spare)
+		}
 	}
-	var s *outSlot
-	if n := len(t.spare); n > 0 {
-		s, t.spare[n-1] = t.spare[n-1], nil
-		t.spare = t.spare[:n-1]
-	} else {
-		s = fromSlab(&t.slab)
-		// Set once for the slot's life: franz-go may still read a
-		// record's Context, and the Context's Done, on a goroutine of
-		// its own after the promise (waitUnknownTopic, for the first
-		// record to a topic it has no metadata for yet).
+	n := len(t.spare) - 1
+	s := t.spare[n]
+	t.spare[n] = nil
+	t.spare = t.spare[:n]
+	s.ctx.explicit, s.ctx.task, s.ctx.ref, s.ctx.dlq = explicit, t.p, inputRef{}, false
+	return &s.rec
+}
+
+// newSlots appends the slots of a new slab to dst. Each record's Context
+// is set once for the slot's life: franz-go may still read a record's
+// Context, and the Context's Done, on a goroutine of its own after the
+// promise (waitUnknownTopic, for the first record to a topic it has no
+// metadata for yet).
+func newSlots(dst []*outSlot) []*outSlot {
+	slab := make([]outSlot, slabLen)
+	for i := range slab {
+		s := &slab[i]
 		s.ctx.Context = context.Background()
 		s.rec.Context = &s.ctx
 		s.ctx.slot = s
+		dst = append(dst, s)
 	}
-	s.ctx.explicit, s.ctx.task, s.ctx.ref, s.ctx.dlq = explicit, t.p, inputRef{}, false
-	return &s.rec
+	return dst
 }
 
 // outSlots are records whose produce finished, for task.record to reuse.
@@ -386,24 +397,25 @@ var outSlots slotList
 // franz-go's goroutines and tasks take them on the loop's (or a worker's),
 // so a sync.Pool found its own P's share empty at almost every Get and
 // stole from another P's: three quarters of task.record's time in
-// aggregate's profile. Here a put costs a lock, and a task takes a batch
-// (spareSlots) at once into a spare stack of its own; neither side
-// allocates once warm. The batch is small so that slots circulate between
-// the tasks instead of gathering in one task's stack while the others
-// allocate new ones.
+// aggregate's profile. Here a put costs a lock, and a task takes a slab's
+// worth at once into a spare stack of its own (a new slab's when the list
+// is empty), so neither side allocates once warm and a task holds no more
+// spare slots than it did of its own slab before.
+//
+// Like a sync.Pool, the list lets go of what is not used: at each garbage
+// collection (trim) it drops the slots that were in it at the one before
+// and have not been taken since, so a burst's slots, and the slabs they
+// keep alive, go back to the collector once the burst is over.
 type slotList struct {
 	mu   sync.Mutex
-	free []*outSlot
+	free []*outSlot // a stack: the oldest at the bottom
+	low  int        // the fewest free slots since the last trim
 }
 
-// maxFreeSlots bounds the slots kept for reuse (a few MiB with their
-// slabs); beyond it a slot is left to the garbage collector. A steady
-// flow needs about what is in flight between a record's produce and its
-// acknowledgement.
+// maxFreeSlots bounds the slots kept for reuse (7.5 MiB of them); beyond
+// it a slot is left to the collector. A steady flow needs about what is in
+// flight between a record's produce and its acknowledgement.
 const maxFreeSlots = 1 << 15
-
-// spareSlots is how many free slots a task takes at once.
-const spareSlots = 256
 
 func (l *slotList) put(s *outSlot) {
 	l.mu.Lock()
@@ -421,9 +433,40 @@ func (l *slotList) take(dst []*outSlot, n int) []*outSlot {
 	dst = append(dst, l.free[k:]...)
 	clear(l.free[k:])
 	l.free = l.free[:k]
+	l.low = min(l.low, k)
 	l.mu.Unlock()
 	return dst
 }
+
+// trim drops the slots at the bottom of the stack that no take reached
+// since the last trim.
+func (l *slotList) trim() {
+	l.mu.Lock()
+	if n := l.low; n > 0 {
+		m := copy(l.free, l.free[n:])
+		clear(l.free[m:])
+		l.free = l.free[:m]
+	}
+	l.low = len(l.free)
+	l.mu.Unlock()
+}
+
+// gcTick is an object whose only use is to be collected: trimAtGC's
+// cleanup runs after the collection that freed it. It holds a pointer so
+// that it is not a tiny allocation, which may share its memory (and its
+// life) with other objects.
+type gcTick struct{ _ *int }
+
+// trimAtGC trims outSlots after the next garbage collection, and again
+// after every one after it.
+func trimAtGC() {
+	runtime.AddCleanup(new(gcTick), func(struct{}) {
+		outSlots.trim()
+		trimAtGC()
+	}, struct{}{})
+}
+
+func init() { trimAtGC() }
 
 // undo drops what the record or timer being handled did, when it failed:
 // its state writes, and its outputs, which were never produced (recycled,
