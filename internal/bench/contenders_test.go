@@ -250,8 +250,10 @@ func createTopics(b *testing.B, adm *kadm.Client, topics ...string) {
 
 // deleteTopics deletes the topics of a finished contender (its output,
 // changelog, and input for latency runs: all named group-...), so that the
-// broker's heap, and its GC, do not grow over the run and slow the later
-// contenders.
+// broker's heap, and its GC, grow less over the run. They still grow
+// (kfake keeps something of each contender), and the contender during
+// which the broker takes new memory from the OS pays for it (BENCHMARKS.md,
+// the slow rounds).
 func deleteTopics(b *testing.B, adm *kadm.Client, group string) {
 	td, err := adm.ListTopics(context.Background())
 	if err != nil {
