@@ -186,7 +186,15 @@ func restartAndCheck(t *testing.T, brokers []string, adm *kadm.Client, state, ap
 	opts := testOptions(brokers, app, jobs.Aggregate(), state)
 	opts.OutputTopic = "out"
 	consumed := consumedAll(adm, app, applyKeys*applyPerKey)
-	runUntil(t, opts, func(inst *sluice.Instance) bool { return inst.Ready() && consumed(inst) })
+	reg := opts.Registry.(*prometheus.Registry)
+	// Ready alone is not enough: an instance that joined the group but has
+	// not had its assignment yet is ready with no task (found in CI: the
+	// offsets were committed before the restart, and it stopped before
+	// restoring task 2). Every task must run, restored.
+	runUntil(t, opts, func(inst *sluice.Instance) bool {
+		running, err := check.MetricSum(reg, "sluice_tasks", "state", "running")
+		return err == nil && running == 4 && inst.Ready() && consumed(inst)
+	})
 	checkAggregations(t, state, app)
 }
 
