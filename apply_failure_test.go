@@ -166,6 +166,38 @@ func backends(task string, wrap func(kstate.Backend) kstate.Backend) func(kind, 
 	}
 }
 
+// aggregateOptions are app's instance options over state for the
+// aggregate job, its outputs to "out".
+func aggregateOptions(brokers []string, app, state string) sluice.Options {
+	opts := testOptions(brokers, app, jobs.Aggregate(), state)
+	opts.OutputTopic = "out"
+	return opts
+}
+
+// runningTasks is the instance's count of running tasks (sluice_tasks):
+// assigned, restored and fetching.
+func runningTasks(t *testing.T, opts sluice.Options) float64 {
+	t.Helper()
+	n, err := check.MetricSum(opts.Registry.(*prometheus.Registry), "sluice_tasks", "state", "running")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitUntil polls cond until it holds, failing the test if it does not
+// within a minute: what says what was waited for.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+	}
+}
+
 // wantApplyError waits for r to stop with task 2's failed apply.
 func wantApplyError(t *testing.T, r *running) {
 	t.Helper()
@@ -183,17 +215,14 @@ func wantApplyError(t *testing.T, r *running) {
 // the whole input, then checks every key's aggregation in the files.
 func restartAndCheck(t *testing.T, brokers []string, adm *kadm.Client, state, app string) {
 	t.Helper()
-	opts := testOptions(brokers, app, jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
+	opts := aggregateOptions(brokers, app, state)
 	consumed := consumedAll(adm, app, applyKeys*applyPerKey)
-	reg := opts.Registry.(*prometheus.Registry)
 	// Ready alone is not enough: an instance that joined the group but has
 	// not had its assignment yet is ready with no task (found in CI: the
 	// offsets were committed before the restart, and it stopped before
 	// restoring task 2). Every task must run, restored.
 	runUntil(t, opts, func(inst *sluice.Instance) bool {
-		running, err := check.MetricSum(reg, "sluice_tasks", "state", "running")
-		return err == nil && running == 4 && inst.Ready() && consumed(inst)
+		return runningTasks(t, opts) == 4 && inst.Ready() && consumed(inst)
 	})
 	checkAggregations(t, state, app)
 }
@@ -207,8 +236,7 @@ func TestFailedApplyStopsTheInstanceAndRestartRecovers(t *testing.T) {
 	brokers, adm := inputCluster(t, 4, nil)
 	var failed atomic.Bool
 	state := filepath.Join(t.TempDir(), "s")
-	opts := testOptions(brokers, "par-fail", jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
+	opts := aggregateOptions(brokers, "par-fail", state)
 	opts.OpenBackend = backends("task-0002", func(be kstate.Backend) kstate.Backend {
 		return failOnceBackend{Backend: be, failed: &failed}
 	})
@@ -249,8 +277,7 @@ func (b heldBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
 	brokers, adm := inputCluster(t, 4, nil)
 	state := filepath.Join(t.TempDir(), "s")
-	opts := testOptions(brokers, "behind-fail", jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
+	opts := aggregateOptions(brokers, "behind-fail", state)
 	var once sync.Once
 	var held atomic.Bool
 	release := make(chan struct{})
@@ -274,13 +301,7 @@ func TestFailedApplyBehindALaterCommitRecovers(t *testing.T) {
 	// that a later epoch has input to commit.
 	half := applyKeys * applyPerKey / 2
 	produceAggregateRange(t, brokers, 0, half)
-	deadline := time.Now().Add(time.Minute)
-	for !held.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("task 2's apply did not begin within a minute")
-		}
-		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
-	}
+	waitUntil(t, "task 2's apply to begin", held.Load)
 	produceAggregateRange(t, brokers, half, applyKeys*applyPerKey)
 	wantApplyError(t, r)
 	be, err := kstate.OpenBolt(filepath.Join(state, "behind-fail", "task-0002.db"))
@@ -337,8 +358,7 @@ func slowBackends(closedDuring *atomic.Bool) func(kind, dir, task string) (kstat
 func TestStopWaitsForTheWritesBehind(t *testing.T) {
 	brokers, adm := inputCluster(t, 4, nil)
 	state := filepath.Join(t.TempDir(), "s")
-	opts := testOptions(brokers, "behind-stop", jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
+	opts := aggregateOptions(brokers, "behind-stop", state)
 	var closedDuring atomic.Bool
 	opts.OpenBackend = slowBackends(&closedDuring)
 	produceAggregateInput(t, brokers)
@@ -363,17 +383,13 @@ func TestRebalanceWithWritesBehind(t *testing.T) {
 	brokers, _ := inputCluster(t, 4, nil)
 	var closedDuring atomic.Bool
 	slow := slowBackends(&closedDuring)
-	opts := testOptions(brokers, "behind-release", jobs.Aggregate(), filepath.Join(t.TempDir(), "s1"))
-	opts.OutputTopic = "out"
+	opts := aggregateOptions(brokers, "behind-release", filepath.Join(t.TempDir(), "s1"))
 	opts.OpenBackend = slow
 	first := startReady(t, opts)
 
-	opts2 := testOptions(brokers, "behind-release", jobs.Aggregate(), filepath.Join(t.TempDir(), "s2"))
+	opts2 := aggregateOptions(brokers, "behind-release", filepath.Join(t.TempDir(), "s2"))
 	opts2.InstanceID = "i2"
-	opts2.OutputTopic = "out"
 	opts2.OpenBackend = slow
-	reg2 := prometheus.NewRegistry()
-	opts2.Registry = reg2
 	inst2, err := sluice.New(opts2)
 	if err != nil {
 		t.Fatal(err)
@@ -385,14 +401,7 @@ func TestRebalanceWithWritesBehind(t *testing.T) {
 	// The input goes on until the second instance runs tasks the first
 	// let go, so that the first has epochs to write when it does.
 	deadline := time.Now().Add(time.Minute)
-	running := func() float64 {
-		n, err := check.MetricSum(reg2, "sluice_tasks", "state", "running")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	for n := 200; !inst2.Ready() || running() == 0; n += 20 {
+	for n := 200; !inst2.Ready() || runningTasks(t, opts2) == 0; n += 20 {
 		if time.Now().After(deadline) {
 			cancel()
 			t.Fatalf("the second instance was not ready within a minute (Run: %v)", <-done2)
@@ -484,8 +493,7 @@ func TestReleaseWaitsForTheWritesBehind(t *testing.T) {
 	brokers, adm := inputCluster(t, 4, nil)
 	g := &writeGate{open: make(chan struct{})}
 	state := filepath.Join(t.TempDir(), "s1")
-	opts := testOptions(brokers, "release-held", jobs.Aggregate(), state)
-	opts.OutputTopic = "out"
+	opts := aggregateOptions(brokers, "release-held", state)
 	opts.OpenBackend = g.backends()
 	opts.Logger = slog.New(opensOnRelease{slog.Default().Handler(), g})
 	first := startReady(t, opts)
@@ -498,39 +506,14 @@ func TestReleaseWaitsForTheWritesBehind(t *testing.T) {
 	last := applyKeys*applyPerKey - 1
 	produceAggregateRange(t, brokers, 0, last)
 	consumed := consumedAll(adm, "release-held", int64(last))
-	deadline := time.Now().Add(time.Minute)
-	for !consumed(nil) {
-		if time.Now().After(deadline) {
-			t.Fatal("the input was not committed within a minute")
-		}
-		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
-	}
+	waitUntil(t, "the input committed", func() bool { return consumed(nil) })
 	produceAggregateRange(t, brokers, last, last+1)
-	for g.held.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("task 3's last write did not begin within a minute")
-		}
-		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
-	}
+	waitUntil(t, "task 3's last write to begin", func() bool { return g.held.Load() > 0 })
 
-	opts2 := testOptions(brokers, "release-held", jobs.Aggregate(), filepath.Join(t.TempDir(), "s2"))
+	opts2 := aggregateOptions(brokers, "release-held", filepath.Join(t.TempDir(), "s2"))
 	opts2.InstanceID = "i2"
-	opts2.OutputTopic = "out"
-	reg2 := opts2.Registry.(*prometheus.Registry)
 	second := startReady(t, opts2)
-	for {
-		n, err := check.MetricSum(reg2, "sluice_tasks", "state", "running")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the second instance ran no task within a minute")
-		}
-		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
-	}
+	waitUntil(t, "the second instance to run a task", func() bool { return runningTasks(t, opts2) > 0 })
 	second.cancel()
 	first.cancel()
 	for name, r := range map[string]*running{"first": first, "second": second} {
