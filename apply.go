@@ -154,6 +154,17 @@ func (l *loop) settleApply(wait bool) error {
 	return nil
 }
 
+// settleOrStop is settleApply for the loop outside an apply (each poll, a
+// release, the session's end): a failed write stops the instance, with
+// barrier.ErrApplyFailed, as a failed apply does through the coordinator.
+func (l *loop) settleOrStop(wait bool) error {
+	if err := l.settleApply(wait); err != nil {
+		l.fatal = fmt.Errorf("%w: %w", barrier.ErrApplyFailed, err)
+		return l.fatal
+	}
+	return nil
+}
+
 // applyConcurrency is how many tasks apply an epoch at once: the cores,
 // and at least 2 so that one task's fsync overlaps another's pages.
 func applyConcurrency() int { return max(2, runtime.GOMAXPROCS(0)) }

@@ -153,9 +153,8 @@ func (l *loop) iterate() error {
 	if in.killed.Load() {
 		return errKilled
 	}
-	if err := l.settleApply(false); err != nil {
-		l.fatal = fmt.Errorf("%w: %w", barrier.ErrApplyFailed, err)
-		return l.fatal
+	if err := l.settleOrStop(false); err != nil {
+		return err
 	}
 	defer l.flushCounts() // also when the poll's processing failed
 	if err := l.installRestored(); err != nil {
@@ -992,9 +991,8 @@ func (l *loop) release(why string, gone []int32) error {
 		return err
 	}
 	// A released task's backend is closed: its write ends first.
-	if err := l.settleApply(true); err != nil {
-		l.fatal = fmt.Errorf("%w: %w", barrier.ErrApplyFailed, err)
-		return l.fatal
+	if err := l.settleOrStop(true); err != nil {
+		return err
 	}
 	for _, p := range gone {
 		if job := l.restoring[p]; job != nil {
@@ -1147,9 +1145,8 @@ func (l *loop) close() error {
 	}
 	// The backends' writes end before they close; one that failed leaves
 	// its backend behind the changelog, which the next start restores.
-	applyErr := l.settleApply(true)
+	applyErr := l.settleOrStop(true)
 	if applyErr != nil {
-		applyErr = fmt.Errorf("%w: %w", barrier.ErrApplyFailed, applyErr)
 		l.in.log.Warn("applying the last epoch to a task store failed; the next start restores it from the changelog", "err", applyErr)
 	}
 	for p, t := range l.tasks {
