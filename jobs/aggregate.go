@@ -118,7 +118,7 @@ func AggregateWith(o AggregateOptions) sluice.Job {
 		States: []string{aggregation.Name()},
 		Emits:  o.Emit,
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
-			v, err := strconv.ParseInt(string(rec.Value), 10, 64)
+			v, err := parseInt(rec.Value)
 			if err != nil {
 				return &sluice.DecodeError{Err: err}
 			}
