@@ -38,8 +38,9 @@ func (b failOnceBackend) Apply(muts []kstate.Mutation, meta kstate.Meta) error {
 
 const applyKeys, applyPerKey = 40, 25
 
-// running is an instance started by startReady.
+// running is an instance started by startInstance.
 type running struct {
+	inst   *sluice.Instance
 	done   chan error
 	cancel context.CancelFunc
 	once   sync.Once
@@ -65,21 +66,28 @@ func (r *running) stop() error {
 	return r.err
 }
 
-// startReady starts an instance of opts and waits until it is ready (every
-// task restored), so that the input produced next reaches every task in
-// the same epochs.
-func startReady(t *testing.T, opts sluice.Options) *running {
+// startInstance starts an instance of opts; the test's cleanup stops it.
+func startInstance(t *testing.T, opts sluice.Options) *running {
 	t.Helper()
 	inst, err := sluice.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{done: make(chan error, 1), cancel: cancel}
+	r := &running{inst: inst, done: make(chan error, 1), cancel: cancel}
 	go func() { r.done <- inst.Run(ctx) }()
 	t.Cleanup(func() { r.stop() })
+	return r
+}
+
+// startReady starts an instance of opts and waits until it is ready (every
+// task restored), so that the input produced next reaches every task in
+// the same epochs.
+func startReady(t *testing.T, opts sluice.Options) *running {
+	t.Helper()
+	r := startInstance(t, opts)
 	deadline := time.Now().Add(time.Minute)
-	for !inst.Ready() {
+	for !r.inst.Ready() {
 		if time.Now().After(deadline) {
 			t.Fatalf("not ready within a minute (Run: %v)", r.stop())
 		}

@@ -139,8 +139,8 @@ func New(cfg Options) (*Instance, error) {
 	return in, nil
 }
 
-// Ready reports whether the instance is in its group and every assigned
-// task has restored and is running.
+// Ready reports whether the instance is in its group, has received its
+// assignment, and every assigned task has restored and is running.
 func (in *Instance) Ready() bool { return in.ready.Load() }
 
 // now is the wall clock of the instance, for what runs on real time

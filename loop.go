@@ -68,6 +68,10 @@ type loop struct {
 	// attempts (see prefetch).
 	unavailable    bool
 	unavailableFor time.Duration
+	// assigned: the session received its first assignment. Between
+	// joining the group and that, the instance is a member with nothing
+	// to restore, and not ready: it does not know its tasks yet.
+	assigned bool
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
 	// promise goroutine); brokenErr says the session must be rebuilt once
@@ -161,7 +165,7 @@ func (l *loop) iterate() error {
 		return err
 	}
 	l.answerProbes()
-	in.ready.Store(len(l.restoring) == 0 && l.joined() && !l.unavailable)
+	in.ready.Store(l.assigned && len(l.restoring) == 0 && l.joined() && !l.unavailable)
 	l.sweepStateFiles()
 	l.purge()
 	if err := l.sinkIdle(); err != nil {
@@ -203,6 +207,7 @@ func (l *loop) iterate() error {
 			fs = nil // the consumer was rewound; these records come again
 		}
 		if ev.kind == "assigned" {
+			l.assigned = true
 			for _, p := range ev.tasks {
 				if l.ownsTask(p) {
 					l.startRestore(p)

@@ -30,9 +30,10 @@ func kill(in *Instance) {
 	in.wakeLoop()
 }
 
-// quiet reports whether in has nothing in flight: it is in its group, every
-// assigned task is restored and running, no epoch is open, and no timer is
-// due by its clock or watermark. Together with group offsets committed up to
+// quiet reports whether in has nothing in flight: it is in its group and
+// has received its assignment, every assigned task is restored and
+// running, no epoch is open, and no timer is due by its clock or
+// watermark. Together with group offsets committed up to
 // the inputs' ends, it says that everything sent so far has committed. A
 // task's last apply may still be running (kstate.Store.Behind): quiet is
 // about what Kafka holds, and the state files catch up on their own. The
@@ -66,7 +67,7 @@ func (l *loop) answerProbes() {
 }
 
 func (l *loop) isQuiet() bool {
-	if len(l.restoring) > 0 || !l.joined() || l.inTxn.Load() || l.coord.Phase() != barrier.Processing {
+	if !l.assigned || len(l.restoring) > 0 || !l.joined() || l.inTxn.Load() || l.coord.Phase() != barrier.Processing {
 		return false
 	}
 	now := l.in.clock.Now().UnixMilli()
