@@ -1,7 +1,9 @@
 // Command trace-loop reads an execution trace of a `make bench` contender
 // (BENCH_TRACE=dir) and says where its processing goroutine spent the
 // traced window: running, runnable (waiting for a CPU), waiting (with the
-// first frame of its stack that names what for) or in a system call.
+// first frame of its stack that names what for) or in a system call. For
+// each wait it also gives how many there were and the 50th, 90th and 99th
+// percentiles and the longest, so a share made of a few long waits shows.
 //
 //	cd scripts/trace-loop && go run . /tmp/trace/aggregate-eos-bbolt-100ms.trace
 //
@@ -17,6 +19,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -44,6 +47,7 @@ type goroutine struct {
 	label  string // what the current state waits on
 	isLoop bool
 	sums   map[string]time.Duration
+	spans  map[string][]time.Duration // each wait's length, by key (the processing goroutine's)
 }
 
 func (g *goroutine) key() string {
@@ -87,10 +91,14 @@ func run(path string, loop, wait *regexp.Regexp) error {
 		id := st.Resource.Goroutine()
 		g := gs[id]
 		if g == nil {
-			g = &goroutine{sums: map[string]time.Duration{}}
+			g = &goroutine{sums: map[string]time.Duration{}, spans: map[string][]time.Duration{}}
 			gs[id] = g
 		} else {
-			g.sums[g.key()] += ev.Time().Sub(g.since)
+			d := ev.Time().Sub(g.since)
+			g.sums[g.key()] += d
+			if g.isLoop && g.state == trace.GoWaiting {
+				g.spans[g.key()] = append(g.spans[g.key()], d)
+			}
 		}
 		stack := st.Stack
 		if stack == trace.NoStack {
@@ -131,6 +139,11 @@ func run(path string, loop, wait *regexp.Regexp) error {
 	for _, k := range keys {
 		if v := best.sums[k]; v*200 >= window { // 0.5 % and more
 			fmt.Printf("%6.1f %%  %8.1f ms  %s\n", 100*float64(v)/float64(window), float64(v)/1e6, k)
+			if ds := best.spans[k]; len(ds) > 0 {
+				slices.Sort(ds)
+				q := func(p float64) float64 { return float64(ds[int(p*float64(len(ds)-1))]) / 1e6 }
+				fmt.Printf("%21s%d waits, p50 %.2f ms, p90 %.2f ms, p99 %.2f ms, longest %.2f ms\n", "", len(ds), q(0.5), q(0.9), q(0.99), float64(ds[len(ds)-1])/1e6)
+			}
 		}
 	}
 	return nil
