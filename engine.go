@@ -139,8 +139,12 @@ func New(cfg Options) (*Instance, error) {
 	return in, nil
 }
 
-// Ready reports whether the instance is in its group, has received its
-// assignment, and every assigned task has restored and is running.
+// Ready reports whether the instance is in its group, has received the
+// session's first assignment, and every assigned task has restored and is
+// running. Under a cooperative protocol (cooperative-sticky, KIP-848) a
+// joining instance's first assignment can be empty while partitions move
+// off other members: it is then ready, with no task, until the follow-up
+// rebalance hands them over and their restores start.
 func (in *Instance) Ready() bool { return in.ready.Load() }
 
 // now is the wall clock of the instance, for what runs on real time

@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 			func() float64 { return float64(in.committedEpochs.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_open_transaction_age_seconds", Help: "Age of the open epoch's transaction, 0 when none is open."},
 			in.openTxnAge),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_ready", Help: "1 when every assigned task is restored and running."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_ready", Help: "1 when the instance is in its group, has received its first assignment, and every assigned task is restored and running."},
 			func() float64 {
 				if in.Ready() {
 					return 1

@@ -31,7 +31,7 @@ func kill(in *Instance) {
 }
 
 // quiet reports whether in has nothing in flight: it is in its group and
-// has received its assignment, every assigned task is restored and
+// has received the session's first assignment, every assigned task is restored and
 // running, no epoch is open, and no timer is due by its clock or
 // watermark. Together with group offsets committed up to
 // the inputs' ends, it says that everything sent so far has committed. A

@@ -2,6 +2,7 @@ package sluice_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,11 +25,21 @@ func TestNotReadyBeforeTheAssignment(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	held, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
 	c.ControlKey(int16(kmsg.SyncGroup), func(kmsg.Request) (kmsg.Response, error, bool) {
-		close(held)
-		c.SleepControl(func() { <-release })
 		c.DropControl() // the first SyncGroup only; the broker then answers it
+		first.Do(func() {
+			close(held)
+			c.SleepControl(func() { <-release })
+		})
 		return nil, nil, false
+	})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release) // a failure before the release: free the broker
+		}
 	})
 
 	opts := testOptions(c.ListenAddrs(), "ready", jobs.Echo(), t.TempDir())
