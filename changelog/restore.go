@@ -173,6 +173,8 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 		tail:   map[string][]byte{},
 		reader: newPartitionReader(p.Admin, cl, p.Topic, p.Partition),
 	}
+	r.takeBuffers()
+	defer r.putBuffers()
 	if p.RunsDir != "" {
 		// A crashed restore's runs are of no use: it applied nothing.
 		if err := os.RemoveAll(p.RunsDir); err != nil {
@@ -473,6 +475,9 @@ func (r *restorer) hold(key, value []byte) {
 	e := logEntry{Mutation: kstate.Mutation{Key: r.slab.copy(key)}, seq: len(r.ents)}
 	if value != nil {
 		e.Value = r.slab.copy(value)
+	}
+	if n := len(r.ents); n == cap(r.ents) && n >= growAfter {
+		r.ents = slices.Grow(r.ents, r.batchLen()-n)
 	}
 	r.ents = append(r.ents, e)
 	r.batchBytes += len(key) + len(value)

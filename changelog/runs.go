@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/kstate"
@@ -394,7 +395,7 @@ func (r *restorer) advance(h *sources) error {
 // order as read; otherwise it is sorted by key and place in the log, and
 // only the last entry of each key is kept.
 func (r *restorer) sortedBatch() []kstate.Mutation {
-	muts := r.muts[:0]
+	muts := slices.Grow(r.muts[:0], len(r.ents)) // one mutation an entry at most: one allocation, not doublings
 	ents := r.ents
 	if r.outOfOrder && len(ents) > 1 {
 		slices.SortFunc(ents, func(a, b logEntry) int {
@@ -412,6 +413,62 @@ func (r *restorer) sortedBatch() []kstate.Mutation {
 	}
 	r.muts = muts
 	return muts
+}
+
+// growAfter is how many entries a batch holds before it is grown to the
+// length its bounds will let it reach (batchLen) at once, rather than
+// doubling: doubling copied each batch's entries some twice over, 9 % of
+// a restore's CPU with half the changelog out of key order
+// (BENCHMARKS.md, "State size and restore").
+const growAfter = 1024
+
+// batchLen is how many entries the batch will hold when it is flushed, at
+// the mean size of its entries so far: BatchKeys, or fewer if BatchBytes
+// comes first (for a run, with what each entry costs beside its bytes).
+func (r *restorer) batchLen() int {
+	n := len(r.ents)
+	per := r.batchBytes/max(n, 1) + 1
+	if r.sorting && r.outOfOrder {
+		return max(n+1, r.p.BatchBytes/(per+runEntryOverhead))
+	}
+	return max(n+1, min(r.p.BatchKeys, r.p.BatchBytes/per))
+}
+
+// batchBufs are a restore's batch and its sorted mutations, kept for the
+// next restore (a task's restore grows them to its batches' length, and
+// an instance restores its tasks a few at a time).
+type batchBufs struct {
+	ents []logEntry
+	muts []kstate.Mutation
+}
+
+var batchBufPool sync.Pool
+
+func (r *restorer) takeBuffers() {
+	if b, ok := batchBufPool.Get().(*batchBufs); ok {
+		r.ents, r.muts = b.ents, b.muts
+	}
+}
+
+// putBuffers gives the batch's buffers back for the next restore.
+func (r *restorer) putBuffers() {
+	if b := r.releaseBuffers(); b != nil {
+		batchBufPool.Put(b)
+	}
+}
+
+// releaseBuffers takes the batch's buffers from r, emptied and holding
+// nothing they pointed to (the slab's chunks, the keys and values), or nil
+// if it had none.
+func (r *restorer) releaseBuffers() *batchBufs {
+	ents, muts := r.ents[:cap(r.ents)], r.muts[:cap(r.muts)]
+	clear(ents)
+	clear(muts)
+	r.ents, r.muts = nil, nil
+	if cap(ents) == 0 && cap(muts) == 0 {
+		return nil
+	}
+	return &batchBufs{ents: ents[:0], muts: muts[:0]}
 }
 
 func (r *restorer) clearBatch() {

@@ -298,3 +298,60 @@ func TestRestoreSortedTwoRounds(t *testing.T) {
 		})
 	}
 }
+
+// A batch grows once, past growAfter entries, to the length its bounds
+// let it reach at its entries' mean size.
+func TestBatchLenFollowsTheBounds(t *testing.T) {
+	r := &restorer{p: RestoreParams{BatchKeys: 10000, BatchBytes: 1 << 20}}
+	r.ents = make([]logEntry, 2000)
+	r.batchBytes = 2000 * 39 // 40 bytes an entry, rounded up
+	if got := r.batchLen(); got != 10000 {
+		t.Errorf("in key order, small entries: %d, want BatchKeys", got)
+	}
+	r.ents = make([]logEntry, 500)
+	r.batchBytes = 500 * 999 // 1,000 bytes an entry
+	if got, want := r.batchLen(), (1<<20)/1000; got != want {
+		t.Errorf("in key order, large entries: %d, want BatchBytes/1000 = %d", got, want)
+	}
+	r.sorting, r.outOfOrder = true, true
+	r.ents = make([]logEntry, 2000)
+	r.batchBytes = 2000 * 39
+	if got, want := r.batchLen(), (1<<20)/(40+runEntryOverhead); got != want {
+		t.Errorf("for a run: %d, want BatchBytes/(40+overhead) = %d", got, want)
+	}
+	r.batchBytes = 2000 << 20 // past the bound already: one more
+	if got := r.batchLen(); got != len(r.ents)+1 {
+		t.Errorf("past the bound: %d, want %d", got, len(r.ents)+1)
+	}
+}
+
+// The buffers a restore gives back for the next one point to nothing of
+// its batch, over their whole capacity.
+func TestReleasedBuffersHoldNothing(t *testing.T) {
+	var r restorer
+	for i := range 3 {
+		r.hold([]byte{byte(i)}, []byte("value"))
+	}
+	r.sortedBatch()
+	r.ents = r.ents[:1] // entries past the length are kept too
+	b := r.releaseBuffers()
+	if r.ents != nil || r.muts != nil {
+		t.Error("the restorer still has its buffers")
+	}
+	for i, e := range b.ents[:cap(b.ents)] {
+		if e.Key != nil || e.Value != nil || e.seq != 0 {
+			t.Errorf("entry %d holds %+v", i, e)
+		}
+	}
+	for i, m := range b.muts[:cap(b.muts)] {
+		if m.Key != nil || m.Value != nil {
+			t.Errorf("mutation %d holds %+v", i, m)
+		}
+	}
+	if len(b.ents) != 0 || len(b.muts) != 0 || cap(b.ents) < 3 || cap(b.muts) < 3 {
+		t.Errorf("buffers of length %d and %d, capacity %d and %d", len(b.ents), len(b.muts), cap(b.ents), cap(b.muts))
+	}
+	if (&restorer{}).releaseBuffers() != nil {
+		t.Error("a restorer with no buffers gave some")
+	}
+}
