@@ -253,6 +253,7 @@ type restorer struct {
 	// order; records after it to tail, until a later round finds a marker
 	// past them.
 	lastMarker int64
+	end        int64      // readTo's end, plus the tail it holds again: pos..end bounds what the batch may still take
 	ents       []logEntry // the batch, in log order (see hold)
 	slab       slab       // ents' keys and values
 	batchBytes int        // key and value bytes in the batch
@@ -331,6 +332,9 @@ func (r *restorer) readTo(ctx context.Context, end int64) error {
 	if err != nil {
 		return err
 	}
+	// At most this many entries join the batch in this read: the records
+	// left to it, and the tail held again below (batchLen).
+	r.end = end + int64(len(r.tail))
 	if m >= 0 {
 		// The tail read so far lies before this marker: it is part of
 		// the state after all, after the batch. Its keys are unique; in
@@ -456,16 +460,20 @@ func (r *restorer) add(rec *kgo.Record) error {
 	}
 	r.noteOrder(rec.Key)
 	r.hold(rec.Key, rec.Value)
-	if r.sorting && r.outOfOrder {
-		// A batch for a run is bounded by bytes alone, with what an
-		// entry costs beside its bytes: a run has no pages to bound.
-		if r.batchBytes+runEntryOverhead*len(r.ents) >= r.p.BatchBytes {
-			return r.flush(true)
-		}
-	} else if len(r.ents) >= r.p.BatchKeys || r.batchBytes >= r.p.BatchBytes {
+	if r.full() {
 		return r.flush(true)
 	}
 	return nil
+}
+
+// full reports whether the batch reached its bounds and must be flushed.
+func (r *restorer) full() bool {
+	if r.sorting && r.outOfOrder {
+		// A batch for a run is bounded by bytes alone, with what an
+		// entry costs beside its bytes: a run has no pages to bound.
+		return r.batchBytes+runEntryOverhead*len(r.ents) >= r.p.BatchBytes
+	}
+	return len(r.ents) >= r.p.BatchKeys || r.batchBytes >= r.p.BatchBytes
 }
 
 // hold adds an entry to the batch, copying its key and value into the slab

@@ -422,16 +422,23 @@ func (r *restorer) sortedBatch() []kstate.Mutation {
 // (BENCHMARKS.md, "State size and restore").
 const growAfter = 1024
 
-// batchLen is how many entries the batch will hold when it is flushed, at
-// the mean size of its entries so far: BatchKeys, or fewer if BatchBytes
-// comes first (for a run, with what each entry costs beside its bytes).
+// batchLen is how many entries the batch will hold when it is flushed (see
+// full), at the mean size of its entries so far: BatchKeys, or fewer if
+// BatchBytes comes first (for a run, with what each entry costs beside its
+// bytes); and no more than the records left to read can add, so that a
+// short restore, which no RestoreConcurrency turn bounds, does not hold a
+// batch sized for 16 MiB. Always at least one more than it holds.
 func (r *restorer) batchLen() int {
 	n := len(r.ents)
-	per := r.batchBytes/max(n, 1) + 1
+	mean := max(r.batchBytes/max(n, 1), 1) // rounded down: the flush comes no sooner
+	var bound int
 	if r.sorting && r.outOfOrder {
-		return max(n+1, r.p.BatchBytes/(per+runEntryOverhead))
+		bound = r.p.BatchBytes/(mean+runEntryOverhead) + 1
+	} else {
+		bound = min(r.p.BatchKeys, r.p.BatchBytes/mean+1)
 	}
-	return max(n+1, min(r.p.BatchKeys, r.p.BatchBytes/per))
+	left := n + 1 + int(max(0, r.end-r.pos))
+	return max(n+1, min(bound, left))
 }
 
 // batchBufs are a restore's batch and its sorted mutations, kept for the

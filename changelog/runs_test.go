@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -299,29 +300,79 @@ func TestRestoreSortedTwoRounds(t *testing.T) {
 	}
 }
 
-// A batch grows once, past growAfter entries, to the length its bounds
-// let it reach at its entries' mean size.
+// batchLen: BatchKeys, or what BatchBytes leaves room for at the batch's
+// mean entry size (rounded down), and never more than the records left.
 func TestBatchLenFollowsTheBounds(t *testing.T) {
-	r := &restorer{p: RestoreParams{BatchKeys: 10000, BatchBytes: 1 << 20}}
+	r := &restorer{p: RestoreParams{BatchKeys: 10000, BatchBytes: 1 << 20}, end: 1 << 40}
 	r.ents = make([]logEntry, 2000)
-	r.batchBytes = 2000 * 39 // 40 bytes an entry, rounded up
+	r.batchBytes = 2000 * 40
 	if got := r.batchLen(); got != 10000 {
 		t.Errorf("in key order, small entries: %d, want BatchKeys", got)
 	}
 	r.ents = make([]logEntry, 500)
-	r.batchBytes = 500 * 999 // 1,000 bytes an entry
-	if got, want := r.batchLen(), (1<<20)/1000; got != want {
-		t.Errorf("in key order, large entries: %d, want BatchBytes/1000 = %d", got, want)
+	r.batchBytes = 500 * 1000
+	if got, want := r.batchLen(), (1<<20)/1000+1; got != want {
+		t.Errorf("in key order, large entries: %d, want %d", got, want)
 	}
 	r.sorting, r.outOfOrder = true, true
 	r.ents = make([]logEntry, 2000)
-	r.batchBytes = 2000 * 39
-	if got, want := r.batchLen(), (1<<20)/(40+runEntryOverhead); got != want {
-		t.Errorf("for a run: %d, want BatchBytes/(40+overhead) = %d", got, want)
+	r.batchBytes = 2000 * 40
+	if got, want := r.batchLen(), (1<<20)/(40+runEntryOverhead)+1; got != want {
+		t.Errorf("for a run: %d, want %d", got, want)
 	}
-	r.batchBytes = 2000 << 20 // past the bound already: one more
+	r.pos = r.end - 300 // 300 records left to read
+	if got, want := r.batchLen(), 2000+1+300; got != want {
+		t.Errorf("300 records left: %d, want %d", got, want)
+	}
+	r.pos = r.end
+	r.batchBytes = 2000 << 20 // past the bounds already: one more
 	if got := r.batchLen(); got != len(r.ents)+1 {
-		t.Errorf("past the bound: %d, want %d", got, len(r.ents)+1)
+		t.Errorf("past the bounds: %d, want %d", got, len(r.ents)+1)
+	}
+}
+
+// Holding records until the batch is full grows it once past growAfter
+// (not by doubling), to no more than the flush needs; a short restore's
+// batch is sized by its records, not by the bounds.
+func TestBatchGrowsOnce(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		sorted    bool
+		records   int // left to read; 0: more than the batch takes
+		valueSize int
+	}{
+		{"in key order", true, 0, 30},
+		{"in key order, large values", true, 0, 3000},
+		{"a run", false, 0, 30},
+		{"a run, large values", false, 0, 3000},
+		{"a run, 2,000 records", false, 2000, 30},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := &restorer{p: RestoreParams{BatchKeys: 10000, BatchBytes: 16 << 20}, sorting: true, outOfOrder: !c.sorted, end: 1 << 40}
+			if c.records > 0 {
+				r.end = int64(c.records)
+			}
+			value := make([]byte, c.valueSize)
+			grows, held := 0, 0
+			for i := 0; c.records == 0 || i < c.records; i++ {
+				before := cap(r.ents)
+				r.hold(fmt.Appendf(nil, "key-%08d", i), value)
+				r.pos = int64(i) + 1
+				held++
+				if cap(r.ents) != before && before >= growAfter {
+					grows++
+				}
+				if r.full() {
+					break
+				}
+			}
+			if grows > 1 {
+				t.Errorf("grew %d times past %d entries; want once", grows, growAfter)
+			}
+			if held > growAfter && cap(r.ents) > 2*held {
+				t.Errorf("%d entries held in a batch of capacity %d", held, cap(r.ents))
+			}
+		})
 	}
 }
 
@@ -333,7 +384,7 @@ func TestReleasedBuffersHoldNothing(t *testing.T) {
 		r.hold([]byte{byte(i)}, []byte("value"))
 	}
 	r.sortedBatch()
-	r.ents = r.ents[:1] // entries past the length are kept too
+	r.ents, r.muts = r.ents[:1], r.muts[:1] // past the length they are kept too
 	b := r.releaseBuffers()
 	if r.ents != nil || r.muts != nil {
 		t.Error("the restorer still has its buffers")
