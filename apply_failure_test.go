@@ -398,26 +398,18 @@ func TestRebalanceWithWritesBehind(t *testing.T) {
 	opts2 := aggregateOptions(brokers, "behind-release", filepath.Join(t.TempDir(), "s2"))
 	opts2.InstanceID = "i2"
 	opts2.OpenBackend = slow
-	inst2, err := sluice.New(opts2)
-	if err != nil {
-		t.Fatal(err)
-	}
 	produceAggregateRange(t, brokers, 0, 200)
-	ctx, cancel := context.WithCancel(context.Background())
-	done2 := make(chan error, 1)
-	go func() { done2 <- inst2.Run(ctx) }()
+	second := startInstance(t, opts2)
 	// The input goes on until the second instance runs tasks the first
 	// let go, so that the first has epochs to write when it does.
 	deadline := time.Now().Add(time.Minute)
-	for n := 200; !inst2.Ready() || runningTasks(t, opts2) == 0; n += 20 {
+	for n := 200; !second.inst.Ready() || runningTasks(t, opts2) == 0; n += 20 {
 		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("the second instance was not ready within a minute (Run: %v)", <-done2)
+			t.Fatalf("the second instance was not ready within a minute (Run: %v)", second.stop())
 		}
 		produceAggregateRange(t, brokers, n, n+20)
 	}
-	cancel()
-	if err := <-done2; err != nil {
+	if err := second.stop(); err != nil {
 		t.Fatalf("second instance: %v", err)
 	}
 	if err := first.stop(); err != nil {
