@@ -197,6 +197,13 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 		},
 		Apply: func(muts []kstate.Mutation, m kstate.Meta) error {
 			wrote = true
+			// A store loaded from empty (or from partial) in many
+			// batches: one that is whole takes the few records it
+			// missed with the freelist that spares its next open a
+			// walk over every page after a crash.
+			if bulk, ok := be.(kstate.BulkApplier); ok && runs != "" {
+				return bulk.ApplyBulk(muts, m)
+			}
 			return be.Apply(muts, m)
 		},
 		Progress: func(done, remaining int64) {

@@ -147,6 +147,15 @@ type Backend interface {
 	Close() error
 }
 
+// BulkApplier is a Backend with a cheaper Apply for loading a store in many
+// batches, as a restore from the changelog does.
+type BulkApplier interface {
+	// ApplyBulk is Apply, as atomic, but may leave unwritten what only
+	// speeds up the next open (bbolt's freelist), so a crash before the
+	// next Apply or Close makes that open slower: it reads every page.
+	ApplyBulk(muts []Mutation, meta Meta) error
+}
+
 // Backend kinds accepted by Open and Remove.
 const (
 	BoltBackend   = "bbolt"

@@ -26,10 +26,40 @@ var (
 	statsKey    = []byte("stats")
 	// cleanKey is present while the file is closed cleanly: Close writes
 	// it, open removes it. A file opened without it was not closed (a
-	// crash, a kill -9, a full disk), and gets bbolt's full consistency
-	// check before it is trusted; a clean file skips that cost.
+	// crash, a kill -9, a full disk), and has every page read and checked
+	// before it is trusted (checkPages), unless it crashed on this boot
+	// (bootKey, uncheckedKey); a clean file skips that cost.
 	cleanKey = []byte("clean")
+	// bootKey holds the boot (bootID) of the open that last wrote the
+	// file. A process that dies on the machine's boot leaves its file as
+	// its last commit left it: bbolt writes a commit's pages to pages no
+	// committed tree uses, then its meta page (checksummed, one of two),
+	// and the page cache holds what was written whatever became of the
+	// process. Torn or lost writes take the machine going down (power, a
+	// kernel panic) or a disk that drops them, and both come back on
+	// another boot. So an open after a crash on the same boot need not
+	// read the pages, and a restart after a kill -9 does not grow with the
+	// state.
+	bootKey = []byte("boot")
+	// uncheckedKey is present while the file has been opened after a
+	// crash without its pages being read, and not closed cleanly since.
+	// The next open after another crash reads them whatever the boot:
+	// damage done to the file at rest, which a crash cannot do but a read
+	// of the damaged page stopping the process can look like, is then
+	// found at the second start, not read again at every one.
+	uncheckedKey = []byte("unchecked")
 )
+
+// bootID names the machine's current boot: Linux's random boot_id, which
+// a container shares with its host. It is "" where there is none, and then
+// every open after a crash reads the pages. Tests replace it.
+var bootID = sync.OnceValue(func() string {
+	raw, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return string(bytes.TrimSpace(raw))
+})
 
 // boltBackend is the on-disk backend: one bbolt file per task, entries in the
 // "state" bucket, and in the "meta" bucket the Meta plus the entry count and
@@ -61,16 +91,14 @@ type boltBackend struct {
 	// a Store asks for only when its write-sets do not hold the key
 	// (Store.ApplyBehind), so the write does not change it.
 	writing atomic.Bool
-
-	checkErr error // the consistency check's first finding, at open
 }
 
 // OpenBolt opens or creates the bbolt file at path, creating its directory.
 //
-// The freelist is kept as a hash map and not synced by commits
-// (NoFreelistSync): state files churn a lot of pages per epoch, and
-// writing the freelist on every commit costs more than rebuilding it at an
-// open after a crash. Close writes it once, so a clean restart reads it.
+// The freelist is kept as a hash map and written by every commit but a
+// restore's batches (ApplyBulk), so an open reads it instead of walking
+// every page to rebuild it: after a crash on the same boot (see bootKey),
+// the open does not grow with the state.
 func OpenBolt(path string) (Backend, error) {
 	return openBolt(path, DefaultLockTimeout)
 }
@@ -97,31 +125,35 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 		}
 	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
-		Timeout:        lockTimeout,
-		NoFreelistSync: true,
-		FreelistType:   bolt.FreelistMapType,
+		Timeout:      lockTimeout,
+		FreelistType: bolt.FreelistMapType,
 	})
 	if err != nil {
 		return nil, openErr(path, lockTimeout, err)
 	}
 	b = &boltBackend{db: db, path: path}
+	boot := bootID()
 	err = db.Update(func(tx *bolt.Tx) error {
-		// Not closed cleanly: check every page before the file is
-		// trusted. If bbolt rebuilt the freelist at Open, readEveryPage
-		// ran this check's page checks already (see checkFile), unless
-		// the file took a commit between the two (another process that
-		// had it open in the moment between them).
-		walked := rebuild && uint64(tx.ID()) == m.txid+1
-		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil && !walked {
-			for err := range tx.Check() {
-				// Drain the channel: Check's goroutine ends only
-				// after every error was received.
-				if b.checkErr == nil {
-					b.checkErr = fmt.Errorf("%w: %s failed bbolt's consistency check after an unclean close: %v", ErrCorrupt, path, err)
+		unchecked := false // trusted after a crash without reading its pages
+		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil {
+			// Not closed cleanly. bbolt holds the file's lock now,
+			// and this transaction has written nothing yet: the meta
+			// read here is the one it opened.
+			cur, err := checkFile(path)
+			switch {
+			case err != nil:
+				return err
+			case rebuild && cur.root == m.root:
+				// readEveryPage checked this tree already (bbolt's
+				// Open commits nothing but a freelist after a rebuild;
+				// a commit of another process that had the file in
+				// the moment between them would have a new root).
+			case boot != "" && string(mb.Get(bootKey)) == boot && mb.Get(uncheckedKey) == nil:
+				unchecked = true
+			default:
+				if err := checkPages(path, *cur); err != nil {
+					return err
 				}
-			}
-			if b.checkErr != nil {
-				return b.checkErr
 			}
 		}
 		st, err := tx.CreateBucketIfNotExists(stateBucket)
@@ -138,6 +170,17 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 			}
 		}
 		if err := mb.Delete(cleanKey); err != nil {
+			return err
+		}
+		if err := mb.Put(bootKey, []byte(boot)); err != nil {
+			return err
+		}
+		if unchecked {
+			err = mb.Put(uncheckedKey, []byte{1})
+		} else {
+			err = mb.Delete(uncheckedKey)
+		}
+		if err != nil {
 			return err
 		}
 		if raw := mb.Get(statsKey); raw != nil {
@@ -176,21 +219,23 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 // instead of returning an error. It returns the meta page bbolt will use,
 // nil for a file bbolt has yet to initialise.
 //
-// When that meta has no freelist synced (every commit leaves it so, with
-// NoFreelistSync; only Close writes one), bbolt's Open rebuilds the
-// freelist by walking every page reachable from the root (freepages),
-// with the page checks of Tx.Check: each page referenced once, in bounds,
-// a branch or leaf page, keys in order. That walk runs in a goroutine of
-// its own, where a page that cannot be read panics past any recover, and a
-// finding panics the opening goroutine while the walk goes on reading
-// (after its transaction was closed under it). So openBolt first runs the
-// same checks where a finding is an error (readEveryPage), and bbolt's
-// walk then finds nothing. What Tx.Check adds, a freelist against the
-// reachable pages, holds by construction for a freelist built as their
-// complement, so it is not run again.
+// When that meta has no freelist synced (a restore's batches leave it so,
+// ApplyBulk, and so did every commit before the hot path synced it),
+// bbolt's Open rebuilds the freelist by walking every page reachable
+// from the root (freepages), with the page checks of Tx.Check: each page
+// referenced once, in bounds, a branch or leaf page, keys in order. That
+// walk runs in a goroutine of its own, where a page that cannot be read
+// panics past any recover, and a finding panics the opening goroutine
+// while the walk goes on reading (after its transaction was closed under
+// it). So openBolt first runs the same checks where a finding is an error
+// (readEveryPage), and bbolt's walk then finds nothing. What Tx.Check
+// adds, a freelist against the reachable pages, holds by construction for
+// a freelist built as their complement, so it is not run again.
 //
-// When the freelist is synced (a clean close), bbolt reads it instead:
-// checkFreelist makes sure that page is whole first.
+// When the freelist is synced, bbolt reads it instead: checkFreelist makes
+// sure that page is whole first. After a crash, the open then checks the
+// pages as bbolt would not (checkPages), unless the crash was on this boot
+// (see bootKey).
 func checkFile(path string) (*boltMetaPage, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -325,9 +370,23 @@ func (b *boltBackend) ScanFrom(prefix, start []byte, fn func(k, v []byte) error)
 	})
 }
 
-// Apply is one bbolt Update: the entries, the meta and the stats commit
-// together or not at all.
+// Apply is one bbolt Update: the entries, the meta, the stats and the
+// freelist commit together or not at all.
 func (b *boltBackend) Apply(muts []Mutation, meta Meta) error {
+	return b.apply(muts, meta, true)
+}
+
+// ApplyBulk is Apply without the freelist: a restore's batches write a
+// fresh tree, and writing the freelist at each of them cost a full
+// restore some of its rate. The store's next Apply or Close writes it; a
+// crash before that leaves a file whose open rebuilds the freelist by
+// reading every page, as after a restore that crashed, which has its
+// work to redo anyway.
+func (b *boltBackend) ApplyBulk(muts []Mutation, meta Meta) error {
+	return b.apply(muts, meta, false)
+}
+
+func (b *boltBackend) apply(muts []Mutation, meta Meta, syncFreelist bool) error {
 	muts, err := prepareMutations(muts)
 	if err != nil {
 		return err
@@ -335,7 +394,7 @@ func (b *boltBackend) Apply(muts []Mutation, meta Meta) error {
 	b.mu.Lock()
 	stats := b.stats
 	b.mu.Unlock()
-	err = b.update(func(tx *bolt.Tx) error {
+	err = b.update(syncFreelist, func(tx *bolt.Tx) error {
 		st := tx.Bucket(stateBucket)
 		c := st.Cursor()
 		appending := appends(c, muts)
@@ -422,12 +481,15 @@ func (b *boltBackend) Close() error {
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	b.endRead()
-	// The last commit writes the freelist (only this one: see OpenBolt),
-	// so the next open reads it instead of walking every page to rebuild
-	// it: a restart after a clean close does not grow with the state.
+	// The last commit writes the freelist (as every commit but
+	// ApplyBulk's does: see OpenBolt).
 	b.db.NoFreelistSync = false
 	markErr := b.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(metaBucket).Put(cleanKey, []byte{1})
+		mb := tx.Bucket(metaBucket)
+		if err := mb.Delete(uncheckedKey); err != nil {
+			return err
+		}
+		return mb.Put(cleanKey, []byte{1})
 	})
 	if err := b.db.Close(); err != nil {
 		return fmt.Errorf("kstate: close %s: %w", b.path, err)
@@ -442,13 +504,15 @@ func (b *boltBackend) view(fn func(*bolt.Tx) error) error {
 	return b.closedErr(b.db.View(fn))
 }
 
-// update runs fn in a write transaction. fn must not call Get (rmu is held).
-func (b *boltBackend) update(fn func(*bolt.Tx) error) error {
+// update runs fn in a write transaction, whose commit writes the freelist
+// if syncFreelist is set. fn must not call Get (rmu is held).
+func (b *boltBackend) update(syncFreelist bool, fn func(*bolt.Tx) error) error {
 	b.writing.Store(true)
 	defer b.writing.Store(false)
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	b.endRead()
+	b.db.NoFreelistSync = !syncFreelist // read by the commit, which rmu orders
 	return b.closedErr(b.db.Update(fn))
 }
 

@@ -245,8 +245,9 @@ func junkPage(t *testing.T, pg *rawPage) {
 	p.write(t)
 }
 
-// patchAfterCrash makes the file look as after a crash (no clean mark),
-// committing that with opts, then lets patch damage its pages.
+// patchAfterCrash makes the file look as after the machine went down (no
+// clean mark, written on another boot), committing that with opts, then
+// lets patch damage its pages.
 func patchAfterCrash(t *testing.T, path string, opts *bolt.Options, patch func(*testing.T, *rawPage)) {
 	t.Helper()
 	db, err := bolt.Open(path, 0o600, opts)
@@ -256,7 +257,11 @@ func patchAfterCrash(t *testing.T, path string, opts *bolt.Options, patch func(*
 	var root uint64
 	err = db.Update(func(tx *bolt.Tx) error {
 		root = uint64(tx.Bucket(stateBucket).Root())
-		return tx.Bucket(metaBucket).Delete(cleanKey)
+		mb := tx.Bucket(metaBucket)
+		if err := mb.Put(bootKey, []byte("a boot before")); err != nil {
+			return err
+		}
+		return mb.Delete(cleanKey)
 	})
 	db.Close()
 	if err != nil {
@@ -284,12 +289,12 @@ func TestBoltCleanReopen(t *testing.T) {
 	}
 }
 
-// Close writes the freelist, so the next open reads it instead of walking
-// every page; the first commit after that open unsyncs it again, so a
-// crash then leaves a file whose open rebuilds it (and checks every page
-// doing so). Through the whole cycle the data stays and bbolt's own check
-// finds nothing.
-func TestBoltFreelistSyncedOnlyByClose(t *testing.T) {
+// Every commit writes the freelist, so an open reads it instead of
+// walking every page, except ApplyBulk's: a crash after one leaves a file
+// whose open rebuilds it (and checks every page doing so), and the next
+// Apply writes it again. Through the whole cycle the data stays and
+// bbolt's own check finds nothing.
+func TestBoltFreelistSyncedButByApplyBulk(t *testing.T) {
 	path := writeFile(t)
 	if synced, err := freelistSynced(path); err != nil || !synced {
 		t.Fatalf("after a clean close: freelist synced %v, %v", synced, err)
@@ -298,28 +303,34 @@ func TestBoltFreelistSyncedOnlyByClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if synced, err := freelistSynced(path); err != nil || synced {
+	if synced, err := freelistSynced(path); err != nil || !synced {
 		t.Fatalf("once opened: freelist synced %v, %v", synced, err)
 	}
-	more := []Mutation{{Key: EncodeKey(KindKeyed, "s", []byte("new"), nil), Value: []byte("v")}}
-	if err := b.Apply(more, Meta{Epoch: 4, ChangelogOffset: 11, Offsets: map[string]int64{"in": 8}}); err != nil {
+	key := func(s string) []byte { return EncodeKey(KindKeyed, "s", []byte(s), nil) }
+	if err := b.Apply([]Mutation{{Key: key("a"), Value: []byte("v")}}, Meta{Epoch: 4, ChangelogOffset: 11, Offsets: map[string]int64{"in": 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if synced, err := freelistSynced(path); err != nil || !synced {
+		t.Fatalf("after an Apply: freelist synced %v, %v", synced, err)
+	}
+	if err := b.ApplyBulk([]Mutation{{Key: key("b"), Value: []byte("v")}}, Meta{Epoch: 5, ChangelogOffset: 12, Offsets: map[string]int64{"in": 9}}); err != nil {
 		t.Fatal(err)
 	}
 	// A crash: the file is released without Close's last commit.
-	b.endRead()
-	if err := b.db.Close(); err != nil {
-		t.Fatal(err)
-	}
+	crash(t, b)
 	if synced, err := freelistSynced(path); err != nil || synced {
-		t.Fatalf("after a crash: freelist synced %v, %v", synced, err)
+		t.Fatalf("after an ApplyBulk and a crash: freelist synced %v, %v", synced, err)
 	}
-	re, err := OpenBolt(path)
+	re, err := openBolt(path, DefaultLockTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m, err := re.Meta()
-	if err != nil || m.Epoch != 4 || re.Stats().Keys != 2001 {
+	if err != nil || m.Epoch != 5 || re.Stats().Keys != 2002 {
 		t.Fatalf("after the crash: meta %+v, %d keys, %v", m, re.Stats().Keys, err)
+	}
+	if synced, err := freelistSynced(path); err != nil || !synced {
+		t.Fatalf("reopened: freelist synced %v, %v", synced, err)
 	}
 	if err := re.Close(); err != nil {
 		t.Fatal(err)
@@ -338,6 +349,180 @@ func TestBoltFreelistSyncedOnlyByClose(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("bbolt's check of the file: %v", err)
+	}
+}
+
+// crash releases b's file as a process that died would: no Close.
+func crash(t *testing.T, b *boltBackend) {
+	t.Helper()
+	b.endRead()
+	if err := b.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// After a crash on the same boot the open trusts the file without reading
+// its pages, once: the open after a second crash without a clean close
+// between reads them, and so does an open on another boot. Damage at rest
+// stands in for what only that read would find.
+func TestBoltCrashOnTheSameBoot(t *testing.T) {
+	boot := "boot-1"
+	defer func(f func() string) { bootID = f }(bootID)
+	bootID = func() string { return boot }
+	key := func(i int) []byte { return EncodeKey(KindKeyed, "s", []byte{byte(i >> 8), byte(i)}, nil) }
+
+	// openCrashed opens path, reads a key, and crashes.
+	openCrashed := func(t *testing.T, path string) error {
+		t.Helper()
+		b, err := openBolt(path, DefaultLockTimeout)
+		if err != nil {
+			return err
+		}
+		if v, ok, err := b.Get(key(1)); err != nil || !ok || len(v) != 100 {
+			t.Fatalf("get: %d bytes, %v, %v", len(v), ok, err)
+		}
+		crash(t, b)
+		return nil
+	}
+	// damage makes the first leaf junk, a page no open reads but the check.
+	damage := func(t *testing.T, path string) {
+		t.Helper()
+		db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var root uint64
+		err = db.View(func(tx *bolt.Tx) error {
+			root = uint64(tx.Bucket(stateBucket).Root())
+			return nil
+		})
+		db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		pg := &rawPage{f: f, root: root}
+		leaf := pg.read(t, pg.child(t, pg.read(t, root), 0))
+		for i := range leaf.b {
+			leaf.b[i] = 0xA5
+		}
+		leaf.write(t)
+	}
+
+	t.Run("one crash is trusted", func(t *testing.T) {
+		path := writeFile(t)
+		if err := openCrashed(t, path); err != nil {
+			t.Fatal(err)
+		}
+		damage(t, path)
+		b, err := openBolt(path, DefaultLockTimeout)
+		if err != nil {
+			t.Fatalf("open after a crash on the same boot: %v, want no page read", err)
+		}
+		crash(t, b)
+		// The second crash in a row: the pages are read.
+		if _, err := openBolt(path, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("open after a second crash: %v, want ErrCorrupt", err)
+		}
+	})
+	t.Run("a clean close trusts the next crash again", func(t *testing.T) {
+		path := writeFile(t)
+		if err := openCrashed(t, path); err != nil {
+			t.Fatal(err)
+		}
+		b, err := openBolt(path, DefaultLockTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := openCrashed(t, path); err != nil {
+			t.Fatal(err)
+		}
+		damage(t, path)
+		if b, err := openBolt(path, DefaultLockTimeout); err != nil {
+			t.Fatalf("open after a crash that followed a clean close: %v", err)
+		} else {
+			crash(t, b)
+		}
+	})
+	t.Run("a checked open trusts the next crash again", func(t *testing.T) {
+		path := writeFile(t)
+		for range 2 {
+			if err := openCrashed(t, path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// That second open read the pages: the next crash is trusted.
+		if err := openCrashed(t, path); err != nil {
+			t.Fatal(err)
+		}
+		damage(t, path)
+		if b, err := openBolt(path, DefaultLockTimeout); err != nil {
+			t.Fatalf("open after a crash that followed a checked open: %v", err)
+		} else {
+			crash(t, b)
+		}
+	})
+	t.Run("another boot", func(t *testing.T) {
+		path := writeFile(t)
+		if err := openCrashed(t, path); err != nil {
+			t.Fatal(err)
+		}
+		damage(t, path)
+		boot = "boot-2"
+		defer func() { boot = "boot-1" }()
+		if _, err := openBolt(path, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("open on another boot: %v, want ErrCorrupt", err)
+		}
+	})
+	t.Run("no boot id", func(t *testing.T) {
+		path := writeFile(t)
+		if err := openCrashed(t, path); err != nil {
+			t.Fatal(err)
+		}
+		damage(t, path)
+		boot = ""
+		defer func() { boot = "boot-1" }()
+		if _, err := openBolt(path, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("open without a boot id: %v, want ErrCorrupt", err)
+		}
+	})
+}
+
+// A synced freelist that lists a page of the tree is refused by the check
+// after a crash: bbolt would write over that page.
+func TestBoltCheckFindsAFreelistListingALivePage(t *testing.T) {
+	path := writeFile(t)
+	patchAfterCrash(t, path, nil, func(t *testing.T, pg *rawPage) {
+		m, err := checkFile(path)
+		if err != nil || m.freelist == noFreelist {
+			t.Fatalf("meta %+v, %v: want a synced freelist", m, err)
+		}
+		fl := pg.read(t, m.freelist)
+		count := binary.LittleEndian.Uint16(fl.b[10:])
+		if count == 0 || count == 0xFFFF {
+			t.Fatalf("freelist count %d: want a short list", count)
+		}
+		// The last free id becomes the root's (ids stay in order if it is
+		// larger; else the first takes it).
+		at := pageHeaderSize + int(count-1)*8
+		if last := binary.LittleEndian.Uint64(fl.b[at:]); last > pg.root {
+			at = pageHeaderSize
+			if binary.LittleEndian.Uint64(fl.b[at:]) >= pg.root {
+				t.Skip("no free id below the root to replace")
+			}
+		}
+		binary.LittleEndian.PutUint64(fl.b[at:], pg.root)
+		fl.write(t)
+	})
+	if _, err := openBolt(path, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open: %v, want ErrCorrupt", err)
 	}
 }
 
@@ -364,14 +549,21 @@ func TestBoltCheckPassesLargeValuesAfterACrash(t *testing.T) {
 	for i := range 20000 {
 		muts = append(muts, Mutation{Key: EncodeKey(KindKeyed, "s", fmt.Appendf(nil, "%06d", i), nil), Value: []byte("v")})
 	}
-	if err := b.Apply(muts, Meta{Epoch: 1, ChangelogOffset: 1, Offsets: map[string]int64{"in": 1}}); err != nil {
-		t.Fatal(err)
-	}
-	b.endRead()
-	if err := b.db.Close(); err != nil { // a crash: no clean mark
+	if err := b.Apply(muts[:len(muts)/2], Meta{Epoch: 1, ChangelogOffset: 1, Offsets: map[string]int64{"in": 1}}); err != nil {
 		t.Fatal(err)
 	}
 	m, err := checkFile(path)
+	if err != nil || m.freelist == noFreelist {
+		t.Fatalf("meta %+v, %v: want the freelist synced", m, err)
+	}
+	if err := checkPages(path, *m); err != nil {
+		t.Fatalf("the check refused a sound file, with its freelist: %v", err)
+	}
+	if err := b.ApplyBulk(muts[len(muts)/2:], Meta{Epoch: 2, ChangelogOffset: 2, Offsets: map[string]int64{"in": 2}}); err != nil {
+		t.Fatal(err)
+	}
+	crash(t, b)
+	m, err = checkFile(path)
 	if err != nil || m.freelist != noFreelist {
 		t.Fatalf("meta %+v, %v: want the freelist unsynced", m, err)
 	}

@@ -66,7 +66,7 @@ func TestBoltCountsTimersOfOlderStats(t *testing.T) {
 	}
 	bb := b.(*boltBackend)
 	older := binary.AppendUvarint(binary.AppendUvarint(nil, 3), uint64(bb.stats.Bytes))
-	if err := bb.update(func(tx *bolt.Tx) error { return tx.Bucket(metaBucket).Put(statsKey, older) }); err != nil {
+	if err := bb.update(true, func(tx *bolt.Tx) error { return tx.Bucket(metaBucket).Put(statsKey, older) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Close(); err != nil {

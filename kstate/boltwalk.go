@@ -119,11 +119,38 @@ type pageWalker struct {
 	bufs     [][]byte // a read buffer per depth of the tree
 }
 
-// verifyPages walks every bucket reachable from the meta's root bucket.
+// verifyPages walks every bucket reachable from the meta's root bucket,
+// then checks a synced freelist against the pages it reached.
 func verifyPages(f io.ReaderAt, path string, m boltMetaPage) error {
 	w := &pageWalker{f: f, path: path, pageSize: m.pageSize, hwm: m.pgid, seen: make([]uint64, (m.pgid+63)/64)}
-	_, err := w.tree(m.root, nil, nil, 0)
-	return err
+	if _, err := w.tree(m.root, nil, nil, 0); err != nil {
+		return err
+	}
+	if m.freelist == noFreelist {
+		return nil // bbolt's Open builds it as the pages not reached
+	}
+	// bbolt's Open reads a synced freelist as it is, and its next commits
+	// would write over a page in use that it lists.
+	free, overflow, err := freePages(f, path, m)
+	if err != nil {
+		return err
+	}
+	for id := m.freelist; id <= m.freelist+overflow; id++ {
+		if w.reached(id) {
+			return w.corrupt(id, "a page of the freelist is in the tree too")
+		}
+	}
+	for _, id := range free {
+		if w.reached(id) {
+			return w.corrupt(id, "listed free by the freelist, but in the tree")
+		}
+	}
+	return nil
+}
+
+// reached reports whether the walk read page id.
+func (w *pageWalker) reached(id uint64) bool {
+	return w.seen[id/64]&(1<<(id%64)) != 0
 }
 
 func (w *pageWalker) corrupt(id uint64, format string, args ...any) error {
@@ -344,16 +371,23 @@ func (w *pageWalker) keyOrder(id uint64, i int, key, prev, hi []byte) error {
 	return nil
 }
 
-// readEveryPage is verifyPages on the file at path under bbolt's shared
-// lock (an instance that still has the file open makes it ErrLocked). A
-// panic of the walk's own, which no damage should cause, refuses the file
-// too: it is restored from the changelog, not trusted.
+// readEveryPage is checkPages under bbolt's shared lock (an instance that
+// still has the file open makes it ErrLocked), for a file bbolt has yet to
+// open.
 func readEveryPage(path string, m boltMetaPage, lockTimeout time.Duration) (err error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})
 	if err != nil {
 		return openErr(path, lockTimeout, err)
 	}
 	defer db.Close()
+	return checkPages(path, m)
+}
+
+// checkPages is verifyPages on the file at path, through a read-only map
+// of its own. The caller keeps writers out (a lock on the file). A panic
+// of the walk's own, which no damage should cause, refuses the file too:
+// it is restored from the changelog, not trusted.
+func checkPages(path string, m boltMetaPage) (err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("kstate: open %s: %w", path, err)
@@ -381,24 +415,31 @@ func readEveryPage(path string, m boltMetaPage, lockTimeout time.Duration) (err 
 // really free is not checked: that takes the walk over every page that a
 // synced freelist saves.
 func checkFreelist(f io.ReaderAt, path string, m boltMetaPage) error {
+	_, _, err := freePages(f, path, m)
+	return err
+}
+
+// freePages is checkFreelist that returns the page ids the freelist lists
+// and the count of its own overflow pages.
+func freePages(f io.ReaderAt, path string, m boltMetaPage) (free []uint64, overflow uint64, err error) {
 	w := &pageWalker{f: f, path: path, pageSize: m.pageSize, hwm: m.pgid}
 	id := m.freelist
 	if id < 2 || id >= m.pgid {
-		return w.corrupt(id, "the freelist is out of bounds (high-water mark %d)", m.pgid)
+		return nil, 0, w.corrupt(id, "the freelist is out of bounds (high-water mark %d)", m.pgid)
 	}
 	head := make([]byte, pageHeaderSize+8)
 	if _, err := f.ReadAt(head, int64(id*m.pageSize)); err != nil {
-		return w.corrupt(id, "read the freelist: %v", err)
+		return nil, 0, w.corrupt(id, "read the freelist: %v", err)
 	}
 	le := binary.LittleEndian
-	overflow := uint64(le.Uint32(head[12:]))
+	overflow = uint64(le.Uint32(head[12:]))
 	switch {
 	case le.Uint64(head) != id:
-		return w.corrupt(id, "the freelist identifies as page %d", le.Uint64(head))
+		return nil, 0, w.corrupt(id, "the freelist identifies as page %d", le.Uint64(head))
 	case le.Uint16(head[8:]) != freelistPageFlag:
-		return w.corrupt(id, "flags %#x: not the freelist page", le.Uint16(head[8:]))
+		return nil, 0, w.corrupt(id, "flags %#x: not the freelist page", le.Uint16(head[8:]))
 	case overflow >= m.pgid-id:
-		return w.corrupt(id, "the freelist's %d overflow pages pass the high-water mark %d", overflow, m.pgid)
+		return nil, 0, w.corrupt(id, "the freelist's %d overflow pages pass the high-water mark %d", overflow, m.pgid)
 	}
 	// A count of 0xFFFF means the count is the first id's slot.
 	first, count := uint64(0), uint64(le.Uint16(head[10:]))
@@ -406,29 +447,30 @@ func checkFreelist(f io.ReaderAt, path string, m boltMetaPage) error {
 		first, count = 1, le.Uint64(head[pageHeaderSize:])
 	}
 	if count > (overflow+1)*m.pageSize/8 || pageHeaderSize+(first+count)*8 > (overflow+1)*m.pageSize {
-		return w.corrupt(id, "%d free page ids do not fit the freelist's %d pages", count, overflow+1)
+		return nil, 0, w.corrupt(id, "%d free page ids do not fit the freelist's %d pages", count, overflow+1)
 	}
 	// bbolt's commit frees the freelist's pages by this count: one too
 	// large would free live pages. bbolt allocates the page by the count
 	// of free pages before the allocation took its own from them
 	// (EstimatedWritePageSize), so at most that many.
 	if most := (pageHeaderSize+8*(count+(overflow+1)+1))/m.pageSize + 1; overflow+1 > most {
-		return w.corrupt(id, "the freelist's %d pages are more than %d ids need", overflow+1, count)
+		return nil, 0, w.corrupt(id, "the freelist's %d pages are more than %d ids need", overflow+1, count)
 	}
 	ids := make([]byte, count*8)
 	if _, err := f.ReadAt(ids, int64(id*m.pageSize+pageHeaderSize+first*8)); err != nil {
-		return w.corrupt(id, "read the freelist: %v", err)
+		return nil, 0, w.corrupt(id, "read the freelist: %v", err)
 	}
+	free = make([]uint64, count)
 	prev := uint64(1)
 	for i := range count {
-		free := le.Uint64(ids[i*8:])
+		p := le.Uint64(ids[i*8:])
 		switch {
-		case free <= prev || free >= m.pgid:
-			return w.corrupt(id, "free page %d (after %d) out of order or bounds", free, prev)
-		case free >= id && free <= id+overflow:
-			return w.corrupt(id, "the freelist lists its own page %d", free)
+		case p <= prev || p >= m.pgid:
+			return nil, 0, w.corrupt(id, "free page %d (after %d) out of order or bounds", p, prev)
+		case p >= id && p <= id+overflow:
+			return nil, 0, w.corrupt(id, "the freelist lists its own page %d", p)
 		}
-		prev = free
+		free[i], prev = p, p
 	}
-	return nil
+	return free, overflow, nil
 }

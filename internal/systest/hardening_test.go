@@ -439,9 +439,11 @@ func TestCorruptStateFileIsRestoredFromChangelog(t *testing.T) {
 }
 
 // A file left by a kill -9 with a page damaged as well (a bad disk) is
-// moved aside and the task restored from its changelog. Before, bbolt's
-// open panicked in a goroutine of its own while rebuilding the freelist,
-// which took the process down at every start.
+// moved aside and the task restored from its changelog, at the second
+// start on the same boot (the first trusts the file and stops at the
+// damaged page). Before, bbolt's open panicked in a goroutine of its own
+// while rebuilding the freelist, which took the process down at every
+// start.
 func TestKilledInstancesDamagedFileIsRestored(t *testing.T) {
 	brokers := newCluster(t, 2)
 	f := newFeeder(t, brokers, 30, 46)
@@ -478,8 +480,18 @@ func TestKilledInstancesDamagedFileIsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	fh.Close()
+	// On the same boot a crash cannot damage a page, so the first start
+	// trusts the file without reading its pages (kstate's bootKey), and
+	// the damaged page stops it at the first read. The second start
+	// follows a second crash in a row: it reads every page, refuses the
+	// file and restores the task.
 	c.start()
 	f.produce(500, 0)
+	if !c.wait(60 * time.Second) {
+		c.dumpLog()
+		t.Fatal("the instance went on reading a damaged page")
+	}
+	c.start()
 	if rep := awaitAggregate(t, brokers, f, 20*time.Second); !rep.OK() {
 		c.dumpLog()
 		t.Fatal(rep)
