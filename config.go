@@ -81,7 +81,9 @@ type Options struct {
 	// what the backends share must be safe for that; and each Apply runs
 	// while its task processes the next epoch, whose reads of keys the
 	// epoch did not change call the backend's Get alongside (the Backend
-	// contract allows reads beside Apply; scans wait for it).
+	// contract allows reads beside Apply; scans wait for it). A backend
+	// that is a kstate.BulkApplier takes a full restore's batches through
+	// ApplyBulk; a wrapper that is not gets them through Apply.
 	OpenBackend func(kind, dir, task string) (kstate.Backend, error)
 
 	// Guarantee is ExactlyOnce (default) or AtLeastOnce.
