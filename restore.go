@@ -182,6 +182,7 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 		return changelog.Result{}, err
 	}
 	wrote := false
+	var bulkMeta *kstate.Meta // the last batch's, when it went through ApplyBulk
 	res, err := changelog.Restore(ctx, changelog.RestoreParams{
 		Admin:       in.adm,
 		ClientOpts:  in.baseOpts(),
@@ -202,7 +203,12 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 			// missed with the freelist that spares its next open a
 			// walk over every page after a crash.
 			if bulk, ok := be.(kstate.BulkApplier); ok && runs != "" {
-				return bulk.ApplyBulk(muts, m)
+				if err := bulk.ApplyBulk(muts, m); err != nil {
+					return err
+				}
+				last := m.Clone()
+				bulkMeta = &last
+				return nil
 			}
 			return be.Apply(muts, m)
 		},
@@ -212,6 +218,13 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 		},
 		Logf: func(msg string, args ...any) { in.log.Info(msg, args...) },
 	})
+	if err == nil && bulkMeta != nil {
+		// The batches left what speeds up the next open unwritten (bbolt's
+		// freelist): write it now rather than at the task's first epoch,
+		// which an idle task may not have for long, so that a crash until
+		// then does not cost the next open a walk over every page.
+		err = be.Apply(nil, *bulkMeta)
+	}
 	if err == nil && !wrote && len(meta.Offsets) > 0 {
 		// Nothing new, but the store is now known to be current: say
 		// so, or a task idle for long would look stale at its next start.

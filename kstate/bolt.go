@@ -31,15 +31,17 @@ var (
 	// (bootKey, uncheckedKey); a clean file skips that cost.
 	cleanKey = []byte("clean")
 	// bootKey holds the boot (bootID) of the open that last wrote the
-	// file. A process that dies on the machine's boot leaves its file as
-	// its last commit left it: bbolt writes a commit's pages to pages no
-	// committed tree uses, then its meta page (checksummed, one of two),
-	// and the page cache holds what was written whatever became of the
-	// process. Torn or lost writes take the machine going down (power, a
-	// kernel panic) or a disk that drops them, and both come back on
-	// another boot. So an open after a crash on the same boot need not
-	// read the pages, and a restart after a kill -9 does not grow with the
-	// state.
+	// file, and the file's device and inode (fileID). A process that dies
+	// on the machine's boot leaves its file as its last commit left it:
+	// bbolt writes a commit's pages to pages no committed tree uses, then
+	// its meta page (checksummed, one of two), and the page cache holds
+	// what was written whatever became of the process. Torn or lost
+	// writes take the machine going down (power, a kernel panic) or a
+	// disk that drops them, and both come back on another boot; a copy of
+	// the file (made while it was open, or restored from a backup) is
+	// another inode. So an open after a crash of the same file on the same
+	// boot need not read the pages, and a restart after a kill -9 does not
+	// grow with the state.
 	bootKey = []byte("boot")
 	// uncheckedKey is present while the file has been opened after a
 	// crash without its pages being read, and not closed cleanly since.
@@ -60,6 +62,24 @@ var bootID = sync.OnceValue(func() string {
 	}
 	return string(bytes.TrimSpace(raw))
 })
+
+// fileID is the boot and the identity of the file at path (see bootKey),
+// "" where either is unknown.
+func fileID(path string) string {
+	boot := bootID()
+	if boot == "" {
+		return ""
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	dev, ino, ok := fileIdentity(fi)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("%s %d:%d", boot, dev, ino)
+}
 
 // boltBackend is the on-disk backend: one bbolt file per task, entries in the
 // "state" bucket, and in the "meta" bucket the Meta plus the entry count and
@@ -107,7 +127,7 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("kstate: create state dir: %w", err)
 	}
-	m, err := checkFile(path)
+	m, err := checkFileShared(path, lockTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -119,39 +139,53 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 		}
 	}
 	// bbolt panics on some damaged pages rather than returning an error.
+	var db *bolt.DB
 	defer func() {
 		if r := recover(); r != nil {
+			if db != nil {
+				_ = db.Close()
+			}
 			b, err = nil, fmt.Errorf("%w: open %s: %v", ErrCorrupt, path, r)
 		}
 	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:      lockTimeout,
 		FreelistType: bolt.FreelistMapType,
 	})
 	if err != nil {
 		return nil, openErr(path, lockTimeout, err)
 	}
+	// bbolt holds the file's lock now, and has read only its meta and
+	// freelist pages. The transaction below reads the root bucket's pages
+	// and the meta bucket's before it can tell whether the file must be
+	// checked whole; bbolt trusts them, and a damaged one faults past any
+	// recover. So they are checked first, at every open (a few pages).
+	var cur *boltMetaPage
+	if m != nil {
+		if cur, err = checkFile(path); err == nil {
+			err = checkPages(path, *cur, stateBucket)
+		}
+		if err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
 	b = &boltBackend{db: db, path: path}
-	boot := bootID()
+	id := fileID(path)
 	err = db.Update(func(tx *bolt.Tx) error {
 		unchecked := false // trusted after a crash without reading its pages
 		if mb := tx.Bucket(metaBucket); mb != nil && mb.Get(cleanKey) == nil {
-			// Not closed cleanly. bbolt holds the file's lock now,
-			// and this transaction has written nothing yet: the meta
-			// read here is the one it opened.
-			cur, err := checkFile(path)
+			// Not closed cleanly.
 			switch {
-			case err != nil:
-				return err
 			case rebuild && cur.root == m.root:
 				// readEveryPage checked this tree already (bbolt's
 				// Open commits nothing but a freelist after a rebuild;
 				// a commit of another process that had the file in
 				// the moment between them would have a new root).
-			case boot != "" && string(mb.Get(bootKey)) == boot && mb.Get(uncheckedKey) == nil:
+			case id != "" && string(mb.Get(bootKey)) == id && mb.Get(uncheckedKey) == nil:
 				unchecked = true
 			default:
-				if err := checkPages(path, *cur); err != nil {
+				if err := checkPages(path, *cur, nil); err != nil {
 					return err
 				}
 			}
@@ -172,7 +206,7 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 		if err := mb.Delete(cleanKey); err != nil {
 			return err
 		}
-		if err := mb.Put(bootKey, []byte(boot)); err != nil {
+		if err := mb.Put(bootKey, []byte(id)); err != nil {
 			return err
 		}
 		if unchecked {
@@ -270,6 +304,25 @@ func checkFile(path string) (*boltMetaPage, error) {
 		}
 	}
 	return &m, nil
+}
+
+// checkFileShared is checkFile under a shared lock on the file, taken as
+// bbolt's read-only open takes it: an instance that still has the file
+// open (its commits write the freelist) makes the open ErrLocked, rather
+// than a read between two of its commits passing for damage.
+func checkFileShared(path string, lockTimeout time.Duration) (*boltMetaPage, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
+	}
+	defer f.Close() // releases the lock
+	if err := lockShared(f, lockTimeout); err != nil {
+		return nil, openErr(path, lockTimeout, err)
+	}
+	return checkFile(path)
 }
 
 // openErr says why bolt.Open refused path.

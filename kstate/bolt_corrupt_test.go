@@ -168,6 +168,21 @@ func TestBoltDetectsDamage(t *testing.T) {
 			binary.LittleEndian.PutUint32(pg.b[12:], uint32(m.pgid-m.freelist-2))
 			pg.write(t)
 		}},
+		// The root bucket's page is read by the open's transaction
+		// before it can tell whether to check the file: an element's
+		// offset past the page faulted there, past any recover, at
+		// every start.
+		{"the root bucket page's element past the page, after a crash on this boot", func(t *testing.T, path string) {
+			b, err := openBolt(path, DefaultLockTimeout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			crash(t, b)
+			rootElementPastThePage(t, path)
+		}},
+		{"the root bucket page's element past the page, after a clean close", func(t *testing.T, path string) {
+			rootElementPastThePage(t, path)
+		}},
 		{"a page referenced twice, freelist not synced", func(t *testing.T, path string) {
 			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
 				root := pg.read(t, pg.root)
@@ -192,6 +207,24 @@ func TestBoltDetectsDamage(t *testing.T) {
 }
 
 var unsynced = &bolt.Options{NoFreelistSync: true}
+
+// rootElementPastThePage points the root bucket page's first element far
+// past the page.
+func rootElementPastThePage(t *testing.T, path string) {
+	t.Helper()
+	m, err := checkFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	pg := (&rawPage{f: f}).read(t, m.root)
+	binary.LittleEndian.PutUint32(pg.b[pageHeaderSize+4:], 0x7FFFFF00)
+	pg.write(t)
+}
 
 // rawPage is a page of a bbolt file read and written as bytes.
 type rawPage struct {
@@ -469,6 +502,24 @@ func TestBoltCrashOnTheSameBoot(t *testing.T) {
 			crash(t, b)
 		}
 	})
+	t.Run("a copy of the file", func(t *testing.T) {
+		path := writeFile(t)
+		if err := openCrashed(t, path); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied := filepath.Join(t.TempDir(), "task-0000.db")
+		if err := os.WriteFile(copied, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		damage(t, copied)
+		if _, err := openBolt(copied, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("open of a copy: %v, want ErrCorrupt", err)
+		}
+	})
 	t.Run("another boot", func(t *testing.T) {
 		path := writeFile(t)
 		if err := openCrashed(t, path); err != nil {
@@ -556,7 +607,7 @@ func TestBoltCheckPassesLargeValuesAfterACrash(t *testing.T) {
 	if err != nil || m.freelist == noFreelist {
 		t.Fatalf("meta %+v, %v: want the freelist synced", m, err)
 	}
-	if err := checkPages(path, *m); err != nil {
+	if err := checkPages(path, *m, nil); err != nil {
 		t.Fatalf("the check refused a sound file, with its freelist: %v", err)
 	}
 	if err := b.ApplyBulk(muts[len(muts)/2:], Meta{Epoch: 2, ChangelogOffset: 2, Offsets: map[string]int64{"in": 2}}); err != nil {

@@ -117,32 +117,39 @@ type pageWalker struct {
 	hwm      uint64   // the meta's high-water page id: pages are below it
 	seen     []uint64 // bitset of page ids referenced so far
 	bufs     [][]byte // a read buffer per depth of the tree
+	// skip names a bucket of the root bucket whose tree is not walked
+	// (nil: none); nested counts the buckets the walk is inside of.
+	skip   []byte
+	nested int
 }
 
-// verifyPages walks every bucket reachable from the meta's root bucket,
-// then checks a synced freelist against the pages it reached.
-func verifyPages(f io.ReaderAt, path string, m boltMetaPage) error {
-	w := &pageWalker{f: f, path: path, pageSize: m.pageSize, hwm: m.pgid, seen: make([]uint64, (m.pgid+63)/64)}
+// verifyPages walks every bucket reachable from the meta's root bucket
+// but skip's (nil: every bucket), then checks a synced freelist against
+// the pages it reached: with skip, only the root bucket's and the other
+// buckets' pages are read, which is what bbolt reads before a bucket's
+// own tree.
+func verifyPages(f io.ReaderAt, path string, m boltMetaPage, skip []byte) error {
+	w := &pageWalker{f: f, path: path, pageSize: m.pageSize, hwm: m.pgid, seen: make([]uint64, (m.pgid+63)/64), skip: skip}
 	if _, err := w.tree(m.root, nil, nil, 0); err != nil {
 		return err
 	}
-	if m.freelist == noFreelist {
+	if m.freelist == noFreelist || skip != nil {
 		return nil // bbolt's Open builds it as the pages not reached
 	}
 	// bbolt's Open reads a synced freelist as it is, and its next commits
 	// would write over a page in use that it lists.
-	free, overflow, err := freePages(f, path, m)
+	overflow, err := freePages(f, path, m, func(id uint64) error {
+		if w.reached(id) {
+			return w.corrupt(id, "listed free by the freelist, but in the tree")
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
 	for id := m.freelist; id <= m.freelist+overflow; id++ {
 		if w.reached(id) {
 			return w.corrupt(id, "a page of the freelist is in the tree too")
-		}
-	}
-	for _, id := range free {
-		if w.reached(id) {
-			return w.corrupt(id, "listed free by the freelist, but in the tree")
 		}
 	}
 	return nil
@@ -332,9 +339,15 @@ func (w *pageWalker) leaf(s span, count uint64, lo, hi []byte, depth int) ([]byt
 		if err != nil {
 			return nil, err
 		}
+		if w.nested == 0 && w.skip != nil && bytes.Equal(key, w.skip) {
+			continue
+		}
 		if root := binary.LittleEndian.Uint64(value); root != 0 {
 			// Deeper buffers only: this page's stays intact.
-			if _, err := w.tree(root, nil, nil, depth+1); err != nil {
+			w.nested++
+			_, err := w.tree(root, nil, nil, depth+1)
+			w.nested--
+			if err != nil {
 				return nil, err
 			}
 			continue
@@ -346,7 +359,10 @@ func (w *pageWalker) leaf(s span, count uint64, lo, hi []byte, depth int) ([]byt
 		if depth+1 >= maxDepth {
 			return nil, w.corrupt(s.id, "%d levels deep", depth+1)
 		}
-		if _, err := w.leaf(inline, uint64(binary.LittleEndian.Uint16(inline.buf[10:])), nil, nil, depth+1); err != nil {
+		w.nested++
+		_, err = w.leaf(inline, uint64(binary.LittleEndian.Uint16(inline.buf[10:])), nil, nil, depth+1)
+		w.nested--
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -380,14 +396,14 @@ func readEveryPage(path string, m boltMetaPage, lockTimeout time.Duration) (err 
 		return openErr(path, lockTimeout, err)
 	}
 	defer db.Close()
-	return checkPages(path, m)
+	return checkPages(path, m, nil)
 }
 
 // checkPages is verifyPages on the file at path, through a read-only map
 // of its own. The caller keeps writers out (a lock on the file). A panic
 // of the walk's own, which no damage should cause, refuses the file too:
 // it is restored from the changelog, not trusted.
-func checkPages(path string, m boltMetaPage) (err error) {
+func checkPages(path string, m boltMetaPage, skip []byte) (err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("kstate: open %s: %w", path, err)
@@ -404,7 +420,7 @@ func checkPages(path string, m boltMetaPage) (err error) {
 			err = fmt.Errorf("%w: %s: checking its pages: %v", ErrCorrupt, path, r)
 		}
 	}()
-	return verifyPages(r, path, m)
+	return verifyPages(r, path, m, skip)
 }
 
 // checkFreelist checks the synced freelist page bbolt's Open will read
@@ -415,31 +431,32 @@ func checkPages(path string, m boltMetaPage) (err error) {
 // really free is not checked: that takes the walk over every page that a
 // synced freelist saves.
 func checkFreelist(f io.ReaderAt, path string, m boltMetaPage) error {
-	_, _, err := freePages(f, path, m)
+	_, err := freePages(f, path, m, nil)
 	return err
 }
 
-// freePages is checkFreelist that returns the page ids the freelist lists
-// and the count of its own overflow pages.
-func freePages(f io.ReaderAt, path string, m boltMetaPage) (free []uint64, overflow uint64, err error) {
+// freePages is checkFreelist that calls each (if not nil) with every page
+// id the freelist lists, in order, and returns the count of its own
+// overflow pages. The ids are read a chunk at a time.
+func freePages(f io.ReaderAt, path string, m boltMetaPage, each func(uint64) error) (overflow uint64, err error) {
 	w := &pageWalker{f: f, path: path, pageSize: m.pageSize, hwm: m.pgid}
 	id := m.freelist
 	if id < 2 || id >= m.pgid {
-		return nil, 0, w.corrupt(id, "the freelist is out of bounds (high-water mark %d)", m.pgid)
+		return 0, w.corrupt(id, "the freelist is out of bounds (high-water mark %d)", m.pgid)
 	}
 	head := make([]byte, pageHeaderSize+8)
 	if _, err := f.ReadAt(head, int64(id*m.pageSize)); err != nil {
-		return nil, 0, w.corrupt(id, "read the freelist: %v", err)
+		return 0, w.corrupt(id, "read the freelist: %v", err)
 	}
 	le := binary.LittleEndian
 	overflow = uint64(le.Uint32(head[12:]))
 	switch {
 	case le.Uint64(head) != id:
-		return nil, 0, w.corrupt(id, "the freelist identifies as page %d", le.Uint64(head))
+		return 0, w.corrupt(id, "the freelist identifies as page %d", le.Uint64(head))
 	case le.Uint16(head[8:]) != freelistPageFlag:
-		return nil, 0, w.corrupt(id, "flags %#x: not the freelist page", le.Uint16(head[8:]))
+		return 0, w.corrupt(id, "flags %#x: not the freelist page", le.Uint16(head[8:]))
 	case overflow >= m.pgid-id:
-		return nil, 0, w.corrupt(id, "the freelist's %d overflow pages pass the high-water mark %d", overflow, m.pgid)
+		return 0, w.corrupt(id, "the freelist's %d overflow pages pass the high-water mark %d", overflow, m.pgid)
 	}
 	// A count of 0xFFFF means the count is the first id's slot.
 	first, count := uint64(0), uint64(le.Uint16(head[10:]))
@@ -447,30 +464,38 @@ func freePages(f io.ReaderAt, path string, m boltMetaPage) (free []uint64, overf
 		first, count = 1, le.Uint64(head[pageHeaderSize:])
 	}
 	if count > (overflow+1)*m.pageSize/8 || pageHeaderSize+(first+count)*8 > (overflow+1)*m.pageSize {
-		return nil, 0, w.corrupt(id, "%d free page ids do not fit the freelist's %d pages", count, overflow+1)
+		return 0, w.corrupt(id, "%d free page ids do not fit the freelist's %d pages", count, overflow+1)
 	}
 	// bbolt's commit frees the freelist's pages by this count: one too
 	// large would free live pages. bbolt allocates the page by the count
 	// of free pages before the allocation took its own from them
 	// (EstimatedWritePageSize), so at most that many.
 	if most := (pageHeaderSize+8*(count+(overflow+1)+1))/m.pageSize + 1; overflow+1 > most {
-		return nil, 0, w.corrupt(id, "the freelist's %d pages are more than %d ids need", overflow+1, count)
+		return 0, w.corrupt(id, "the freelist's %d pages are more than %d ids need", overflow+1, count)
 	}
-	ids := make([]byte, count*8)
-	if _, err := f.ReadAt(ids, int64(id*m.pageSize+pageHeaderSize+first*8)); err != nil {
-		return nil, 0, w.corrupt(id, "read the freelist: %v", err)
-	}
-	free = make([]uint64, count)
+	const chunk = 8192 // ids a read
+	buf := make([]byte, min(count, chunk)*8)
 	prev := uint64(1)
-	for i := range count {
-		p := le.Uint64(ids[i*8:])
-		switch {
-		case p <= prev || p >= m.pgid:
-			return nil, 0, w.corrupt(id, "free page %d (after %d) out of order or bounds", p, prev)
-		case p >= id && p <= id+overflow:
-			return nil, 0, w.corrupt(id, "the freelist lists its own page %d", p)
+	for i := uint64(0); i < count; i += chunk {
+		ids := buf[:min(count-i, chunk)*8]
+		if _, err := f.ReadAt(ids, int64(id*m.pageSize+pageHeaderSize+(first+i)*8)); err != nil {
+			return 0, w.corrupt(id, "read the freelist: %v", err)
 		}
-		free[i], prev = p, p
+		for j := 0; j < len(ids); j += 8 {
+			p := le.Uint64(ids[j:])
+			switch {
+			case p <= prev || p >= m.pgid:
+				return 0, w.corrupt(id, "free page %d (after %d) out of order or bounds", p, prev)
+			case p >= id && p <= id+overflow:
+				return 0, w.corrupt(id, "the freelist lists its own page %d", p)
+			}
+			if each != nil {
+				if err := each(p); err != nil {
+					return 0, err
+				}
+			}
+			prev = p
+		}
 	}
-	return free, overflow, nil
+	return overflow, nil
 }

@@ -3,9 +3,13 @@
 package kstate
 
 import (
+	"errors"
 	"io"
 	"os"
 	"syscall"
+	"time"
+
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // mapFile maps f read-only for the page check: a page read is then a copy
@@ -39,4 +43,32 @@ func (m mapped) ReadAt(p []byte, off int64) (int, error) {
 		return n, io.EOF
 	}
 	return n, nil
+}
+
+// fileIdentity is the device and inode of the file fi describes.
+func fileIdentity(fi os.FileInfo) (dev, ino uint64, ok bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, 0, false
+	}
+	return uint64(st.Dev), st.Ino, true
+}
+
+// lockShared takes a shared lock on f as bbolt's read-only open does (flock,
+// polled every 50 ms), or returns bbolt's ErrTimeout once timeout passed. It
+// lasts until f is closed.
+func lockShared(f *os.File, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
+		switch {
+		case err == nil:
+			return nil
+		case !errors.Is(err, syscall.EWOULDBLOCK):
+			return err
+		case time.Now().After(deadline):
+			return berrors.ErrTimeout
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
