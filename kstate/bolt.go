@@ -38,10 +38,11 @@ var (
 	// what was written whatever became of the process. Torn or lost
 	// writes take the machine going down (power, a kernel panic) or a
 	// disk that drops them, and both come back on another boot; a copy of
-	// the file (made while it was open, or restored from a backup) is
-	// another inode. So an open after a crash of the same file on the same
-	// boot need not read the pages, and a restart after a kill -9 does not
-	// grow with the state.
+	// the file in a new file is mostly another inode (not a copy written
+	// over it, nor one whose file got the freed inode number back: a copy
+	// of a live file is not a backup, docs/operations.md). So an open
+	// after a crash of the same file on the same boot need not read the
+	// pages, and a restart after a kill -9 does not grow with the state.
 	bootKey = []byte("boot")
 	// uncheckedKey is present while the file has been opened after a
 	// crash without its pages being read, and not closed cleanly since.
@@ -160,15 +161,19 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 	// and the meta bucket's before it can tell whether the file must be
 	// checked whole; bbolt trusts them, and a damaged one faults past any
 	// recover. So they are checked first, at every open (a few pages).
-	var cur *boltMetaPage
-	if m != nil {
-		if cur, err = checkFile(path); err == nil {
-			err = checkPages(path, *cur, stateBucket)
-		}
-		if err != nil {
-			_ = db.Close()
-			return nil, err
-		}
+	// (bbolt has initialised a file that was new or empty: another
+	// process may have between the checks above and the lock, so the
+	// file is read again whatever they found.)
+	cur, err := checkFile(path)
+	if err == nil && cur == nil {
+		err = fmt.Errorf("%w: %s has no bbolt meta page after bbolt's open", ErrCorrupt, path)
+	}
+	if err == nil {
+		err = checkPages(path, *cur, stateBucket)
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, err
 	}
 	b = &boltBackend{db: db, path: path}
 	id := fileID(path)

@@ -183,6 +183,23 @@ func TestBoltDetectsDamage(t *testing.T) {
 		{"the root bucket page's element past the page, after a clean close", func(t *testing.T, path string) {
 			rootElementPastThePage(t, path)
 		}},
+		// bbolt would refuse the bucket with an error of its own
+		// (incompatible value), not ErrCorrupt: the task would fail at
+		// every start instead of being restored.
+		{"a root bucket element without its bucket flag, after a clean close", func(t *testing.T, path string) {
+			m, err := checkFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			pg := (&rawPage{f: f}).read(t, m.root)
+			binary.LittleEndian.PutUint32(pg.b[pageHeaderSize:], 0)
+			pg.write(t)
+		}},
 		{"a page referenced twice, freelist not synced", func(t *testing.T, path string) {
 			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
 				root := pg.read(t, pg.root)

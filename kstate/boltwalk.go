@@ -330,6 +330,12 @@ func (w *pageWalker) leaf(s span, count uint64, lo, hi []byte, depth int) ([]byt
 		}
 		running = key
 		if eflags&bucketLeafFlag == 0 {
+			if w.nested == 0 {
+				// bbolt's root bucket holds buckets only; bbolt would
+				// refuse this one as a value, an error the engine
+				// cannot tell from any other.
+				return nil, w.corrupt(s.id, "%q in the root bucket is not a bucket", key)
+			}
 			continue
 		}
 		if vsize < bucketHeader || vsize > w.pageSize {

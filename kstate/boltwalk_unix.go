@@ -55,8 +55,8 @@ func fileIdentity(fi os.FileInfo) (dev, ino uint64, ok bool) {
 }
 
 // lockShared takes a shared lock on f as bbolt's read-only open does (flock,
-// polled every 50 ms), or returns bbolt's ErrTimeout once timeout passed. It
-// lasts until f is closed.
+// polled every 50 ms), or returns bbolt's ErrTimeout once timeout passed (0
+// waits for ever, as for bbolt). It lasts until f is closed.
 func lockShared(f *os.File, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -66,7 +66,7 @@ func lockShared(f *os.File, timeout time.Duration) error {
 			return nil
 		case !errors.Is(err, syscall.EWOULDBLOCK):
 			return err
-		case time.Now().After(deadline):
+		case timeout > 0 && time.Now().After(deadline):
 			return berrors.ErrTimeout
 		}
 		time.Sleep(50 * time.Millisecond)
