@@ -178,27 +178,16 @@ func TestBoltDetectsDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 			crash(t, b)
-			rootElementPastThePage(t, path)
+			patchRootElement(t, path, 4, 0x7FFFFF00) // its pos, far past the page
 		}},
 		{"the root bucket page's element past the page, after a clean close", func(t *testing.T, path string) {
-			rootElementPastThePage(t, path)
+			patchRootElement(t, path, 4, 0x7FFFFF00) // its pos, far past the page
 		}},
 		// bbolt would refuse the bucket with an error of its own
 		// (incompatible value), not ErrCorrupt: the task would fail at
 		// every start instead of being restored.
 		{"a root bucket element without its bucket flag, after a clean close", func(t *testing.T, path string) {
-			m, err := checkFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := os.OpenFile(path, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			pg := (&rawPage{f: f}).read(t, m.root)
-			binary.LittleEndian.PutUint32(pg.b[pageHeaderSize:], 0)
-			pg.write(t)
+			patchRootElement(t, path, 0, 0) // its flags
 		}},
 		{"a page referenced twice, freelist not synced", func(t *testing.T, path string) {
 			patchAfterCrash(t, path, unsynced, func(t *testing.T, pg *rawPage) {
@@ -225,9 +214,9 @@ func TestBoltDetectsDamage(t *testing.T) {
 
 var unsynced = &bolt.Options{NoFreelistSync: true}
 
-// rootElementPastThePage points the root bucket page's first element far
-// past the page.
-func rootElementPastThePage(t *testing.T, path string) {
+// patchRootElement sets the 32-bit field at offset at (0 flags, 4 pos)
+// of the root bucket page's first element to v.
+func patchRootElement(t *testing.T, path string, at int, v uint32) {
 	t.Helper()
 	m, err := checkFile(path)
 	if err != nil {
@@ -239,7 +228,7 @@ func rootElementPastThePage(t *testing.T, path string) {
 	}
 	defer f.Close()
 	pg := (&rawPage{f: f}).read(t, m.root)
-	binary.LittleEndian.PutUint32(pg.b[pageHeaderSize+4:], 0x7FFFFF00)
+	binary.LittleEndian.PutUint32(pg.b[pageHeaderSize+at:], v)
 	pg.write(t)
 }
 
@@ -300,6 +289,18 @@ func junkPage(t *testing.T, pg *rawPage) {
 // lets patch damage its pages.
 func patchAfterCrash(t *testing.T, path string, opts *bolt.Options, patch func(*testing.T, *rawPage)) {
 	t.Helper()
+	patchFile(t, path, opts, func(mb *bolt.Bucket) error {
+		if err := mb.Put(bootKey, []byte("a boot before")); err != nil {
+			return err
+		}
+		return mb.Delete(cleanKey)
+	}, patch)
+}
+
+// patchFile edits the meta bucket with edit (if not nil), committing that
+// with opts, then lets patch damage the file's pages.
+func patchFile(t *testing.T, path string, opts *bolt.Options, edit func(mb *bolt.Bucket) error, patch func(*testing.T, *rawPage)) {
+	t.Helper()
 	db, err := bolt.Open(path, 0o600, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -307,11 +308,10 @@ func patchAfterCrash(t *testing.T, path string, opts *bolt.Options, patch func(*
 	var root uint64
 	err = db.Update(func(tx *bolt.Tx) error {
 		root = uint64(tx.Bucket(stateBucket).Root())
-		mb := tx.Bucket(metaBucket)
-		if err := mb.Put(bootKey, []byte("a boot before")); err != nil {
-			return err
+		if edit == nil {
+			return nil
 		}
-		return mb.Delete(cleanKey)
+		return edit(tx.Bucket(metaBucket))
 	})
 	db.Close()
 	if err != nil {
@@ -422,145 +422,106 @@ func TestBoltCrashOnTheSameBoot(t *testing.T) {
 	key := func(i int) []byte { return EncodeKey(KindKeyed, "s", []byte{byte(i >> 8), byte(i)}, nil) }
 
 	// openCrashed opens path, reads a key, and crashes.
-	openCrashed := func(t *testing.T, path string) error {
+	openCrashed := func(t *testing.T, path string) {
 		t.Helper()
 		b, err := openBolt(path, DefaultLockTimeout)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		if v, ok, err := b.Get(key(1)); err != nil || !ok || len(v) != 100 {
 			t.Fatalf("get: %d bytes, %v, %v", len(v), ok, err)
 		}
 		crash(t, b)
-		return nil
 	}
 	// damage makes the first leaf junk, a page no open reads but the check.
 	damage := func(t *testing.T, path string) {
 		t.Helper()
-		db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var root uint64
-		err = db.View(func(tx *bolt.Tx) error {
-			root = uint64(tx.Bucket(stateBucket).Root())
-			return nil
+		patchFile(t, path, nil, nil, func(t *testing.T, pg *rawPage) {
+			leaf := pg.read(t, pg.child(t, pg.read(t, pg.root), 0))
+			for i := range leaf.b {
+				leaf.b[i] = 0xA5
+			}
+			leaf.write(t)
 		})
-		db.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		pg := &rawPage{f: f, root: root}
-		leaf := pg.read(t, pg.child(t, pg.read(t, root), 0))
-		for i := range leaf.b {
-			leaf.b[i] = 0xA5
-		}
-		leaf.write(t)
 	}
 
-	t.Run("one crash is trusted", func(t *testing.T) {
-		path := writeFile(t)
-		if err := openCrashed(t, path); err != nil {
-			t.Fatal(err)
-		}
-		damage(t, path)
-		b, err := openBolt(path, DefaultLockTimeout)
-		if err != nil {
-			t.Fatalf("open after a crash on the same boot: %v, want no page read", err)
-		}
-		crash(t, b)
-		// The second crash in a row: the pages are read.
-		if _, err := openBolt(path, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("open after a second crash: %v, want ErrCorrupt", err)
-		}
-	})
-	t.Run("a clean close trusts the next crash again", func(t *testing.T) {
-		path := writeFile(t)
-		if err := openCrashed(t, path); err != nil {
-			t.Fatal(err)
-		}
-		b, err := openBolt(path, DefaultLockTimeout)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := openCrashed(t, path); err != nil {
-			t.Fatal(err)
-		}
-		damage(t, path)
-		if b, err := openBolt(path, DefaultLockTimeout); err != nil {
-			t.Fatalf("open after a crash that followed a clean close: %v", err)
-		} else {
-			crash(t, b)
-		}
-	})
-	t.Run("a checked open trusts the next crash again", func(t *testing.T) {
-		path := writeFile(t)
-		for range 2 {
-			if err := openCrashed(t, path); err != nil {
+	// Each case crashes a clean file its own way, and returns the file
+	// to damage and open (a copy, say).
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, path string) string
+		trusted bool // the open reads no page: the damage goes unseen
+	}{
+		{"one crash is trusted", func(t *testing.T, path string) string {
+			openCrashed(t, path)
+			return path
+		}, true},
+		{"a crash after an open that trusted a crash is checked", func(t *testing.T, path string) string {
+			openCrashed(t, path)
+			openCrashed(t, path) // trusts the file, and crashes again
+			return path
+		}, false},
+		{"a clean close trusts the next crash again", func(t *testing.T, path string) string {
+			openCrashed(t, path)
+			b, err := openBolt(path, DefaultLockTimeout)
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		// That second open read the pages: the next crash is trusted.
-		if err := openCrashed(t, path); err != nil {
-			t.Fatal(err)
-		}
-		damage(t, path)
-		if b, err := openBolt(path, DefaultLockTimeout); err != nil {
-			t.Fatalf("open after a crash that followed a checked open: %v", err)
-		} else {
-			crash(t, b)
-		}
-	})
-	t.Run("a copy of the file", func(t *testing.T) {
-		path := writeFile(t)
-		if err := openCrashed(t, path); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		copied := filepath.Join(t.TempDir(), "task-0000.db")
-		if err := os.WriteFile(copied, raw, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		damage(t, copied)
-		if _, err := openBolt(copied, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("open of a copy: %v, want ErrCorrupt", err)
-		}
-	})
-	t.Run("another boot", func(t *testing.T) {
-		path := writeFile(t)
-		if err := openCrashed(t, path); err != nil {
-			t.Fatal(err)
-		}
-		damage(t, path)
-		boot = "boot-2"
-		defer func() { boot = "boot-1" }()
-		if _, err := openBolt(path, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("open on another boot: %v, want ErrCorrupt", err)
-		}
-	})
-	t.Run("no boot id", func(t *testing.T) {
-		path := writeFile(t)
-		if err := openCrashed(t, path); err != nil {
-			t.Fatal(err)
-		}
-		damage(t, path)
-		boot = ""
-		defer func() { boot = "boot-1" }()
-		if _, err := openBolt(path, DefaultLockTimeout); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("open without a boot id: %v, want ErrCorrupt", err)
-		}
-	})
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			openCrashed(t, path)
+			return path
+		}, true},
+		{"a checked open trusts the next crash again", func(t *testing.T, path string) string {
+			for range 3 { // trusted, then checked
+				openCrashed(t, path)
+			}
+			return path
+		}, true},
+		{"a copy of the file", func(t *testing.T, path string) string {
+			openCrashed(t, path)
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copied := filepath.Join(t.TempDir(), "task-0000.db")
+			if err := os.WriteFile(copied, raw, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return copied
+		}, false},
+		{"another boot", func(t *testing.T, path string) string {
+			openCrashed(t, path)
+			boot = "boot-2"
+			t.Cleanup(func() { boot = "boot-1" })
+			return path
+		}, false},
+		{"no boot id", func(t *testing.T, path string) string {
+			openCrashed(t, path)
+			boot = ""
+			t.Cleanup(func() { boot = "boot-1" })
+			return path
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := tt.prepare(t, writeFile(t))
+			damage(t, path)
+			b, err := openBolt(path, DefaultLockTimeout)
+			switch {
+			case tt.trusted && err != nil:
+				t.Fatalf("open: %v, want the file trusted without a page read", err)
+			case tt.trusted:
+				crash(t, b)
+			case !errors.Is(err, ErrCorrupt):
+				if err == nil {
+					b.Close()
+				}
+				t.Fatalf("open: %v, want the pages read and ErrCorrupt", err)
+			}
+		})
+	}
 }
 
 // A synced freelist that lists a page of the tree is refused by the check
