@@ -128,16 +128,9 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("kstate: create state dir: %w", err)
 	}
-	m, err := checkFileShared(path, lockTimeout)
+	m, rebuild, err := checkBeforeOpen(path, lockTimeout)
 	if err != nil {
 		return nil, err
-	}
-	// bbolt's Open will rebuild the freelist: see checkFile.
-	rebuild := m != nil && m.freelist == noFreelist
-	if rebuild {
-		if err := readEveryPage(path, *m, lockTimeout); err != nil {
-			return nil, err
-		}
 	}
 	// bbolt panics on some damaged pages rather than returning an error.
 	var db *bolt.DB
@@ -183,7 +176,7 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 			// Not closed cleanly.
 			switch {
 			case rebuild && cur.root == m.root:
-				// readEveryPage checked this tree already (bbolt's
+				// checkBeforeOpen checked this tree already (bbolt's
 				// Open commits nothing but a freelist after a rebuild;
 				// a commit of another process that had the file in
 				// the moment between them would have a new root).
@@ -267,7 +260,7 @@ func openBolt(path string, lockTimeout time.Duration) (b *boltBackend, err error
 // panics past any recover, and a finding panics the opening goroutine
 // while the walk goes on reading (after its transaction was closed under
 // it). So openBolt first runs the same checks where a finding is an error
-// (readEveryPage), and bbolt's walk then finds nothing. What Tx.Check
+// (checkBeforeOpen), and bbolt's walk then finds nothing. What Tx.Check
 // adds, a freelist against the reachable pages, holds by construction for
 // a freelist built as their complement, so it is not run again.
 //
@@ -311,23 +304,31 @@ func checkFile(path string) (*boltMetaPage, error) {
 	return &m, nil
 }
 
-// checkFileShared is checkFile under a shared lock on the file, taken as
+// checkBeforeOpen is checkFile under a shared lock on the file, taken as
 // bbolt's read-only open takes it: an instance that still has the file
 // open (its commits write the freelist) makes the open ErrLocked, rather
-// than a read between two of its commits passing for damage.
-func checkFileShared(path string, lockTimeout time.Duration) (*boltMetaPage, error) {
+// than a read between two of its commits passing for damage. When the
+// meta has no freelist synced, bbolt's Open will rebuild it by walking
+// every page (see checkFile), so every page is checked first, under the
+// same lock (rebuild).
+func checkBeforeOpen(path string, lockTimeout time.Duration) (m *boltMetaPage, rebuild bool, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kstate: open %s: %w", path, err)
+		return nil, false, fmt.Errorf("kstate: open %s: %w", path, err)
 	}
-	defer f.Close() // releases the lock
-	if err := lockShared(f, lockTimeout); err != nil {
-		return nil, openErr(path, lockTimeout, err)
+	defer f.Close()
+	unlock, err := lockShared(path, f, lockTimeout)
+	if err != nil {
+		return nil, false, openErr(path, lockTimeout, err)
 	}
-	return checkFile(path)
+	defer unlock()
+	if m, err = checkFile(path); err != nil || m == nil || m.freelist != noFreelist {
+		return m, false, err
+	}
+	return m, true, checkPages(path, *m, nil)
 }
 
 // openErr says why bolt.Open refused path.

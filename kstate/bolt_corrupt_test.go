@@ -218,18 +218,15 @@ var unsynced = &bolt.Options{NoFreelistSync: true}
 // of the root bucket page's first element to v.
 func patchRootElement(t *testing.T, path string, at int, v uint32) {
 	t.Helper()
-	m, err := checkFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	pg := (&rawPage{f: f}).read(t, m.root)
-	binary.LittleEndian.PutUint32(pg.b[pageHeaderSize+at:], v)
-	pg.write(t)
+	patchFile(t, path, nil, nil, func(t *testing.T, pg *rawPage) {
+		m, err := checkFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		root := pg.read(t, m.root)
+		binary.LittleEndian.PutUint32(root.b[pageHeaderSize+at:], v)
+		root.write(t)
+	})
 }
 
 // rawPage is a page of a bbolt file read and written as bytes.
@@ -297,16 +294,20 @@ func patchAfterCrash(t *testing.T, path string, opts *bolt.Options, patch func(*
 	}, patch)
 }
 
-// patchFile edits the meta bucket with edit (if not nil), committing that
-// with opts, then lets patch damage the file's pages.
+// patchFile edits the meta bucket with edit, committing that with opts
+// (with no edit, it only reads), then lets patch damage the file's pages.
 func patchFile(t *testing.T, path string, opts *bolt.Options, edit func(mb *bolt.Bucket) error, patch func(*testing.T, *rawPage)) {
 	t.Helper()
+	run := (*bolt.DB).Update
+	if edit == nil {
+		opts, run = &bolt.Options{ReadOnly: true}, (*bolt.DB).View
+	}
 	db, err := bolt.Open(path, 0o600, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var root uint64
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = run(db, func(tx *bolt.Tx) error {
 		root = uint64(tx.Bucket(stateBucket).Root())
 		if edit == nil {
 			return nil
@@ -596,7 +597,7 @@ func TestBoltCheckPassesLargeValuesAfterACrash(t *testing.T) {
 	if err != nil || m.freelist != noFreelist {
 		t.Fatalf("meta %+v, %v: want the freelist unsynced", m, err)
 	}
-	if err := readEveryPage(path, *m, DefaultLockTimeout); err != nil {
+	if err := checkPages(path, *m, nil); err != nil {
 		t.Fatalf("the check refused a sound file: %v", err)
 	}
 	re, err := OpenBolt(path)

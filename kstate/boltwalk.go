@@ -8,9 +8,6 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
-	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
 // bbolt's on-disk page format (go.etcd.io/bbolt/internal/common), little
@@ -391,18 +388,6 @@ func (w *pageWalker) keyOrder(id uint64, i int, key, prev, hi []byte) error {
 		return w.corrupt(id, "key %d not below the next key of its parent", i)
 	}
 	return nil
-}
-
-// readEveryPage is checkPages under bbolt's shared lock (an instance that
-// still has the file open makes it ErrLocked), for a file bbolt has yet to
-// open.
-func readEveryPage(path string, m boltMetaPage, lockTimeout time.Duration) (err error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})
-	if err != nil {
-		return openErr(path, lockTimeout, err)
-	}
-	defer db.Close()
-	return checkPages(path, m, nil)
 }
 
 // checkPages is verifyPages on the file at path, through a read-only map

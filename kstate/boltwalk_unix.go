@@ -15,7 +15,7 @@ import (
 // mapFile maps f read-only for the page check: a page read is then a copy
 // out of the page cache, not a system call (a pread each was two thirds of
 // the check's time). The check reads below the size checkFile verified; a
-// file cut shorter meanwhile faults, which readEveryPage turns into a panic
+// file cut shorter meanwhile faults, which checkPages turns into a panic
 // it recovers.
 func mapFile(f *os.File) (io.ReaderAt, func(), error) {
 	fi, err := f.Stat()
@@ -54,20 +54,21 @@ func fileIdentity(fi os.FileInfo) (dev, ino uint64, ok bool) {
 	return uint64(st.Dev), st.Ino, true
 }
 
-// lockShared takes a shared lock on f as bbolt's read-only open does (flock,
-// polled every 50 ms), or returns bbolt's ErrTimeout once timeout passed (0
-// waits for ever, as for bbolt). It lasts until f is closed.
-func lockShared(f *os.File, timeout time.Duration) error {
+// lockShared takes a shared lock on f, the file at path, as bbolt's
+// read-only open does (flock, polled every 50 ms), or returns bbolt's
+// ErrTimeout once timeout passed (0 waits for ever, as for bbolt). It
+// lasts until unlock, or until f is closed.
+func lockShared(_ string, f *os.File, timeout time.Duration) (unlock func(), err error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
 		switch {
 		case err == nil:
-			return nil
+			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }, nil
 		case !errors.Is(err, syscall.EWOULDBLOCK):
-			return err
+			return nil, err
 		case timeout > 0 && time.Now().After(deadline):
-			return berrors.ErrTimeout
+			return nil, berrors.ErrTimeout
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
