@@ -133,8 +133,8 @@ func (t *task) position(p int32) (int64, error) {
 // iteration to every running task (see the ordering rules above).
 func (l *loop) applyBroadcast() error {
 	in := l.in
-	if in.cfg.BroadcastTopic == "" || l.coord.Phase() != barrier.Processing {
-		return nil
+	if in.cfg.BroadcastTopic == "" || (l.coord.Phase() != barrier.Processing && l.pipe == nil) {
+		return nil // (during an overlap, records join the epoch being processed: pipelined.go)
 	}
 	if len(l.tasks) == 0 {
 		if l.bc != nil {

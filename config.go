@@ -181,6 +181,15 @@ type Options struct {
 	// and the epoch budget is checked after each poll, so a task may pass
 	// it by that many records. See docs/operations.md.
 	Parallelism int
+	// PipelinedEpochs processes each epoch while the one before commits
+	// (exactly-once only): the flush of its outputs, changelog and
+	// marker runs beside the next epoch's processing, whose outputs are
+	// held until that commit ended and then produced in their own
+	// transaction. An epoch whose commit fails aborts the one after it
+	// with it. Default false: the loop waits for each commit. See
+	// docs/operations.md#pipelined-epochs for when it helps and when a
+	// commit is not overlapped.
+	PipelinedEpochs bool
 	// RestoreConcurrency is how many tasks at once may restore more than
 	// a batch (10,000 records) of their changelog: restores from scratch,
 	// and long tails. The others wait their turn, paused; the short tail
@@ -420,6 +429,12 @@ func (c *Options) fill() error {
 	}
 	if c.Sink != nil && c.Guarantee != ExactlyOnce {
 		return fmt.Errorf("sluice: Options.Sink needs Options.Guarantee %s: at-least-once has no Kafka transaction for the sink's to follow", ExactlyOnce)
+	}
+	if c.PipelinedEpochs && c.Guarantee != ExactlyOnce {
+		return errors.New("sluice: Options.PipelinedEpochs needs Options.Guarantee exactly_once: at-least-once has no transaction to overlap")
+	}
+	if c.PipelinedEpochs && c.Sink != nil {
+		return errors.New("sluice: Options.PipelinedEpochs does not go with Options.Sink: the sink's commit is not overlapped")
 	}
 	if c.Sink != nil && len(txsink.TaskPrefix(c.AppID, math.MaxInt32)) > 150 {
 		return fmt.Errorf("sluice: Options.AppID is too long for the sink's transaction ids (at most 200 bytes with the epoch)")

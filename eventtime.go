@@ -28,7 +28,10 @@ type eventClock struct {
 
 	wm, committedWM   int64            // unix ms, or noTime
 	max, committedMax map[string]int64 // largest timestamp per topic, unix ms
-	seen              map[string]time.Time
+	// The clock as the epoch sealed at its barrier left it (seal).
+	sealedWM  int64
+	sealedMax map[string]int64
+	seen      map[string]time.Time
 }
 
 func newEventClock(topics []string, ooo, idle time.Duration, wm time.Time, now time.Time) *eventClock {
@@ -103,6 +106,20 @@ func (c *eventClock) watermark() time.Time { return msTime(c.wm) }
 func (c *eventClock) commit() {
 	c.committedWM = c.wm
 	c.committedMax = maps.Clone(c.max)
+}
+
+// seal keeps the clock as the epoch ending at its barrier leaves it, for
+// commitSealed once that epoch committed (pipelined epochs): the epoch after
+// it moves the clock meanwhile.
+func (c *eventClock) seal() {
+	c.sealedWM = c.wm
+	c.sealedMax = maps.Clone(c.max)
+}
+
+// commitSealed commits the clock as seal kept it.
+func (c *eventClock) commitSealed() {
+	c.committedWM = c.sealedWM
+	c.committedMax = c.sealedMax
 }
 
 func (c *eventClock) rewind() {

@@ -60,6 +60,20 @@ type loop struct {
 	// writes running at once.
 	behind   *epochBehind
 	applySem chan struct{}
+	// pipe is the commit that runs while the loop processes the next
+	// epoch (pipelined.go), nil when none does; holding says the loop
+	// holds that epoch's records (held, under heldMu: parallel tasks add
+	// to it) until the commit ends. holding is written only while no task
+	// is processed.
+	pipe    *pipedCommit
+	holding bool
+	heldMu  sync.Mutex
+	held    []heldRecord
+	// noOverlap: a commit must not overlap the next epoch now (waitPipe);
+	// rewound: an abort rewound the consumer since the last poll, whose
+	// records are stale.
+	noOverlap bool
+	rewound   bool
 	// processing: a poll's records are being processed (eachTask), when
 	// the coordinator must not run (see run).
 	processing atomic.Bool
@@ -161,6 +175,9 @@ func (l *loop) iterate() error {
 		return err
 	}
 	defer l.flushCounts() // also when the poll's processing failed
+	if err := l.finishPipe(l.heldLen() >= maxHeldRecords); err != nil {
+		return err
+	}
 	if err := l.installRestored(); err != nil {
 		return err
 	}
@@ -176,6 +193,7 @@ func (l *loop) iterate() error {
 	in.wakeMu.Lock()
 	in.wake = cancel
 	in.wakeMu.Unlock()
+	l.rewound = false
 	fs := l.sess.PollRecords(pctx, l.pollRecords())
 	cancel()
 	if err := in.pollDenied(l.ctx, fs); err != nil {
@@ -189,8 +207,15 @@ func (l *loop) iterate() error {
 	}
 
 	// Rebalance callbacks ran inside the poll; act on them before
-	// touching the records the poll returned.
-	for _, ev := range in.takeEvents() {
+	// touching the records the poll returned, and after the commit under
+	// way, if any (its End aborts it if partitions went).
+	events := in.takeEvents()
+	if len(events) > 0 {
+		if err := l.waitPipe(); err != nil {
+			return err
+		}
+	}
+	for _, ev := range events {
 		l.noteOwned(ev)
 		// Only tasks that run or restore are released: a partition of a
 		// task that never started (another input's partition was still
@@ -216,6 +241,11 @@ func (l *loop) iterate() error {
 		}
 	}
 
+	if l.rewound {
+		// An abort since the poll (the commit that waitPipe ended)
+		// rewound the consumer and the tasks: these records come again.
+		fs = nil
+	}
 	if err := l.process(fs); err != nil {
 		return err
 	}
@@ -232,6 +262,9 @@ func (l *loop) iterate() error {
 		// The commit lets the rebalance proceed alongside (see
 		// yieldToRebalance): the group's heartbeat, which the commit
 		// needs, only resumes once it does.
+		if err := l.waitPipe(); err != nil {
+			return err
+		}
 		act = l.coord.RequestRevoke(time.Now())
 	}
 	if err := l.run(act); err != nil {
@@ -269,8 +302,11 @@ func (l *loop) pollWait() time.Duration {
 // poll's worth per iteration, and the event-time timers idle inputs
 // released; then it sweeps expired state.
 func (l *loop) fireTimers() error {
-	if l.coord.Phase() != barrier.Processing {
-		return nil // the final checkpoint is done: nothing may join an epoch now
+	if l.coord.Phase() != barrier.Processing && l.pipe == nil {
+		// The final checkpoint is done: nothing may join an epoch now.
+		// (During an overlap the timers join the epoch being
+		// processed, as its records do: pipelined.go.)
+		return nil
 	}
 	firedP, err := l.fireProcessingTimers(l.in.cfg.MaxPollRecords)
 	if err != nil {
@@ -286,7 +322,7 @@ func (l *loop) fireTimers() error {
 		}
 	}
 	if l.budgetFull.Swap(false) {
-		if err := l.run(l.coord.RequestCheckpoint(time.Now())); err != nil {
+		if err := l.budgetCheckpoint(); err != nil {
 			return err
 		}
 	}
@@ -410,9 +446,19 @@ func (l *loop) afterProcess(rewind offsets, worked, down bool, err error) error 
 		}
 	}
 	if l.budgetFull.Swap(false) {
-		return l.run(l.coord.RequestCheckpoint(time.Now()))
+		return l.budgetCheckpoint()
 	}
 	return nil
+}
+
+// budgetCheckpoint ends the epoch early: a task's write-set reached the
+// epoch budget. A commit under way ends first (pipelined.go), so that the
+// epoch being processed can end.
+func (l *loop) budgetCheckpoint() error {
+	if err := l.waitPipe(); err != nil {
+		return err
+	}
+	return l.run(l.coord.RequestCheckpoint(time.Now()))
 }
 
 // unavailableWait is how long the loop waits before the batches whose
@@ -651,6 +697,10 @@ func (l *loop) begin() error {
 // not sent, and the transaction would still commit without it (shutdown is
 // handled by the final checkpoint, not by cancelling produces).
 func (l *loop) produce(r *kgo.Record) {
+	if l.holding {
+		l.hold(r, l.plainPromise)
+		return
+	}
 	l.sess.Produce(context.Background(), r, l.plainPromise)
 }
 
@@ -714,10 +764,18 @@ func (l *loop) run(act barrier.Action) error {
 			l.ckptAt = start
 
 		case barrier.ActCommit:
-			act = l.commit()
+			act = l.commit(act)
 
 		case barrier.ActApply:
 			act = l.apply(act.Tasks)
+			// The epoch after it was processed during its commit
+			// (pipelined.go): its records go out now, in its own
+			// transaction, before anything else of it.
+			if l.fatal != nil {
+				l.dropHeld() // the apply failed: the instance stops
+			} else if err := l.releaseHeld(); err != nil {
+				return err
+			}
 
 		case barrier.ActAbort:
 			in.log.Warn("epoch aborted", "epoch", act.Epoch, "reason", act.Reason, "err", act.Err)
@@ -763,8 +821,10 @@ func (l *loop) preCommit(t *task) (int, error) {
 }
 
 // commit ends the epoch's transaction. The session flushes every output,
-// changelog record and marker before TxnOffsetCommit and EndTxn.
-func (l *loop) commit() barrier.Action {
+// changelog record and marker before TxnOffsetCommit and EndTxn. With
+// pipelined epochs the flush runs while the loop goes on (pipelined.go),
+// and the coordinator stays committing until finishPipe ends the commit.
+func (l *loop) commit(act barrier.Action) barrier.Action {
 	in := l.in
 	if !l.inTxn.Load() {
 		// Tasks were ready but nothing was consumed: nothing to end.
@@ -772,6 +832,14 @@ func (l *loop) commit() barrier.Action {
 	}
 	if at := in.txnOpenedAt.Load(); at != 0 {
 		in.commitTxnAge.Store(int64(time.Since(time.Unix(0, at))))
+	}
+	if l.overlaps(act) {
+		l.alignOffsets() // its check: nothing was polled since the barrier
+		if err := l.startPipe(); err != nil {
+			l.fatal = err
+			return l.coord.CommitFailed(err, time.Now())
+		}
+		return barrier.Action{}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), in.cfg.Checkpoint.Timeout)
 	defer cancel()
@@ -802,6 +870,13 @@ func (l *loop) commit() barrier.Action {
 	if act, ok := l.sinkPreCommit(ctx); !ok {
 		return act
 	}
+	return l.endTxn(ctx, offsets)
+}
+
+// endTxn commits the epoch's transaction, whose records were all
+// acknowledged, with offsets for the TxnOffsetCommit.
+func (l *loop) endTxn(ctx context.Context, offsets offsets) barrier.Action {
+	in := l.in
 	in.cfg.at(PointBeforeCommit)
 	stop := l.yieldToRebalance()
 	committed, err := l.sess.End(ctx, true, offsets)
@@ -829,8 +904,8 @@ func (l *loop) commit() barrier.Action {
 	in.m.transactions.WithLabelValues("commit").Inc()
 	if in.log.Enabled(context.Background(), slog.LevelDebug) {
 		for p, t := range l.tasks {
-			if t.marker != nil {
-				in.log.Debug("epoch committed", "task", p, "epoch", t.epoch+1, "next", t.next, "marker_offset", t.marker.Offset)
+			if next, marker := t.ending(); marker != nil {
+				in.log.Debug("epoch committed", "task", p, "epoch", t.epoch+1, "next", next, "marker_offset", marker.Offset)
 			}
 		}
 	}
@@ -847,7 +922,12 @@ func (l *loop) commit() barrier.Action {
 // whether all of it was acknowledged; if not, the commit failed and the
 // returned action says what to do next.
 func (l *loop) flushChecked(ctx context.Context) (barrier.Action, bool) {
-	if err := l.sess.Client().Flush(ctx); err != nil {
+	return l.checkFlushed(l.sess.Client().Flush(ctx))
+}
+
+// checkFlushed is flushChecked after the flush returned err.
+func (l *loop) checkFlushed(err error) (barrier.Action, bool) {
+	if err != nil {
 		l.sessionBroken(err)
 		return l.coord.CommitFailed(fmt.Errorf("flush: %w", err), time.Now()), false
 	}
@@ -939,6 +1019,14 @@ func (l *loop) sessionBroken(err error) { l.brokenErr = err }
 // still works), every task's write-set, and the consumer positions, which go
 // back to the tasks' committed offsets.
 func (l *loop) abort() error {
+	if pc := l.pipe; pc != nil {
+		// The epoch after the one committing goes with it. The session
+		// must not end the transaction while the flush runs.
+		<-pc.flushed
+		pc.cancel()
+		l.pipe, l.holding = nil, false
+	}
+	l.dropHeld()
 	l.sinkAborted()
 	// End even without an open transaction: it clears the session's
 	// revoked flag, which would otherwise abort the next epoch too.
@@ -956,14 +1044,25 @@ func (l *loop) abort() error {
 	l.produceErr.Store(nil)
 	refused := l.refused.Swap(false)
 	l.learnPoison()
+	overlapped := false // the epoch refused was committing during the next one
+	for _, t := range l.tasks {
+		overlapped = overlapped || t.sealed != nil
+	}
 	rewind := offsets{}
 	for p, t := range l.tasks {
 		// A bound stays until the epoch that reaches it commits (apply
 		// clears it): an abort for another reason, or a refused replay
 		// of a task that did not advance, must not let the replay take
 		// in new records.
-		if refused && t.advanced {
-			t.replayUntil = maps.Clone(t.next)
+		if advanced, next := t.advanced, t.next; refused {
+			if s := t.sealed; s != nil {
+				advanced, next = s.advanced, s.next // the refused epoch
+			} else if overlapped {
+				advanced = false // it ended nothing in the refused epoch
+			}
+			if advanced {
+				t.replayUntil = maps.Clone(next)
+			}
 		}
 		t.discard(l.in.cfg.Guarantee == AtLeastOnce)
 		rewind.setAll(p, t.committed)
@@ -973,6 +1072,7 @@ func (l *loop) abort() error {
 		return fmt.Errorf("%w: %w", errSessionBroken, err)
 	}
 	l.sess.Client().SetOffsets(rewind)
+	l.rewound = true
 	return nil
 }
 
@@ -1061,6 +1161,20 @@ func (l *loop) startRestoreAfter(p int32, delay time.Duration) {
 // is placed at the offsets the store reflects (the marker is the truth;
 // the group's committed offsets agree with it) and fetching resumes.
 func (l *loop) installRestored() error {
+	if l.pipe != nil {
+		// The task set changes only between checkpoints: a restored
+		// task waits for the commit under way.
+		ready := false
+		for _, job := range l.restoring {
+			ready = ready || len(job.result) > 0
+		}
+		if !ready {
+			return nil
+		}
+		if err := l.waitPipe(); err != nil {
+			return err
+		}
+	}
 	var installed []*task
 	for p, job := range l.restoring {
 		var r restoreResult
@@ -1118,8 +1232,10 @@ func (l *loop) installRestored() error {
 
 // shutdown takes the final checkpoint and closes the session (deferred).
 func (l *loop) shutdown() error {
-	act := l.coord.RequestShutdown(time.Now())
-	err := l.run(act)
+	err := l.waitPipe()
+	if err == nil {
+		err = l.run(l.coord.RequestShutdown(time.Now()))
+	}
 	if err != nil {
 		l.in.log.Warn("final checkpoint failed; the next start replays the epoch", "err", err)
 	}
@@ -1145,6 +1261,12 @@ func (l *loop) close() error {
 	// it forever.
 	l.sess.AllowRebalance()
 	l.sess.Close()
+	if pc := l.pipe; pc != nil {
+		<-pc.flushed // the client is closed: the flush returns
+		pc.cancel()
+		l.pipe, l.holding = nil, false
+	}
+	l.dropHeld()
 	if l.bc != nil {
 		l.bc.stop()
 	}

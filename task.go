@@ -46,6 +46,10 @@ type task struct {
 	marker *kgo.Record       // this epoch's marker, once produced
 	dirty  []kstate.Mutation // the epoch's changes as they went to the changelog
 	rc     recordContext
+	// sealed is the epoch whose transaction commits while the task
+	// processes the next one (pipelined epochs, see pipelined.go), nil
+	// when none does.
+	sealed *sealedEpoch
 
 	// co is what the task knows of each input topic, when it reads
 	// several (copartition.go); nil otherwise.
@@ -172,7 +176,7 @@ func (t *task) discard(orphaned bool) {
 	t.store.Discard()
 	t.next = maps.Clone(t.committed)
 	t.advanced = false
-	t.marker, t.dirty = nil, nil
+	t.marker, t.dirty, t.sealed = nil, nil, nil
 	t.sink, t.sinkID = nil, nil
 	if t.clock != nil {
 		t.clock.rewind()
@@ -261,6 +265,9 @@ func (t *task) epochHeader() []kgo.RecordHeader {
 
 // epochMeta is the meta the task's backend takes with the committed epoch.
 func (t *task) epochMeta(in *Instance) kstate.Meta {
+	if s := t.sealed; s != nil {
+		return kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: s.marker.Offset + 1, Offsets: maps.Clone(s.next), AppliedAt: in.now(), Watermark: s.watermark}
+	}
 	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now(), Watermark: t.watermark()}
 	if t.sinkID != nil {
 		meta.SinkTxn = t.sinkID.String()
@@ -273,7 +280,11 @@ func (t *task) epochMeta(in *Instance) kstate.Meta {
 // kstate.Store.ApplyBehind). It touches only the task's store. Its error
 // is a write behind of an earlier epoch that failed.
 func (t *task) write(meta kstate.Meta, start func(write func())) error {
-	if err := t.store.ApplyBehind(t.dirty, meta, start); err != nil {
+	dirty := t.dirty
+	if t.sealed != nil {
+		dirty = t.sealed.dirty
+	}
+	if err := t.store.ApplyBehind(dirty, meta, start); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
 	return nil
@@ -285,7 +296,24 @@ func (t *task) applied(in *Instance, meta kstate.Meta) {
 	t.epoch = meta.Epoch
 	// Copies: the write still reads meta.Offsets, and the loop adds to
 	// committed the first offset of a topic new to the task (take).
+	before := t.committed
 	t.committed = maps.Clone(meta.Offsets)
+	if t.sealed != nil {
+		// The epoch after it goes on from where it ended: its records,
+		// marker, clock and timers are its own. A topic it was the first
+		// to read keeps the rewind point take gave it.
+		for topic, off := range before {
+			if _, ok := t.committed[topic]; !ok {
+				t.committed[topic] = off
+			}
+		}
+		t.sealed = nil
+		t.orphans, t.replayUntil = nil, nil
+		if t.clock != nil {
+			t.clock.commitSealed()
+		}
+		return
+	}
 	t.next = maps.Clone(meta.Offsets)
 	t.advanced = false
 	t.marker, t.dirty, t.orphans, t.replayUntil = nil, nil, nil, nil
@@ -603,9 +631,15 @@ func (t *task) flushCounts() {
 	}
 }
 
-// flushCounts adds every task's records in and out to its counters.
+// flushCounts adds every task's records in and out to its counters, and
+// those processed while the epoch before committed to the overlap's.
 func (l *loop) flushCounts() {
+	n := 0
 	for _, t := range l.tasks {
+		n += t.inCount
 		t.flushCounts()
+	}
+	if l.holding && n > 0 {
+		l.in.m.overlapped.Add(float64(n))
 	}
 }

@@ -27,6 +27,7 @@ var storeCases = []conformanceCase{
 	{"Store/MatchesModel", testStoreModel},
 	{"Store/ApplyBehindReadsTheEpochUntilWritten", testStoreApplyBehind},
 	{"Store/ApplyBehindFailureKeepsTheEpoch", testStoreApplyBehindFailure},
+	{"Store/ApplyBehindFailureUnderASealedEpoch", testStoreApplyBehindFailureSealed},
 }
 
 // storeOver returns a Store whose backend already holds base.
@@ -321,7 +322,8 @@ func testStoreRecordErr(t *testing.T, kind string) {
 }
 
 // testStoreModel drives a Store with random operations and checks every
-// read against a plain-map model of the three levels. Keys share prefixes so
+// read against a plain-map model of the four levels (backend, sealed epoch,
+// epoch, record). Keys share prefixes so
 // scans cross level boundaries; the seed is fixed so failures repeat.
 func testStoreModel(t *testing.T, kind string) {
 	keys := []string{"a", "aa", "ab", "aba", "b", "ba", "bb", "c", "\x00", "\xff"}
@@ -329,12 +331,16 @@ func testStoreModel(t *testing.T, kind string) {
 	type level map[string]*string // nil value: tombstone
 	var (
 		backend = map[string]string{}
+		sealed  level // nil: no epoch is sealed
 		epoch   = level{}
 		record  = level{}
+		// sealedDirty is the sealed epoch's Dirty, taken at its seal as
+		// the engine's preCommit takes it.
+		sealedDirty []kstate.Mutation
 	)
 	model := func() map[string]string {
 		out := maps.Clone(backend)
-		for _, l := range []level{epoch, record} {
+		for _, l := range []level{sealed, epoch, record} {
 			for k, v := range l {
 				if v == nil {
 					delete(out, k)
@@ -361,47 +367,79 @@ func testStoreModel(t *testing.T, kind string) {
 			op = "delete"
 			st.Delete([]byte(k))
 			record[k] = nil
-		case r < 80:
+		case r < 76:
 			op = "commit"
 			st.CommitRecord()
 			maps.Copy(epoch, record)
 			clear(record)
-		case r < 88:
+		case r < 84:
 			op = "rollback"
 			st.RollbackRecord()
 			clear(record)
+		case r < 90:
+			op = "seal"
+			st.CommitRecord()
+			maps.Copy(epoch, record)
+			clear(record)
+			dirty := st.Dirty()
+			err := st.Seal()
+			if sealed != nil {
+				if err == nil {
+					t.Fatalf("step %d: Seal with an epoch sealed already succeeded", step)
+				}
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			sealed, sealedDirty, epoch = epoch, dirty, level{}
 		case r < 96:
 			op = "apply"
 			st.CommitRecord()
 			maps.Copy(epoch, record)
 			clear(record)
 			epochNo++
+			dirty, applied := st.Dirty(), epoch
+			if sealed != nil {
+				// The sealed epoch committed: it is the one applied,
+				// and the current one goes on.
+				op = "apply sealed"
+				dirty, applied = sealedDirty, sealed
+			}
 			if rng.IntN(2) == 0 {
-				if err := st.Apply(st.Dirty(), kstate.Meta{Epoch: epochNo}); err != nil {
+				if err := st.Apply(dirty, kstate.Meta{Epoch: epochNo}); err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				// The write runs on a goroutine of its own, so the
 				// reads below may meet it (the race detector watches);
 				// the scans below settle it.
-				op = "apply behind"
-				if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: epochNo}, func(w func()) { go w() }); err != nil {
+				op += " behind"
+				if err := st.ApplyBehind(dirty, kstate.Meta{Epoch: epochNo}, func(w func()) { go w() }); err != nil {
 					t.Fatal(err)
 				}
 			}
-			for k, v := range epoch {
+			for k, v := range applied {
 				if v == nil {
 					delete(backend, k)
 				} else {
 					backend[k] = *v
 				}
 			}
-			clear(epoch)
+			if sealed != nil {
+				sealed, sealedDirty = nil, nil
+			} else {
+				clear(epoch)
+			}
 		default:
 			op = "discard"
 			st.Discard()
+			sealed, sealedDirty = nil, nil
 			clear(epoch)
 			clear(record)
+		}
+		if st.Sealed() != (sealed != nil) {
+			t.Fatalf("step %d (%s): Sealed = %v, want %v", step, op, st.Sealed(), sealed != nil)
 		}
 		want := model()
 		for _, k := range keys {
@@ -604,5 +642,45 @@ func testStoreApplyBehindFailure(t *testing.T, kind string) {
 	}
 	if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: 2}, goWrite); err == nil {
 		t.Fatal("ApplyBehind after a failed write behind succeeded")
+	}
+}
+
+// A write behind that fails while the next epoch is sealed (pipelined
+// epochs) folds the failed epoch under the sealed one, not over it: a key
+// both changed reads the sealed epoch's value; and when the sealed epoch is
+// discarded (it aborted), the failed epoch's value is what remains.
+func testStoreApplyBehindFailureSealed(t *testing.T, kind string) {
+	b := newGated(t, kind, put("a", "b0"), put("s", "b0"))
+	b.fail = errors.New("disk on fire")
+	st := kstate.NewStore(b)
+	st.Put([]byte("a"), []byte("e1"))
+	st.Put([]byte("s"), []byte("e1"))
+	st.CommitRecord()
+	if err := st.ApplyBehind(st.Dirty(), kstate.Meta{Epoch: 1}, goWrite); err != nil {
+		t.Fatal(err)
+	}
+	st.Put([]byte("s"), []byte("e2"))
+	st.CommitRecord()
+	if err := st.Seal(); err != nil {
+		t.Fatal(err)
+	}
+	// A record of the epoch after the sealed one creates s's node in its
+	// write-set and is in flight across the failure.
+	st.Put([]byte("s"), []byte("z"))
+	close(b.gate)
+	if err := st.Settle(); err == nil {
+		t.Fatal("Settle forgot the write's error")
+	}
+	st.RollbackRecord()
+	wantGet(t, st, "s", []byte("e2"))
+	wantGet(t, st, "a", []byte("e1"))
+	if got := scanAll(t, st, ""); !slices.Equal(got, []string{"a=e1", "s=e2"}) {
+		t.Fatalf("Scan = %q, want [a=e1 s=e2]", got)
+	}
+	st.Discard()
+	wantGet(t, st, "s", []byte("e1"))
+	wantGet(t, st, "a", []byte("e1"))
+	if st.Sealed() {
+		t.Fatal("Discard kept the sealed epoch")
 	}
 }

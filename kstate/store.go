@@ -1,6 +1,7 @@
 package kstate
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -23,8 +24,9 @@ import (
 //     was when it started; CommitRecord folds them in.
 //
 // Reads look at the record write-set, then the epoch write-set, then the
-// write-set of an epoch being applied behind (ApplyBehind), then the
-// backend; a delete in a write-set hides the entries below it.
+// write-set of an epoch sealed at its barrier and still committing (Seal),
+// then the write-set of an epoch being applied behind (ApplyBehind), then
+// the backend; a delete in a write-set hides the entries below it.
 //
 // Values written are copied into an arena of the epoch's, and keys into the
 // write-set's own, so the hot path (a read and a write per record) makes no
@@ -34,6 +36,11 @@ import (
 type Store struct {
 	backend Backend
 	epoch   *writeSet
+	// sealed is the epoch before the current one, ended at its barrier
+	// while its Kafka transaction commits (Seal), nil when none is:
+	// ApplyBehind (or Apply) takes it once it committed, Discard drops it
+	// with the current epoch when it did not.
+	sealed *writeSet
 	// behind is the committed epoch whose backend write runs on another
 	// goroutine (ApplyBehind), nil when none does; spare is a write-set
 	// that was behind, kept for the next epoch so a write-set's index is
@@ -102,6 +109,11 @@ func (s *Store) Get(key []byte) ([]byte, bool, error) {
 	}
 	if n := s.epoch.get(key); n != nil {
 		return n.val, n.val != nil, nil
+	}
+	if s.sealed != nil {
+		if n := s.sealed.get(key); n != nil {
+			return n.val, n.val != nil, nil
+		}
 	}
 	if s.behind != nil {
 		if n := s.behind.ws.get(key); n != nil {
@@ -358,6 +370,9 @@ func (s *Store) behindSet() *writeSet {
 // epoch's Kafka transaction committed, between records (with a record in
 // flight it returns an error). On error the write-set is kept, so the
 // caller may retry.
+//
+// With an epoch sealed (Seal), it is the sealed epoch that is applied and
+// dropped, and the current one stays.
 func (s *Store) Apply(dirty []Mutation, meta Meta) error {
 	if s.recordInFlight() {
 		return errRecordInFlight
@@ -368,9 +383,43 @@ func (s *Store) Apply(dirty []Mutation, meta Meta) error {
 	if err := s.backend.Apply(dirty, meta); err != nil {
 		return err
 	}
+	if s.sealed != nil {
+		s.sealed.reset()
+		s.spare, s.sealed = s.sealed, nil
+		return nil
+	}
 	s.resetEpoch()
 	return nil
 }
+
+// Seal ends the epoch at its barrier while its transaction commits, so
+// that the next epoch's records can be processed meanwhile (the engine's
+// pipelined epochs): the epoch write-set is set aside as the sealed one and
+// a fresh one starts over it. Reads see the sealed epoch under the new one.
+// Once the sealed epoch committed, ApplyBehind (or Apply) takes it; if it
+// did not, Discard drops it with the epoch after it. Call it between
+// records, with no epoch sealed already.
+func (s *Store) Seal() error {
+	switch {
+	case s.recordInFlight():
+		return errRecordInFlight
+	case s.sealed != nil:
+		return errors.New("kstate: an epoch is sealed already")
+	}
+	s.sealed = s.epoch
+	if s.spare != nil {
+		s.epoch, s.spare = s.spare, nil
+	} else {
+		s.epoch = newWriteSet()
+	}
+	s.clearRecord()
+	s.values = arena{} // the sealed values stay where they are
+	return nil
+}
+
+// Sealed reports whether an epoch is sealed (Seal) and not yet applied or
+// discarded.
+func (s *Store) Sealed() bool { return s.sealed != nil }
 
 // behindApply is an epoch's backend write under way on another goroutine.
 type behindApply struct {
@@ -380,7 +429,8 @@ type behindApply struct {
 }
 
 // ApplyBehind is Apply without the wait: it takes the epoch write-set
-// aside, starts a fresh one for the next epoch, and hands start the
+// aside (the sealed one, if an epoch is sealed: see Seal), starts a fresh
+// one for the next epoch (or keeps the current one), and hands start the
 // backend write (dirty and meta in one transaction, as Apply), which
 // start runs on a goroutine of its own (or at once). Until the write
 // returns, reads see the epoch taken aside under the new one, so the task
@@ -402,13 +452,18 @@ func (s *Store) ApplyBehind(dirty []Mutation, meta Meta, start func(write func()
 	}
 	b := &behindApply{ws: s.epoch, done: make(chan struct{})}
 	s.behind = b
-	if s.spare != nil {
-		s.epoch, s.spare = s.spare, nil
+	if s.sealed != nil {
+		// The current epoch goes on: only the sealed one goes behind.
+		b.ws, s.sealed = s.sealed, nil
 	} else {
-		s.epoch = newWriteSet()
+		if s.spare != nil {
+			s.epoch, s.spare = s.spare, nil
+		} else {
+			s.epoch = newWriteSet()
+		}
+		s.clearRecord()
+		s.values = arena{} // the values behind stay where they are
 	}
-	s.clearRecord()
-	s.values = arena{} // the values behind stay where they are
 	backend := s.backend
 	start(func() {
 		b.err = backend.Apply(dirty, meta)
@@ -468,12 +523,16 @@ func (s *Store) settled() error {
 // fold moves a committed epoch's write-set, whose backend write failed,
 // under the current epoch's: each of its keys the current epoch did not
 // change is set to its value, so reads see what they saw with the epoch
-// behind, and the next Apply writes it. A record in flight that created a
+// behind, and the next Apply writes it. A key a sealed epoch changed is
+// left out: that value is newer (Discard folds again once it is dropped). A record in flight that created a
 // key's node (its undo entry says unset) would, when rolled back, fall
 // through to the backend, which lacks the epoch: its undo entry takes the
 // committed value instead.
 func (s *Store) fold(ws *writeSet) {
 	for n := ws.first(); n != nil; n = n.after() {
+		if s.sealed != nil && s.sealed.get(n.kb) != nil {
+			continue
+		}
 		e := s.epoch.node(n.kb)
 		switch {
 		case e == nil:
@@ -484,7 +543,7 @@ func (s *Store) fold(ws *writeSet) {
 	}
 	for i := range s.undo {
 		u := &s.undo[i]
-		if u.unset {
+		if u.unset && (s.sealed == nil || s.sealed.get(u.n.kb) == nil) {
 			if n := ws.get(u.n.kb); n != nil {
 				u.val, u.unset = n.val, false
 			}
@@ -501,12 +560,16 @@ func (s *Store) resetEpoch() {
 	s.values = arena{}
 }
 
-// Discard drops both write-sets: the epoch aborted, and the backend already
-// holds the state the task rewinds to (or is being written with it:
-// ApplyBehind). After a write behind failed, the epoch it lacks is folded
-// into the new epoch write-set again.
+// Discard drops the write-sets, the sealed epoch's too (see Seal): the
+// epoch aborted, and the backend already holds the state the task rewinds
+// to (or is being written with it: ApplyBehind). After a write behind
+// failed, the epoch it lacks is folded into the new epoch write-set again.
 func (s *Store) Discard() {
 	s.resetEpoch()
+	if s.sealed != nil {
+		s.sealed.reset()
+		s.spare, s.sealed = s.sealed, nil
+	}
 	if s.failed != nil {
 		s.fold(s.failed)
 	}
@@ -538,6 +601,9 @@ func (s *Store) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error
 	// skip list: see write), so fn's own writes do not disturb the merge:
 	// the scan goes on over the state as it was when it started.
 	ov := overlay{prefix: string(prefix), records: s.recordRange(prefix, from), node: s.epoch.seek(from)}
+	if s.sealed != nil {
+		ov.sealed = s.sealed.seek(from)
+	}
 	s.scanning++
 	defer func() { s.scanning-- }()
 	stopped := false
@@ -615,34 +681,45 @@ type overlayEntry struct {
 	val []byte // nil is a tombstone
 }
 
-// overlay merges the record write-set range with the epoch write-set range
-// into one ordered stream; on equal keys the record's entry wins.
+// overlay merges the record write-set range, the epoch write-set range and
+// the sealed epoch's range (see Seal) into one ordered stream; on equal keys
+// the record's entry wins over the epoch's, and the epoch's over the sealed
+// one's.
 type overlay struct {
 	prefix  string
 	records []overlayEntry
 	node    *wsNode
+	sealed  *wsNode
 }
 
 func (o *overlay) peek() (overlayEntry, bool) {
-	hasNode := o.node.within(o.prefix)
-	switch {
-	case len(o.records) > 0 && (!hasNode || o.records[0].key <= o.node.key):
-		return o.records[0], true
-	case hasNode:
-		return overlayEntry{key: o.node.key, val: o.node.val}, true
+	var e overlayEntry
+	found := false
+	// From the lowest level up, so that an equal key above replaces it.
+	for _, n := range [2]*wsNode{o.sealed, o.node} {
+		if n.within(o.prefix) && (!found || n.key <= e.key) {
+			e, found = overlayEntry{key: n.key, val: n.val}, true
+		}
 	}
-	return overlayEntry{}, false
+	if len(o.records) > 0 && (!found || o.records[0].key <= e.key) {
+		e, found = o.records[0], true
+	}
+	return e, found
 }
 
+// advance moves past the key peek returns, at every level that has it.
 func (o *overlay) advance() {
-	hasNode := o.node.within(o.prefix)
-	switch {
-	case len(o.records) > 0 && hasNode && o.records[0].key == o.node.key:
+	e, ok := o.peek()
+	if !ok {
+		return
+	}
+	if len(o.records) > 0 && o.records[0].key == e.key {
 		o.records = o.records[1:]
+	}
+	if o.node.within(o.prefix) && o.node.key == e.key {
 		o.node = o.node.after()
-	case len(o.records) > 0 && (!hasNode || o.records[0].key < o.node.key):
-		o.records = o.records[1:]
-	case hasNode:
-		o.node = o.node.after()
+	}
+	if o.sealed.within(o.prefix) && o.sealed.key == e.key {
+		o.sealed = o.sealed.after()
 	}
 }

@@ -36,6 +36,8 @@ TABLE_NAMES = [
     ("aggregate-alos-bbolt", "Sluice `aggregate`, at-least-once, bbolt"),
     ("echo-eos-p2", "Sluice `echo`, exactly-once, 2 tasks at once"),
     ("aggregate-eos-bbolt-p2", "Sluice `aggregate`, exactly-once, bbolt, 2 tasks at once"),
+    ("echo-eos-pipelined", "Sluice `echo`, exactly-once, pipelined epochs"),
+    ("aggregate-eos-bbolt-pipelined", "Sluice `aggregate`, exactly-once, bbolt, pipelined epochs"),
     ("hash-eos", "Sluice `hash`, exactly-once"),
     ("hash-eos-p2", "Sluice `hash`, exactly-once, 2 tasks at once"),
 ]
@@ -194,6 +196,11 @@ def fmt_records(v):
     return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"
 
 
+def ratio(r, key):
+    """A ratio of the row, or a dash when the run had no such raw loop."""
+    return f"{r[key]:.2f}" if key in r else "–"
+
+
 def tables(rows):
     """BENCHMARKS.md's throughput and latency tables, in Markdown: 100 ms
     rows first in TABLE_NAMES order, then the other intervals."""
@@ -211,7 +218,7 @@ def tables(rows):
             ckpt = f"{r['checkpoint_p50_ms']:.1f} / {r['checkpoint_p99_ms']:.1f}"
             share = f"{100 * r['checkpoint_share']:.0f} %"
         out.append(f"| {label.get(r['contender'], r['contender'])} | {fmt_interval(r['interval_ms'])} | {fmt_records(r['records_per_s'])} | "
-                   f"{r['ratio_raw_alos']:.2f} | {r['ratio_raw_eos']:.2f} | {r['cpu_s_per_m_records']:.2f} | {r['peak_rss_mib']:.0f} | "
+                   f"{ratio(r, 'ratio_raw_alos')} | {ratio(r, 'ratio_raw_eos')} | {r['cpu_s_per_m_records']:.2f} | {r['peak_rss_mib']:.0f} | "
                    f"{r['allocs_per_record']:.1f} | {r['alloc_bytes_per_record']:.0f} | {ckpt} | {share} |")
     out += ["", "| contender | interval | p50 ms | p99 ms | received / produced |", "|---|---|---|---|---|"]
     lat = sorted((r for r in rows if r.get("kind") == "latency"), key=lambda r: (order.get(r["contender"], 99), r["interval_ms"]))

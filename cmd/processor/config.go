@@ -79,6 +79,7 @@ type Config struct {
 	EpochMaxBytes         int           `env:"SLUICE_EPOCH_MAX_BYTES" envDefault:"67108864" desc:"Likewise for the key and value bytes one task changes in an epoch (default 64 MiB). Must be > 0."`
 	RestoreConcurrency    int           `env:"SLUICE_RESTORE_CONCURRENCY" envDefault:"0" desc:"How many tasks at once may restore more than a batch (10,000 records) of their changelog (restores from scratch, long tails); the others wait, paused, while short tails never wait. Such a restore is CPU-bound and holds some 100 MiB of heap, so this bounds an instance's restore memory whatever its partition count (see docs/operations.md). 0 = GOMAXPROCS, at least 2. Must be >= 0."`
 	Parallelism           int           `env:"SLUICE_PARALLELISM" envDefault:"1" desc:"How many of the instance's tasks process their records at once, each on its own goroutine, all in the instance's one transaction per epoch (Kafka Streams' num.stream.threads). 1 = one goroutine for every task. More helps a job whose processing, not the broker, is the bound and the cores to spare (see docs/operations.md); SLUICE_JOB=function always uses one. Must be >= 1."`
+	PipelinedEpochs       bool          `env:"SLUICE_PIPELINED_EPOCHS" envDefault:"false" desc:"true: process each epoch while the one before is being committed (its flush: the broker acknowledging its records), holding the new epoch's outputs until that commit ends; a failed commit aborts both epochs. Exactly-once only, not with SLUICE_SINK. See docs/operations.md#pipelined-epochs."`
 	Sink                  string        `env:"SLUICE_SINK" docDefault:"empty (none)" expect:"postgres, or empty for none" desc:"postgres: the job's results also go to a PostgreSQL table, exactly once (docs/sinks.md): aggregate upserts one row per key, echo inserts one row per input record. Needs SLUICE_GUARANTEE=exactly_once; SLUICE_OUTPUT_TOPIC becomes optional."`
 	PostgresURL           string        `env:"SLUICE_POSTGRES_URL" secret:"true" docDefault:"required by SLUICE_SINK=postgres" expect:"a PostgreSQL connection string such as postgres://user:password@host:5432/db" desc:"SLUICE_SINK=postgres: the database (postgres://… or key=value). Secret: never logged nor echoed in errors. The server needs max_prepared_transactions > 0."`
 	PostgresTable         string        `env:"SLUICE_POSTGRES_TABLE" docDefault:"required by SLUICE_SINK=postgres" expect:"a table name or schema.table" desc:"SLUICE_SINK=postgres: the table the rows go to, created if missing (its columns: see docs/sinks.md); one of another shape stops the instance at start. The audit table sluice_sink_epochs goes in the same schema."`
@@ -496,6 +497,10 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_EPOCH_MAX_BYTES", c.EpochMaxBytes > 0, "a number of bytes greater than 0")
 	v.check("SLUICE_PARALLELISM", c.Parallelism >= 1, "a number of tasks at once, 1 or more")
 	v.check("SLUICE_RESTORE_CONCURRENCY", c.RestoreConcurrency >= 0, "a number of restores at once, 0 (GOMAXPROCS, at least 2) or more")
+	if c.PipelinedEpochs {
+		v.check("SLUICE_PIPELINED_EPOCHS", c.Guarantee == "exactly_once", "false with SLUICE_GUARANTEE="+c.Guarantee+": at-least-once has no transaction to overlap")
+		v.check("SLUICE_PIPELINED_EPOCHS", c.Sink == "", "false with SLUICE_SINK="+c.Sink+": the sink's commit is not overlapped")
+	}
 	c.validateSink(&v, job)
 	c.FunctionConfig.validate(&v, c.Job, c.TransactionTimeout(), c.epoch())
 	c.Security.validate(&v)

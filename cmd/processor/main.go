@@ -365,6 +365,7 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		EpochMaxKeys:          cfg.EpochMaxKeys,
 		EpochMaxBytes:         cfg.EpochMaxBytes,
 		Parallelism:           cfg.Parallelism,
+		PipelinedEpochs:       cfg.PipelinedEpochs,
 		RestoreConcurrency:    cfg.RestoreConcurrency,
 		RestoreFrom:           cfg.RestoreFrom,
 		AllowNonRestoredState: cfg.AllowNonRestoredState,

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/gctune"
 )
 
@@ -91,6 +92,8 @@ type spec struct {
 	Trace     string        `json:"trace"`     // optional execution trace of the child
 	// Parallelism is Options.Parallelism (Sluice; 0 is the default, 1).
 	Parallelism int `json:"parallelism"`
+	// Pipelined is Options.PipelinedEpochs (Sluice).
+	Pipelined bool `json:"pipelined"`
 	// FetchMaxPartitionBytes, if set, is the raw loop's
 	// kgo.FetchMaxPartitionBytes (0: franz-go's default, 1 MiB).
 	FetchMaxPartitionBytes int32 `json:"fetch_max_partition_bytes"`
@@ -105,6 +108,7 @@ type childResult struct {
 	CheckpointP99 float64 `json:"checkpoint_p99_ms"`
 	Checkpoints   uint64  `json:"checkpoints"`
 	CheckpointSum float64 `json:"checkpoint_sum_s"` // seconds spent from barriers to applied epochs
+	Overlapped    float64 `json:"overlapped"`       // sluice_overlapped_records_total
 }
 
 func runContenderChild() int {
@@ -167,6 +171,7 @@ func runContenderChild() int {
 		}
 		o := sluiceOptions(s.Brokers, s.Group, s.In, s.Out, s.Job, s.Backend, g, s.Interval, s.State, reg)
 		o.Parallelism = s.Parallelism
+		o.PipelinedEpochs = s.Pipelined
 		err = sluiceLoopWith(ctx, o)
 	}
 	if s.CPUProf != "" {
@@ -188,6 +193,7 @@ func runContenderChild() int {
 		}
 	}
 	res.CheckpointP50, res.CheckpointP99, res.Checkpoints, res.CheckpointSum = checkpointQuantiles(reg)
+	res.Overlapped, _ = check.MetricSum(reg, "sluice_overlapped_records_total")
 	raw, _ := json.Marshal(res)
 	if err := os.WriteFile(s.Result, raw, 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)

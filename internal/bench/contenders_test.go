@@ -39,6 +39,10 @@ var (
 		// Two tasks at once (Options.Parallelism).
 		{Name: "echo-eos-p2", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Parallelism: 2},
 		{Name: "aggregate-eos-bbolt-p2", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Parallelism: 2},
+		// Each epoch processed while the one before commits
+		// (Options.PipelinedEpochs).
+		{Name: "echo-eos-pipelined", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Pipelined: true},
+		{Name: "aggregate-eos-bbolt-pipelined", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Pipelined: true},
 		{Name: "hash-eos", Job: "hash", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
 		{Name: "hash-eos-p2", Job: "hash", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Parallelism: 2},
 		// The interval sweep of the exactly-once contenders (chart a).
@@ -56,6 +60,10 @@ var (
 		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond},
 		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
 		{Name: "aggregate-eos-bbolt", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: time.Second},
+		{Name: "echo-eos-pipelined", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Pipelined: true},
+		{Name: "aggregate-eos-bbolt-pipelined", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond, Pipelined: true},
+		{Name: "aggregate-eos-bbolt-pipelined", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond, Pipelined: true},
+		{Name: "aggregate-eos-bbolt-pipelined", Job: "aggregate", EOS: true, Backend: "bbolt", Interval: time.Second, Pipelined: true},
 	}
 )
 
@@ -86,6 +94,10 @@ type row struct {
 	// window: the share of wall time an epoch was being committed or
 	// applied (the apply overlaps the next epoch's processing).
 	CkptShare float64 `json:"checkpoint_share,omitempty"`
+	// Overlapped is the share of the input processed while the epoch
+	// before it committed (sluice_overlapped_records_total; pipelined
+	// epochs only).
+	Overlapped float64 `json:"overlapped_share,omitempty"`
 	// BrokerCPUPerM is the broker process's CPU time per million records
 	// over the steady part of the run (first commit to done), and
 	// MachineBusy the share of every core of the machine busy then
@@ -192,8 +204,8 @@ func BenchmarkContenders(b *testing.B) {
 					continue
 				}
 				r := throughputRun(b, adm, brokers, brokerPID, s, fmt.Sprintf("tp%d-r%d", i, round), n)
-				b.Logf("round %d %s/%v: %.0f records/s, %.2f CPU s/M (broker %.2f, machine %.0f%% busy), %.0f MiB, checkpoint p50 %.1f ms p99 %.1f ms, %.1f allocs/record",
-					round, s.Name, s.Interval, r.RecordsPerS, r.CPUPerM, r.BrokerCPUPerM, 100*r.MachineBusy, r.PeakRSS, r.CkptP50, r.CkptP99, r.AllocsPerRec)
+				b.Logf("round %d %s/%v: %.0f records/s, %.2f CPU s/M (broker %.2f, machine %.0f%% busy), %.0f MiB, checkpoint p50 %.1f ms p99 %.1f ms, %.1f allocs/record, %.1f%% overlapped",
+					round, s.Name, s.Interval, r.RecordsPerS, r.CPUPerM, r.BrokerCPUPerM, 100*r.MachineBusy, r.PeakRSS, r.CkptP50, r.CkptP99, r.AllocsPerRec, 100*r.Overlapped)
 				tps[i] = append(tps[i], r)
 			}
 			for i, s := range latencyContenders {
@@ -296,6 +308,7 @@ func median(rs []row) row {
 		func(r *row) *float64 { return &r.CkptP50 },
 		func(r *row) *float64 { return &r.CkptP99 },
 		func(r *row) *float64 { return &r.CkptShare },
+		func(r *row) *float64 { return &r.Overlapped },
 		func(r *row) *float64 { return &r.BrokerCPUPerM },
 		func(r *row) *float64 { return &r.MachineBusy },
 		func(r *row) *float64 { return &r.LatP50 },
@@ -367,6 +380,7 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, brokerPID int
 	r.BytesPerRec = float64(res.AllocBytes) / float64(n)
 	r.CkptP50, r.CkptP99, r.Checkpoints = res.CheckpointP50, res.CheckpointP99, res.Checkpoints
 	r.CkptShare = res.CheckpointSum / elapsed.Seconds()
+	r.Overlapped = res.Overlapped / float64(n)
 	if !steady.at.IsZero() && total > steady.total && int64(n) > steady.sum {
 		r.BrokerCPUPerM = (broker - steady.broker) / (float64(int64(n)-steady.sum) / 1e6)
 		r.MachineBusy = float64(busy-steady.busy) / float64(total-steady.total)

@@ -214,12 +214,13 @@ func chaosAggregate(t *testing.T, proto string) {
 	var pg string
 	var extra []string
 	// The other run processes each instance's tasks in parallel
-	// (Options.Parallelism), under the same kills and pauses.
+	// (Options.Parallelism), each epoch while the one before commits
+	// (Options.PipelinedEpochs), under the same kills and pauses.
 	if proto == "classic" {
 		pg = pgtest.Start(t).URL()
 		extra = append(extra, "SYSTEST_PG_URL="+pg)
 	} else {
-		extra = append(extra, "SYSTEST_PARALLELISM=3")
+		extra = append(extra, "SYSTEST_PARALLELISM=3", "SYSTEST_PIPELINED=true")
 	}
 	ch := newChaos(t, "aggregate", sluice.ExactlyOnce, proto, seed, extra...)
 	ch.run(20*time.Second, 50, seed)
@@ -253,7 +254,7 @@ func chaosAggregate(t *testing.T, proto string) {
 // across the hop, with each stage's tasks processed in parallel.
 func TestChaosWordcountExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 24)
-	ch := newChaos(t, "wordcount", sluice.ExactlyOnce, chaosProtocol("classic"), seed, "SYSTEST_PARALLELISM=2")
+	ch := newChaos(t, "wordcount", sluice.ExactlyOnce, chaosProtocol("classic"), seed, "SYSTEST_PARALLELISM=2", "SYSTEST_PIPELINED=true")
 	ch.feeder.words = map[string]int{}
 	ch.run(20*time.Second, 0, seed)
 	occurrences := func() int {

@@ -1,6 +1,7 @@
 package systest
 
 import (
+	"fmt"
 	"os"
 	"syscall"
 	"testing"
@@ -19,17 +20,23 @@ import (
 //	after EndTxn, before apply   backend at E-1, changelog at E: the tail is replayed
 //	after apply                  backend at E
 //	state dir lost               full restore from the changelog
+//
+// With pipelined epochs, the crashes before and after EndTxn come while the
+// next epoch's records are processed and held (pipelined.go).
 func TestCrashPoints(t *testing.T) {
 	tests := []struct {
 		name      string
 		point     string
 		loseState bool
+		pipelined bool
 	}{
-		{"before pre-commit", sluice.PointBeforePreCommit, false},
-		{"before commit", sluice.PointBeforeCommit, false},
-		{"after commit before apply", sluice.PointAfterCommit, false},
-		{"after apply", sluice.PointAfterApply, false},
-		{"after commit, state dir lost", sluice.PointAfterCommit, true},
+		{"before pre-commit", sluice.PointBeforePreCommit, false, false},
+		{"before commit", sluice.PointBeforeCommit, false, false},
+		{"after commit before apply", sluice.PointAfterCommit, false, false},
+		{"after apply", sluice.PointAfterApply, false, false},
+		{"after commit, state dir lost", sluice.PointAfterCommit, true, false},
+		{"before commit, pipelined epochs", sluice.PointBeforeCommit, false, true},
+		{"after commit before apply, pipelined epochs", sluice.PointAfterCommit, false, true},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -37,7 +44,7 @@ func TestCrashPoints(t *testing.T) {
 			brokers := newCluster(t, 3)
 			f := newFeeder(t, brokers, 40, uint64(10+i))
 			state := t.TempDir()
-			c := newChild(t, brokers, "crash", "i1", state, "aggregate", sluice.ExactlyOnce)
+			c := newChild(t, brokers, "crash", "i1", state, "aggregate", sluice.ExactlyOnce, fmt.Sprintf("SYSTEST_PIPELINED=%v", tt.pipelined))
 			c.start("SYSTEST_CRASH_AT="+tt.point, "SYSTEST_CRASH_AFTER=3")
 			deadline := time.Now().Add(60 * time.Second)
 			for c.running() {

@@ -24,6 +24,9 @@ func TestBrokerFaults(t *testing.T) {
 		// txnTimeout, if set, replaces the instance's transaction
 		// timeout.
 		txnTimeout time.Duration
+		// pipelined processes each epoch while the one before commits
+		// (Options.PipelinedEpochs).
+		pipelined bool
 	}{
 		{
 			// The broker aborts the transaction on its timeout while
@@ -64,6 +67,14 @@ func TestBrokerFaults(t *testing.T) {
 			},
 		},
 	}
+	// The faults of the flush, EndTxn and the coordinators again, with
+	// the commit overlapping the next epoch.
+	for _, i := range []int{0, 3, 4} {
+		tt := tests[i]
+		tt.name += ", pipelined epochs"
+		tt.pipelined = true
+		tests = append(tests, tt)
+	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(4, input, output), kip848Heartbeat)
@@ -78,6 +89,7 @@ func TestBrokerFaults(t *testing.T) {
 				o.TransactionTimeout = tt.txnTimeout
 				o.Checkpoint.Timeout = 2 * tt.txnTimeout
 			}
+			o.PipelinedEpochs = tt.pipelined
 			p := startInProcess(t, o)
 			p.awaitReady(t)
 			f.produce(300, 0)

@@ -53,6 +53,7 @@ func runChild() int {
 		cfg.TransactionTimeout = d
 	}
 	cfg.Parallelism, _ = strconv.Atoi(env("SYSTEST_PARALLELISM"))
+	cfg.PipelinedEpochs = env("SYSTEST_PIPELINED") == "true"
 	level := slog.LevelInfo
 	if env("SYSTEST_LOG_DIR") != "" {
 		level = slog.LevelDebug

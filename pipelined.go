@@ -1,0 +1,291 @@
+package sluice
+
+import (
+	"context"
+	"maps"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluicehq/sluice/barrier"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// Pipelined epochs (Options.PipelinedEpochs): epoch E+1 is processed while
+// E's commit waits for the broker, the non-blocking analogue of Flink's
+// unaligned checkpoints.
+//
+// Without them the loop stops at E's barrier until E committed: the
+// session's flush (every output, changelog record and marker of E
+// acknowledged), then TxnOffsetCommit and EndTxn. With them, the flush runs
+// on a goroutine of its own while the loop polls and processes E+1:
+//
+//   - E is sealed at its barrier, after its changelog and marker were
+//     produced: each task keeps E's offsets, marker and changes apart
+//     (sealedEpoch), its store sets E's write-set aside under a fresh one
+//     for E+1 (kstate.Store.Seal), and its clock keeps E's watermark.
+//   - E+1's outputs and dead letters are held in the loop (held), not
+//     produced: E's transaction is still open, and a record produced now
+//     would join it. Nothing else is produced before E+1's barrier.
+//   - Once the flush returned, the loop ends E as a synchronous commit
+//     does (endTxn), with E's offsets given to the TxnOffsetCommit in place
+//     of the consumer's positions, which are E+1's by then
+//     (commitOffsetsAs). TxnOffsetCommit and EndTxn run on the loop
+//     goroutine as before: franz-go's session must not poll during them.
+//   - E committed: E is applied from its sealed fields, and E+1's held
+//     records are produced in E+1's transaction, before anything else of
+//     E+1 (run, ActApply). E failed: E+1 is dropped with it, and both
+//     replay from E-1's offsets, as any abort replays the open epoch.
+//
+// So nothing of the protocol's order moves: E+1's records reach Kafka only
+// in E+1's transaction, after E committed; a backend takes E only after E
+// committed and E+1 only after E+1 did; an abort leaves every task at its
+// last committed epoch. The crash table of DESIGN.md holds as it is: a
+// crash during the overlap is a crash during E's commit with E+1 unsent.
+//
+// The loop ends the overlap early, waiting for the flush (waitPipe), before
+// it acts on a rebalance, a rebalance request, a shutdown, a restored task
+// (the task set changes only between checkpoints), an epoch budget reached,
+// or when the held records reach maxHeldRecords; a commit that follows at
+// once from such a wait does not overlap, so that the loop then finds the
+// coordinator processing. Timers, the TTL sweep and broadcast records are
+// handled during an overlap as records are: they join the epoch being
+// processed. An abort rewinds the consumer, so the records of a poll that
+// an abort followed are dropped (loop.rewound). A commit is not overlapped
+// (it runs as without the option) at-least-once, with an Options.Sink (its
+// pre-commit reads the epoch's rows; both are refused by Options), while an
+// input is suspected of poison or a refused epoch is replayed (poison.go:
+// their outputs go alone), and for the final and the revoking checkpoints,
+// after which nothing is processed.
+
+// sealedEpoch is a task's epoch sealed at its barrier while its transaction
+// commits.
+type sealedEpoch struct {
+	next      map[string]int64  // the input offsets after it
+	advanced  bool              // it consumed records
+	marker    *kgo.Record       // its marker
+	dirty     []kstate.Mutation // its changes as they went to the changelog
+	watermark time.Time         // its marker's watermark
+}
+
+// seal sets the task's ending epoch aside, if it produced a marker, so that
+// the task can process the next one (see above).
+func (t *task) seal() error {
+	if t.marker == nil {
+		return nil // nothing ends: the epoch was empty
+	}
+	if err := t.store.Seal(); err != nil {
+		return err
+	}
+	t.sealed = &sealedEpoch{next: maps.Clone(t.next), advanced: t.advanced, marker: t.marker, dirty: t.dirty, watermark: t.watermark()}
+	if t.clock != nil {
+		t.clock.seal()
+	}
+	t.advanced = false
+	t.marker, t.dirty = nil, nil
+	return nil
+}
+
+// ending returns the offsets after, and the marker of, the epoch being
+// committed: the sealed one, or else the open one.
+func (t *task) ending() (next map[string]int64, marker *kgo.Record) {
+	if s := t.sealed; s != nil {
+		return s.next, s.marker
+	}
+	return t.next, t.marker
+}
+
+// maxHeldRecords bounds the records held during an overlap; the loop waits
+// for the commit once they reach it (franz-go's own buffer is 100,000).
+const maxHeldRecords = 50_000
+
+// pipedCommit is the commit under way while the loop processes the next
+// epoch.
+type pipedCommit struct {
+	ctx     context.Context // the checkpoint's timeout
+	cancel  context.CancelFunc
+	flushed chan error // the flush's result; buffered
+}
+
+// heldRecord is a record of the epoch after the one committing, and its
+// promise.
+type heldRecord struct {
+	r       *kgo.Record
+	promise func(*kgo.Record, error)
+}
+
+// overlaps reports whether the commit of the epoch act ends may run while
+// the loop processes the next one.
+func (l *loop) overlaps(act barrier.Action) bool {
+	in := l.in
+	if !in.cfg.PipelinedEpochs || in.cfg.Guarantee != ExactlyOnce || in.cfg.Sink != nil || l.refused.Load() || l.noOverlap {
+		return false
+	}
+	switch act.Reason {
+	case barrier.ReasonShutdown, barrier.ReasonRevoke:
+		return false // nothing is processed after these
+	}
+	for _, t := range l.tasks {
+		if len(t.poison) > 0 || t.replayUntil != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// startPipe seals the ending epoch and starts its flush on a goroutine of
+// its own; finishPipe ends the commit.
+func (l *loop) startPipe() error {
+	for _, p := range l.taskList() {
+		if err := l.tasks[p].seal(); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
+	pc := &pipedCommit{ctx: ctx, cancel: cancel, flushed: make(chan error, 1)}
+	cl := l.sess.Client()
+	go func() {
+		pc.flushed <- cl.Flush(ctx)
+		l.in.wakeLoop() // the poll in progress ends, so the commit goes on
+	}()
+	l.pipe = pc
+	l.holding = true
+	return nil
+}
+
+// finishPipe ends the commit startPipe began, once its flush returned: at
+// once if wait is set, else only if the flush is done already. The
+// coordinator's actions run from there (the apply, the held records, the
+// next barrier if one waits).
+func (l *loop) finishPipe(wait bool) error {
+	pc := l.pipe
+	if pc == nil {
+		return nil
+	}
+	var err error
+	if wait {
+		err = <-pc.flushed
+	} else {
+		select {
+		case err = <-pc.flushed:
+		default:
+			return nil
+		}
+	}
+	l.flushCounts() // the records processed during the overlap count as such
+	l.pipe, l.holding = nil, false
+	defer pc.cancel()
+	act, ok := l.checkFlushed(err)
+	if ok {
+		offsets := offsets{}
+		for p, t := range l.tasks {
+			if t.sealed != nil {
+				offsets.setAll(p, t.sealed.next)
+			}
+		}
+		act = l.endTxn(commitOffsetsAs(pc.ctx, offsets), offsets)
+	}
+	return l.run(act)
+}
+
+// waitPipe lets the commit under way finish (finishPipe) before the loop
+// acts on something the overlap must not see; a commit that follows from
+// it (the next epoch was due already) does not overlap, so that the loop
+// finds the coordinator processing, or done, when it returns.
+func (l *loop) waitPipe() error {
+	if l.pipe == nil {
+		return nil
+	}
+	l.noOverlap = true
+	defer func() { l.noOverlap = false }()
+	return l.finishPipe(true)
+}
+
+// hold keeps r, a record of the epoch after the one committing, for
+// releaseHeld. Tasks processed in parallel may call it at once.
+func (l *loop) hold(r *kgo.Record, promise func(*kgo.Record, error)) {
+	l.heldMu.Lock()
+	l.held = append(l.held, heldRecord{r, promise})
+	l.heldMu.Unlock()
+}
+
+// heldLen is how many records are held.
+func (l *loop) heldLen() int {
+	l.heldMu.Lock()
+	defer l.heldMu.Unlock()
+	return len(l.held)
+}
+
+// releaseHeld produces the held records in their epoch's transaction, which
+// it opens: the epoch before them committed.
+// It opens it too when nothing is held but the epoch has work (records
+// processed, state changed), so that an open transaction goes with work
+// as without the overlap (release relies on it).
+func (l *loop) releaseHeld() error {
+	held := l.held
+	l.held = nil
+	if len(held) == 0 && !l.epochHasWork() {
+		return nil
+	}
+	if err := l.begin(); err != nil {
+		for _, h := range held {
+			recycle(h.r)
+		}
+		return err
+	}
+	for _, h := range held {
+		l.sess.Produce(context.Background(), h.r, h.promise)
+	}
+	return nil
+}
+
+// epochHasWork reports whether a task processed records or changed state
+// in the open epoch.
+func (l *loop) epochHasWork() bool {
+	for _, t := range l.tasks {
+		if t.advanced || t.store.DirtyLen() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// dropHeld drops the held records: their epoch aborts.
+func (l *loop) dropHeld() {
+	for _, h := range l.held {
+		recycle(h.r)
+	}
+	l.held = nil
+}
+
+// commitOffsetsAs makes the session's TxnOffsetCommit carry exactly at,
+// the committing epoch's offsets, instead of the consumer's positions
+// (the next epoch's by then). A partition whose offset is unchanged keeps
+// the leader epoch the session knows for it.
+func commitOffsetsAs(ctx context.Context, at offsets) context.Context {
+	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
+		known := map[string]map[int32]kmsg.TxnOffsetCommitRequestTopicPartition{}
+		for _, rt := range req.Topics {
+			known[rt.Topic] = map[int32]kmsg.TxnOffsetCommitRequestTopicPartition{}
+			for _, rp := range rt.Partitions {
+				known[rt.Topic][rp.Partition] = rp
+			}
+		}
+		req.Topics = req.Topics[:0]
+		for topic, ps := range at {
+			rt := kmsg.NewTxnOffsetCommitRequestTopic()
+			rt.Topic = topic
+			for p, eo := range ps {
+				rp, ok := known[topic][p]
+				if !ok || rp.Offset != eo.Offset {
+					rp = kmsg.NewTxnOffsetCommitRequestTopicPartition()
+					rp.Partition, rp.Offset, rp.LeaderEpoch = p, eo.Offset, eo.Epoch
+				}
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			req.Topics = append(req.Topics, rt)
+		}
+		return nil
+	})
+}
