@@ -129,7 +129,8 @@ def interval_chart(rows):
     W, H = 960, 470
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}">',
            f'<rect width="{W}" height="{H}" fill="white"/>']
-    out += panel(90, 50, 360, 300, "Throughput, 1M preloaded records", xs, tp, tmax, fmt_rate, "records/s")
+    tprows = [r for r in rows if r["kind"] == "throughput"]
+    out += panel(90, 50, 360, 300, f"Throughput, {records_label(tprows)[:-2] or 'preloaded records'}", xs, tp, tmax, fmt_rate, "records/s")
     out += panel(570, 50, 360, 300, "p99 end-to-end latency at 20k records/s", xs, lat, lmax,
                  lambda v: f"{v:.0f}", "ms (log scale)", guide=("interval + 50 ms", [i + 50 for i in intervals]), log=True)
     y = 430
@@ -144,8 +145,15 @@ def interval_chart(rows):
     return "\n".join(out)
 
 
+def records_label(bars):
+    """The run's record count for a title, from its rows."""
+    n = max([r.get("records", 0) for r in bars] + [0])
+    return f"{n / 1e6:g}M records, " if n else ""
+
+
 def contenders_chart(rows):
-    order = ["raw-alos", "raw-eos", "echo-eos", "aggregate-eos-bbolt", "aggregate-eos-memory", "aggregate-alos-bbolt"]
+    order = ["raw-alos", "raw-eos", "echo-eos", "aggregate-eos-bbolt", "aggregate-eos-memory", "aggregate-alos-bbolt",
+             "aggregate-eos-bbolt-pipelined"]
     tp = [r for r in rows if r["kind"] == "throughput" and r["interval_ms"] == 100]
     bars = []
     for name in order:
@@ -154,12 +162,12 @@ def contenders_chart(rows):
                 bars.append(r)
                 break
     vmax = nice_max(max([r["records_per_s"] for r in bars] + [1]))
-    W, left, right, top, bar, gap = 960, 300, 150, 60, 34, 14
+    W, left, right, top, bar, gap = 960, 370, 150, 60, 34, 14
     H = top + len(bars) * (bar + gap) + 80
     plot = W - left - right
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
-           text(W / 2, 30, "Throughput at 100 ms commits, 1M records, 4 partitions, 2 cores", 15, "middle", "bold")]
+           text(W / 2, 30, f"Throughput at 100 ms commits, {records_label(bars)}4 partitions, 2 cores", 15, "middle", "bold")]
     bottom = top + len(bars) * (bar + gap)
     for i in range(6):
         v = vmax * i / 5
