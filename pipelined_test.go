@@ -113,7 +113,7 @@ func TestPipelinedEpochs(t *testing.T) {
 			})
 			if tt.abort {
 				c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-					return txnOffsetCommitError(kreq, kerr.IllegalGeneration), nil, true
+					return check.TxnOffsetCommitError(kreq, kerr.IllegalGeneration), nil, true
 				})
 			}
 			// One input opens an epoch whose produce is held; the rest
@@ -168,24 +168,6 @@ func writesTo(req *kmsg.ProduceRequest, topic string, id [16]byte) bool {
 		}
 	}
 	return false
-}
-
-// txnOffsetCommitError answers a TxnOffsetCommit with err for every
-// partition.
-func txnOffsetCommitError(kreq kmsg.Request, err *kerr.Error) kmsg.Response {
-	req := kreq.(*kmsg.TxnOffsetCommitRequest)
-	resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-	for _, rt := range req.Topics {
-		st := kmsg.NewTxnOffsetCommitResponseTopic()
-		st.Topic = rt.Topic
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-			sp.Partition, sp.ErrorCode = rp.Partition, err.Code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }
 
 // readOutputs reads topic at the isolation level as of now.

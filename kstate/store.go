@@ -407,14 +407,20 @@ func (s *Store) Seal() error {
 		return errors.New("kstate: an epoch is sealed already")
 	}
 	s.sealed = s.epoch
+	s.newEpoch()
+	return nil
+}
+
+// newEpoch starts a fresh epoch write-set (the spare one, if any) once the
+// current one was set aside; its values stay where they are.
+func (s *Store) newEpoch() {
 	if s.spare != nil {
 		s.epoch, s.spare = s.spare, nil
 	} else {
 		s.epoch = newWriteSet()
 	}
 	s.clearRecord()
-	s.values = arena{} // the sealed values stay where they are
-	return nil
+	s.values = arena{}
 }
 
 // Sealed reports whether an epoch is sealed (Seal) and not yet applied or
@@ -456,13 +462,7 @@ func (s *Store) ApplyBehind(dirty []Mutation, meta Meta, start func(write func()
 		// The current epoch goes on: only the sealed one goes behind.
 		b.ws, s.sealed = s.sealed, nil
 	} else {
-		if s.spare != nil {
-			s.epoch, s.spare = s.spare, nil
-		} else {
-			s.epoch = newWriteSet()
-		}
-		s.clearRecord()
-		s.values = arena{} // the values behind stay where they are
+		s.newEpoch()
 	}
 	backend := s.backend
 	start(func() {

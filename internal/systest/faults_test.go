@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
 )
 
 // TestBrokerFaults injects broker faults with kfake's request controls
@@ -118,27 +119,8 @@ func TestBrokerFaults(t *testing.T) {
 func failTxnOffsetCommit(c *kfake.Cluster, err *kerr.Error, fired *atomic.Bool) {
 	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		fired.Store(true)
-		return txnOffsetCommitError(kreq, err), nil, true
+		return check.TxnOffsetCommitError(kreq, err), nil, true
 	})
-}
-
-// txnOffsetCommitError answers a TxnOffsetCommit with err for every
-// partition.
-func txnOffsetCommitError(kreq kmsg.Request, err *kerr.Error) kmsg.Response {
-	req := kreq.(*kmsg.TxnOffsetCommitRequest)
-	resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-	for _, rt := range req.Topics {
-		st := kmsg.NewTxnOffsetCommitResponseTopic()
-		st.Topic = rt.Topic
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = err.Code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }
 
 // produceError answers a produce request with err for every partition in it.

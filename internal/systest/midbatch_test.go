@@ -37,7 +37,7 @@ func TestMidBatchAbort(t *testing.T) {
 		if !armed.CompareAndSwap(true, false) {
 			return nil, nil, false
 		}
-		return txnOffsetCommitError(kr, kerr.RebalanceInProgress), nil, true
+		return check.TxnOffsetCommitError(kr, kerr.RebalanceInProgress), nil, true
 	})
 	o := options(brokers, "midfetch", "i1", t.TempDir(), "echo", sluice.ExactlyOnce)
 	o.Job = sluice.Job{

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
 )
 
 // TestSoak is `make soak`: the chaos run (SIGKILL with and without the
@@ -104,12 +105,12 @@ func injectFault(c *kfake.Cluster, rng *rand.Rand) string {
 		return "EndTxn held 11s"
 	case 1:
 		once(kmsg.TxnOffsetCommit, func(req kmsg.Request) (kmsg.Response, error, bool) {
-			return txnOffsetCommitError(req, kerr.IllegalGeneration), nil, true
+			return check.TxnOffsetCommitError(req, kerr.IllegalGeneration), nil, true
 		})
 		return "TxnOffsetCommit ILLEGAL_GENERATION"
 	case 2:
 		once(kmsg.TxnOffsetCommit, func(req kmsg.Request) (kmsg.Response, error, bool) {
-			return txnOffsetCommitError(req, kerr.RebalanceInProgress), nil, true
+			return check.TxnOffsetCommitError(req, kerr.RebalanceInProgress), nil, true
 		})
 		return "TxnOffsetCommit REBALANCE_IN_PROGRESS"
 	case 3:
