@@ -107,16 +107,23 @@ func produceAggregateInput(t *testing.T, brokers []string) {
 // (input n is the value n of key n%applyKeys), in one ProduceSync.
 func produceAggregateRange(t *testing.T, brokers []string, from, to int) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	var recs []*kgo.Record
 	for n := from; n < to; n++ {
 		i := n % applyKeys
 		recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprintf("k%02d", i)), Value: []byte(fmt.Sprint(n)), Partition: int32(i % 4)})
 	}
+	produceIn(t, brokers, recs)
+}
+
+// produceIn writes recs to "in", to the partitions they name, in one
+// ProduceSync.
+func produceIn(t *testing.T, brokers []string, recs []*kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
 	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

@@ -40,38 +40,23 @@ func TestPipelinedEpochs(t *testing.T) {
 		{"the epoch aborts and takes the next with it", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in", "out"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
+			c, adm := pipelinedCluster(t)
 			brokers := c.ListenAddrs()
-			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(cl.Close)
-			adm := kadm.NewClient(cl)
 			app := "pipelined"
 			state := filepath.Join(t.TempDir(), "s")
 			opts := aggregateOptions(brokers, app, state)
 			opts.PipelinedEpochs = true
 			opts.Checkpoint.Timeout = 40 * time.Second // the test holds a flush
-			// barriers counts the epochs ended once the hold below was
-			// armed: the first is the held epoch's (no epoch ends
-			// without work, and the first half was committed), whose
-			// barrier may come before or after its produce reaches the
-			// broker (the flush sends what lingers); committedAt is the group's committed offsets (their
-			// sum) and outputsAt the outputs a read_committed reader
-			// sees when the first epoch committed after it was released
-			// (the loop's goroutine calls the hook).
-			var watching, sleeping, released atomic.Bool
-			var barriers atomic.Int32
+			// committedAt is the group's committed offsets (their sum)
+			// and outputsAt the outputs a read_committed reader sees
+			// when the first epoch committed after the hold was
+			// released (the loop's goroutine calls the hook).
+			h := &flushHold{}
+			var released atomic.Bool
 			committedAt, outputsAt := int64(-1), -1
 			opts.Hook = func(p string) {
+				h.hook(p)
 				switch {
-				case p == sluice.PointBeforePreCommit && watching.Load():
-					barriers.Add(1)
 				case p == sluice.PointAfterCommit && released.Load() && committedAt < 0:
 					sum, err := check.CommittedSum(context.Background(), adm, app)
 					if err != nil {
@@ -82,35 +67,14 @@ func TestPipelinedEpochs(t *testing.T) {
 				}
 			}
 			reg := opts.Registry.(*prometheus.Registry)
-			metric := func(name string, labels ...string) float64 {
-				v, err := check.MetricSum(reg, name, labels...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return v
-			}
 			r := startReady(t, opts)
+			metric := func(name string, labels ...string) float64 { return metricOf(t, reg, name, labels...) }
 
 			const half = applyKeys * applyPerKey / 2
 			produceAggregateRange(t, brokers, 0, half)
 			waitUntil(t, "the first half consumed", func() bool { return consumedAll(adm, app, half)(r.inst) })
 
-			topics, err := adm.ListTopics(context.Background(), "in")
-			if err != nil {
-				t.Fatal(err)
-			}
-			inID := topics["in"].ID
-			release := make(chan struct{})
-			var armed atomic.Bool
-			armed.Store(true)
-			c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-				if writesTo(kreq.(*kmsg.ProduceRequest), "in", inID) || !armed.CompareAndSwap(true, false) {
-					return nil, nil, false
-				}
-				sleeping.Store(true)
-				c.SleepControl(func() { <-release }) // holds the epoch's flush
-				return nil, nil, false
-			})
+			h.arm(t, c, adm)
 			if tt.abort {
 				c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 					return check.TxnOffsetCommitError(kreq, kerr.IllegalGeneration), nil, true
@@ -118,9 +82,8 @@ func TestPipelinedEpochs(t *testing.T) {
 			}
 			// One input opens an epoch whose produce is held; the rest
 			// arrives once its barrier passed, while its flush waits.
-			watching.Store(true)
 			produceAggregateRange(t, brokers, half, half+1)
-			waitUntil(t, "the barrier of an epoch whose produce is held", func() bool { return barriers.Load() > 0 && sleeping.Load() })
+			waitUntil(t, "the barrier of an epoch whose produce is held", h.holding)
 			produceAggregateRange(t, brokers, half+1, 2*half)
 			overlapped := func() bool { return metric("sluice_overlapped_records_total") >= half-1 }
 			waitUntil(t, "the rest processed behind the held epoch", overlapped)
@@ -128,7 +91,7 @@ func TestPipelinedEpochs(t *testing.T) {
 				t.Fatalf("%d outputs in the log while the epoch of input %d commits: more than the %d inputs before it, so the next epoch's outputs were produced into it", out, half, half+1)
 			}
 			released.Store(true)
-			close(release)
+			close(h.release)
 
 			waitUntil(t, "the whole input consumed", func() bool { return consumedAll(adm, app, 2*half)(r.inst) })
 			if err := r.stop(); err != nil {
@@ -157,6 +120,149 @@ func TestPipelinedEpochs(t *testing.T) {
 			checkAggregations(t, state, app)
 		})
 	}
+}
+
+// pipelinedCluster starts a one-broker cluster with topics "in" and "out"
+// of 4 partitions, and returns it with an admin client of it.
+func pipelinedCluster(t *testing.T) (*kfake.Cluster, *kadm.Client) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in", "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return c, kadm.NewClient(cl)
+}
+
+// flushHold holds an epoch's flush at the broker: once armed, the broker
+// sleeps on the instance's next produce request (not one to "in") until
+// release is closed. Its hook, called by the instance's Options.Hook,
+// counts the epochs ended since it was armed: the first is the held
+// epoch's, provided no epoch with work was open when it was armed, and its
+// barrier may come before or after its produce reaches the broker (the
+// flush sends what lingers).
+type flushHold struct {
+	watching, sleeping atomic.Bool
+	barriers           atomic.Int32
+	release            chan struct{}
+}
+
+func (h *flushHold) hook(p string) {
+	if p == sluice.PointBeforePreCommit && h.watching.Load() {
+		h.barriers.Add(1)
+	}
+}
+
+// arm installs the hold on c.
+func (h *flushHold) arm(t *testing.T, c *kfake.Cluster, adm *kadm.Client) {
+	t.Helper()
+	topics, err := adm.ListTopics(context.Background(), "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inID := topics["in"].ID
+	h.release = make(chan struct{})
+	var armed atomic.Bool
+	armed.Store(true)
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		if writesTo(kreq.(*kmsg.ProduceRequest), "in", inID) || !armed.CompareAndSwap(true, false) {
+			return nil, nil, false
+		}
+		h.sleeping.Store(true)
+		c.SleepControl(func() { <-h.release }) // holds the epoch's flush
+		return nil, nil, false
+	})
+	h.watching.Store(true)
+}
+
+// holding reports whether an epoch's barrier passed and its flush is held.
+func (h *flushHold) holding() bool { return h.barriers.Load() > 0 && h.sleeping.Load() }
+
+// metricOf is the sum of the series of name (with the label pairs) in reg.
+func metricOf(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	v, err := check.MetricSum(reg, name, labels...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Timers fire during an overlap, in the epoch being processed, as records
+// are processed (found by review: they waited for the phase to be
+// processing again, which a loop whose every commit overlaps the next
+// epoch never saw). Each input registers a processing-time timer due at
+// once, whose firing emits the one output; while the first input's epoch
+// is held, the others' timers fire, and every timer's output is committed
+// once.
+func TestPipelinedEpochsFireTimersDuringTheOverlap(t *testing.T) {
+	c, adm := pipelinedCluster(t)
+	brokers := c.ListenAddrs()
+	job := sluice.Job{Name: "ticks", Emits: true,
+		Process: func(ctx sluice.Context, rec *sluice.Record) error {
+			ctx.Timers().RegisterProcessingTime(ctx.Now())
+			return nil
+		},
+		OnTimer: func(ctx sluice.Context, _ sluice.Timer) error {
+			ctx.Emit(ctx.Key(), []byte("fired"))
+			return nil
+		},
+	}
+	opts := testOptions(brokers, "pipelined-timers", job, t.TempDir())
+	opts.OutputTopic, opts.PipelinedEpochs = "out", true
+	opts.Checkpoint.Timeout = 40 * time.Second // the test holds a flush
+	h := &flushHold{}
+	opts.Hook = h.hook
+	reg := opts.Registry.(*prometheus.Registry)
+	r := startReady(t, opts)
+	h.arm(t, c, adm)
+	const n = 200 // inputs, each of a key of its own
+	produceKeys(t, brokers, 0, 1)
+	waitUntil(t, "the barrier of an epoch whose produce is held", h.holding)
+	fired := metricOf(t, reg, "sluice_timers_fired_total")
+	committed := metricOf(t, reg, "sluice_epochs_committed_total")
+	produceKeys(t, brokers, 1, n)
+	waitUntil(t, "the timers of the inputs behind the held epoch fired", func() bool {
+		return metricOf(t, reg, "sluice_timers_fired_total") >= fired+n-1
+	})
+	// During the overlap, not after it: the held epoch has not committed
+	// (the client gives up on the held request after some seconds and
+	// sends it again, which would end the overlap).
+	if now := metricOf(t, reg, "sluice_epochs_committed_total"); now != committed {
+		t.Fatalf("%v epochs committed before the timers fired, want none: they waited for the held epoch", now-committed)
+	}
+	close(h.release)
+	waitUntil(t, "the input consumed", func() bool { return consumedAll(adm, "pipelined-timers", n)(r.inst) })
+	outputs, err := check.ReadCommitted(context.Background(), brokers, "out", time.Second, check.Settled(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]int{}
+	for _, o := range outputs {
+		keys[string(o.Key)]++
+	}
+	if len(outputs) != n || len(keys) != n {
+		t.Fatalf("%d outputs of %d keys, want one for each of %d", len(outputs), len(keys), n)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// produceKeys writes inputs from to to, input i keyed "t<i>", to
+// partition i%4.
+func produceKeys(t *testing.T, brokers []string, from, to int) {
+	t.Helper()
+	var recs []*kgo.Record
+	for i := from; i < to; i++ {
+		recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprintf("t%d", i)), Value: []byte("1"), Partition: int32(i % 4)})
+	}
+	produceIn(t, brokers, recs)
 }
 
 // writesTo reports whether the produce request writes to the topic of that
