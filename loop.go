@@ -210,7 +210,12 @@ func (l *loop) iterate() error {
 	// touching the records the poll returned, and after the commit under
 	// way, if any (its End aborts it if partitions went).
 	events := in.takeEvents()
-	if len(events) > 0 {
+	if len(events) > 0 && l.pipe != nil {
+		// The wait may end an epoch (the next was due already): the
+		// poll's records come again after it, so that the barrier finds
+		// the consumer where the tasks stopped (found by review).
+		l.sess.Client().SetOffsets(firstOffsets(fs))
+		fs = nil
 		if err := l.waitPipe(); err != nil {
 			return err
 		}
@@ -255,23 +260,47 @@ func (l *loop) iterate() error {
 	if err := l.fireTimers(); err != nil {
 		return err
 	}
-	act := l.coord.Tick(time.Now())
-	if in.rebalanceWanted.Swap(false) && act.Kind == barrier.ActNone {
-		// A rebalance waits for us: commit what we have so the
-		// partitions leave with their work done instead of aborted.
-		// The commit lets the rebalance proceed alongside (see
-		// yieldToRebalance): the group's heartbeat, which the commit
-		// needs, only resumes once it does.
+	// A rebalance waits for us: commit what we have so the partitions
+	// leave with their work done instead of aborted. The commit lets the
+	// rebalance proceed alongside (see yieldToRebalance): the group's
+	// heartbeat, which the commit needs, only resumes once it does. A
+	// commit under way ends first, and none overlaps the next epoch now:
+	// the rebalance, let through below, would abort it (found by review).
+	wanted := in.rebalanceWanted.Swap(false)
+	if wanted {
 		if err := l.waitPipe(); err != nil {
 			return err
 		}
+		l.noOverlap = true
+	}
+	act := l.coord.Tick(time.Now())
+	if wanted && act.Kind == barrier.ActNone {
 		act = l.coord.RequestRevoke(time.Now())
 	}
-	if err := l.run(act); err != nil {
+	err := l.run(act)
+	l.noOverlap = false
+	if err != nil {
 		return err
 	}
-	l.sess.AllowRebalance()
+	if l.pipe == nil {
+		// While a commit is under way a rebalance stays blocked: it
+		// would abort the commit. Held back, it sets rebalanceWanted,
+		// which the next iteration serves as above.
+		l.sess.AllowRebalance()
+	}
 	return nil
+}
+
+// firstOffsets is where each partition of fs starts: where its records are
+// fetched again from.
+func firstOffsets(fs kgo.Fetches) offsets {
+	at := offsets{}
+	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		if _, ok := at[ftp.Topic][ftp.Partition]; !ok && len(ftp.Records) > 0 {
+			at.set(ftp.Topic, ftp.Partition, ftp.Records[0].Offset)
+		}
+	})
+	return at
 }
 
 // pollWait is how long a poll may wait for records: half the checkpoint

@@ -49,7 +49,9 @@ import (
 // (the task set changes only between checkpoints), an epoch budget reached,
 // or when the held records reach maxHeldRecords; a commit that follows at
 // once from such a wait does not overlap, so that the loop then finds the
-// coordinator processing. Timers, the TTL sweep and broadcast records are
+// coordinator processing. A rebalance stays blocked while a commit is under
+// way (it would abort it): the request it makes is served at the next
+// iteration, after the commit. Timers, the TTL sweep and broadcast records are
 // handled during an overlap as records are: they join the epoch being
 // processed. An abort rewinds the consumer, so the records of a poll that
 // an abort followed are dropped (loop.rewound). A commit is not overlapped
@@ -103,9 +105,8 @@ const maxHeldRecords = 50_000
 // pipedCommit is the commit under way while the loop processes the next
 // epoch.
 type pipedCommit struct {
-	ctx     context.Context // the checkpoint's timeout
-	cancel  context.CancelFunc
-	flushed chan error // the flush's result; buffered
+	cancel  context.CancelFunc // the flush's context, bounded by the checkpoint timeout
+	flushed chan error         // the flush's result; buffered
 }
 
 // heldRecord is a record of the epoch after the one committing, and its
@@ -143,7 +144,7 @@ func (l *loop) startPipe() error {
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
-	pc := &pipedCommit{ctx: ctx, cancel: cancel, flushed: make(chan error, 1)}
+	pc := &pipedCommit{cancel: cancel, flushed: make(chan error, 1)}
 	cl := l.sess.Client()
 	go func() {
 		pc.flushed <- cl.Flush(ctx)
@@ -175,7 +176,7 @@ func (l *loop) finishPipe(wait bool) error {
 	}
 	l.flushCounts() // the records processed during the overlap count as such
 	l.pipe, l.holding = nil, false
-	defer pc.cancel()
+	pc.cancel()
 	act, ok := l.checkFlushed(err)
 	if ok {
 		offsets := offsets{}
@@ -184,7 +185,11 @@ func (l *loop) finishPipe(wait bool) error {
 				offsets.setAll(p, t.sealed.next)
 			}
 		}
-		act = l.endTxn(commitOffsetsAs(pc.ctx, offsets), offsets)
+		// A deadline of its own: the flush's may be mostly spent by
+		// the processing since (found by review).
+		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
+		act = l.endTxn(commitOffsetsAs(ctx, offsets), offsets)
+		cancel()
 	}
 	return l.run(act)
 }

@@ -119,15 +119,26 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 // Partitions move between instances as they join and leave; the epoch in
 // flight commits before its partitions go (or aborts and replays). Under
 // both group protocols: a KIP-848 member that stops must leave with epoch
-// -1, or its partitions stay reserved for it.
+// -1, or its partitions stay reserved for it. And with pipelined epochs,
+// where a rebalance waits for the commit under way.
 func TestRebalanceKeepsExactlyOnce(t *testing.T) {
-	for i, proto := range protocols() {
-		t.Run(proto, func(t *testing.T) {
+	type run struct {
+		name, proto string
+		pipelined   bool
+	}
+	var runs []run
+	for _, proto := range protocols() {
+		runs = append(runs, run{proto, proto, false})
+	}
+	runs = append(runs, run{runs[0].proto + ", pipelined epochs", runs[0].proto, true})
+	for i, r := range runs {
+		t.Run(r.name, func(t *testing.T) {
 			brokers := newCluster(t, 6)
 			f := newFeeder(t, brokers, 60, uint64(4+10*i))
 			start := func(id string) *inProcess {
 				cfg := options(brokers, "agg", id, t.TempDir(), "aggregate", sluice.ExactlyOnce)
-				cfg.GroupProtocol = proto
+				cfg.GroupProtocol = r.proto
+				cfg.PipelinedEpochs = r.pipelined
 				return startInProcess(t, cfg)
 			}
 			a := start("a")
