@@ -81,10 +81,7 @@ func (l *loop) applyTasks(tasks []int32) error {
 	var todo []*task
 	var metas []kstate.Meta
 	for _, p := range tasks {
-		if t := l.tasks[p]; t != nil {
-			if _, marker := t.ending(); marker == nil {
-				continue
-			}
+		if t := l.tasks[p]; t != nil && t.ending().marker != nil {
 			todo = append(todo, t)
 			metas = append(metas, t.epochMeta(l.in))
 		}

@@ -69,11 +69,8 @@ type loop struct {
 	holding bool
 	heldMu  sync.Mutex
 	held    []heldRecord
-	// noOverlap: a commit must not overlap the next epoch now (waitPipe);
-	// rewound: an abort rewound the consumer since the last poll, whose
-	// records are stale.
+	// noOverlap: a commit must not overlap the next epoch now (waitPipe).
 	noOverlap bool
-	rewound   bool
 	// processing: a poll's records are being processed (eachTask), when
 	// the coordinator must not run (see run).
 	processing atomic.Bool
@@ -193,7 +190,6 @@ func (l *loop) iterate() error {
 	in.wakeMu.Lock()
 	in.wake = cancel
 	in.wakeMu.Unlock()
-	l.rewound = false
 	fs := l.sess.PollRecords(pctx, l.pollRecords())
 	cancel()
 	if err := in.pollDenied(l.ctx, fs); err != nil {
@@ -211,9 +207,10 @@ func (l *loop) iterate() error {
 	// way, if any (its End aborts it if partitions went).
 	events := in.takeEvents()
 	if len(events) > 0 && l.pipe != nil {
-		// The wait may end an epoch (the next was due already): the
-		// poll's records come again after it, so that the barrier finds
-		// the consumer where the tasks stopped (found by review).
+		// The wait may end an epoch (the next was due already), or
+		// abort it and rewind the tasks: the poll's records come again
+		// after it, so that the barrier finds the consumer where the
+		// tasks stopped (found by review).
 		l.sess.Client().SetOffsets(firstOffsets(fs))
 		fs = nil
 		if err := l.waitPipe(); err != nil {
@@ -246,11 +243,6 @@ func (l *loop) iterate() error {
 		}
 	}
 
-	if l.rewound {
-		// An abort since the poll (the commit that waitPipe ended)
-		// rewound the consumer and the tasks: these records come again.
-		fs = nil
-	}
 	if err := l.process(fs); err != nil {
 		return err
 	}
@@ -725,13 +717,7 @@ func (l *loop) begin() error {
 // context is never cancelled: a record failed by its own context is simply
 // not sent, and the transaction would still commit without it (shutdown is
 // handled by the final checkpoint, not by cancelling produces).
-func (l *loop) produce(r *kgo.Record) {
-	if l.holding {
-		l.hold(r, l.plainPromise)
-		return
-	}
-	l.sess.Produce(context.Background(), r, l.plainPromise)
-}
+func (l *loop) produce(r *kgo.Record) { l.send(r, l.plainPromise) }
 
 // plainPromised is the promise of produce (l.plainPromise, made once).
 func (l *loop) plainPromised(r *kgo.Record, err error) {
@@ -863,8 +849,9 @@ func (l *loop) commit(act barrier.Action) barrier.Action {
 		in.commitTxnAge.Store(int64(time.Since(time.Unix(0, at))))
 	}
 	if l.overlaps(act) {
-		l.alignOffsets() // its check: nothing was polled since the barrier
-		if err := l.startPipe(); err != nil {
+		// Nothing was polled since the barrier: the consumer's
+		// positions are checked now, as the flush would leave them.
+		if err := l.startPipe(l.alignOffsets()); err != nil {
 			l.fatal = err
 			return l.coord.CommitFailed(err, time.Now())
 		}
@@ -933,8 +920,8 @@ func (l *loop) endTxn(ctx context.Context, offsets offsets) barrier.Action {
 	in.m.transactions.WithLabelValues("commit").Inc()
 	if in.log.Enabled(context.Background(), slog.LevelDebug) {
 		for p, t := range l.tasks {
-			if next, marker := t.ending(); marker != nil {
-				in.log.Debug("epoch committed", "task", p, "epoch", t.epoch+1, "next", next, "marker_offset", marker.Offset)
+			if e := t.ending(); e.marker != nil {
+				in.log.Debug("epoch committed", "task", p, "epoch", t.epoch+1, "next", e.next, "marker_offset", e.marker.Offset)
 			}
 		}
 	}
@@ -1048,13 +1035,9 @@ func (l *loop) sessionBroken(err error) { l.brokenErr = err }
 // still works), every task's write-set, and the consumer positions, which go
 // back to the tasks' committed offsets.
 func (l *loop) abort() error {
-	if pc := l.pipe; pc != nil {
-		// The epoch after the one committing goes with it. The session
-		// must not end the transaction while the flush runs.
-		<-pc.flushed
-		pc.cancel()
-		l.pipe, l.holding = nil, false
-	}
+	// The epoch after the one committing goes with it. The session must
+	// not end the transaction while the flush runs.
+	l.takePipe(true)
 	l.dropHeld()
 	l.sinkAborted()
 	// End even without an open transaction: it clears the session's
@@ -1083,15 +1066,10 @@ func (l *loop) abort() error {
 		// clears it): an abort for another reason, or a refused replay
 		// of a task that did not advance, must not let the replay take
 		// in new records.
-		if advanced, next := t.advanced, t.next; refused {
-			if s := t.sealed; s != nil {
-				advanced, next = s.advanced, s.next // the refused epoch
-			} else if overlapped {
-				advanced = false // it ended nothing in the refused epoch
-			}
-			if advanced {
-				t.replayUntil = maps.Clone(next)
-			}
+		// The refused epoch is the sealed one if it was committing
+		// during the next; a task without one ended nothing in it.
+		if e := t.ending(); refused && e.advanced && (t.sealed != nil || !overlapped) {
+			t.replayUntil = maps.Clone(e.next)
 		}
 		t.discard(l.in.cfg.Guarantee == AtLeastOnce)
 		rewind.setAll(p, t.committed)
@@ -1101,7 +1079,6 @@ func (l *loop) abort() error {
 		return fmt.Errorf("%w: %w", errSessionBroken, err)
 	}
 	l.sess.Client().SetOffsets(rewind)
-	l.rewound = true
 	return nil
 }
 
@@ -1290,11 +1267,7 @@ func (l *loop) close() error {
 	// it forever.
 	l.sess.AllowRebalance()
 	l.sess.Close()
-	if pc := l.pipe; pc != nil {
-		<-pc.flushed // the client is closed: the flush returns
-		pc.cancel()
-		l.pipe, l.holding = nil, false
-	}
+	l.takePipe(true) // the client is closed: the flush returns
 	l.dropHeld()
 	if l.bc != nil {
 		l.bc.stop()

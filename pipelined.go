@@ -53,8 +53,9 @@ import (
 // way (it would abort it): the request it makes is served at the next
 // iteration, after the commit. Timers, the TTL sweep and broadcast records are
 // handled during an overlap as records are: they join the epoch being
-// processed. An abort rewinds the consumer, so the records of a poll that
-// an abort followed are dropped (loop.rewound). A commit is not overlapped
+// processed. A poll whose rebalance events make the loop wait for the
+// commit is dropped and fetched again: the wait may end an epoch, or abort
+// it and rewind the tasks. A commit is not overlapped
 // (it runs as without the option) at-least-once, with an Options.Sink (its
 // pre-commit reads the epoch's rows; both are refused by Options), while an
 // input is suspected of poison or a refused epoch is replayed (poison.go:
@@ -80,7 +81,9 @@ func (t *task) seal() error {
 	if err := t.store.Seal(); err != nil {
 		return err
 	}
-	t.sealed = &sealedEpoch{next: maps.Clone(t.next), advanced: t.advanced, marker: t.marker, dirty: t.dirty, watermark: t.watermark()}
+	e := t.ending()
+	e.next = maps.Clone(e.next) // the next epoch goes on from t.next
+	t.sealed = &e
 	if t.clock != nil {
 		t.clock.seal()
 	}
@@ -89,13 +92,13 @@ func (t *task) seal() error {
 	return nil
 }
 
-// ending returns the offsets after, and the marker of, the epoch being
-// committed: the sealed one, or else the open one.
-func (t *task) ending() (next map[string]int64, marker *kgo.Record) {
+// ending is the epoch being committed: the sealed one, or else the open
+// one (its fields shared with the task's).
+func (t *task) ending() sealedEpoch {
 	if s := t.sealed; s != nil {
-		return s.next, s.marker
+		return *s
 	}
-	return t.next, t.marker
+	return sealedEpoch{next: t.next, advanced: t.advanced, marker: t.marker, dirty: t.dirty, watermark: t.watermark()}
 }
 
 // maxHeldRecords bounds the records held during an overlap; the loop waits
@@ -105,6 +108,7 @@ const maxHeldRecords = 50_000
 // pipedCommit is the commit under way while the loop processes the next
 // epoch.
 type pipedCommit struct {
+	offsets offsets            // the committing epoch's, for its TxnOffsetCommit
 	cancel  context.CancelFunc // the flush's context, bounded by the checkpoint timeout
 	flushed chan error         // the flush's result; buffered
 }
@@ -135,16 +139,17 @@ func (l *loop) overlaps(act barrier.Action) bool {
 	return true
 }
 
-// startPipe seals the ending epoch and starts its flush on a goroutine of
-// its own; finishPipe ends the commit.
-func (l *loop) startPipe() error {
+// startPipe seals the ending epoch, whose TxnOffsetCommit will carry at,
+// and starts its flush on a goroutine of its own; finishPipe ends the
+// commit.
+func (l *loop) startPipe(at offsets) error {
 	for _, p := range l.taskList() {
 		if err := l.tasks[p].seal(); err != nil {
 			return err
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
-	pc := &pipedCommit{cancel: cancel, flushed: make(chan error, 1)}
+	pc := &pipedCommit{offsets: at, cancel: cancel, flushed: make(chan error, 1)}
 	cl := l.sess.Client()
 	go func() {
 		pc.flushed <- cl.Flush(ctx)
@@ -160,9 +165,29 @@ func (l *loop) startPipe() error {
 // coordinator's actions run from there (the apply, the held records, the
 // next barrier if one waits).
 func (l *loop) finishPipe(wait bool) error {
-	pc := l.pipe
+	pc, err := l.takePipe(wait)
 	if pc == nil {
 		return nil
+	}
+	act, ok := l.checkFlushed(err)
+	if ok {
+		// A deadline of its own: the flush's may be mostly spent by
+		// the processing since (found by review).
+		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
+		act = l.endTxn(commitOffsetsAs(ctx, pc.offsets), pc.offsets)
+		cancel()
+	}
+	return l.run(act)
+}
+
+// takePipe ends the overlap once the flush under way returned (at once if
+// wait is set, else only if it is done already), and returns the commit
+// with the flush's result; nil if there is none, or it is not done. The
+// session may end the transaction only after it.
+func (l *loop) takePipe(wait bool) (*pipedCommit, error) {
+	pc := l.pipe
+	if pc == nil {
+		return nil, nil
 	}
 	var err error
 	if wait {
@@ -171,27 +196,13 @@ func (l *loop) finishPipe(wait bool) error {
 		select {
 		case err = <-pc.flushed:
 		default:
-			return nil
+			return nil, nil
 		}
 	}
 	l.flushCounts() // the records processed during the overlap count as such
 	l.pipe, l.holding = nil, false
 	pc.cancel()
-	act, ok := l.checkFlushed(err)
-	if ok {
-		offsets := offsets{}
-		for p, t := range l.tasks {
-			if t.sealed != nil {
-				offsets.setAll(p, t.sealed.next)
-			}
-		}
-		// A deadline of its own: the flush's may be mostly spent by
-		// the processing since (found by review).
-		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
-		act = l.endTxn(commitOffsetsAs(ctx, offsets), offsets)
-		cancel()
-	}
-	return l.run(act)
+	return pc, err
 }
 
 // waitPipe lets the commit under way finish (finishPipe) before the loop
@@ -207,9 +218,14 @@ func (l *loop) waitPipe() error {
 	return l.finishPipe(true)
 }
 
-// hold keeps r, a record of the epoch after the one committing, for
-// releaseHeld. Tasks processed in parallel may call it at once.
-func (l *loop) hold(r *kgo.Record, promise func(*kgo.Record, error)) {
+// send produces r in the open epoch, or, during an overlap, holds it for
+// releaseHeld: it belongs to the epoch after the one committing. Tasks
+// processed in parallel may call it at once.
+func (l *loop) send(r *kgo.Record, promise func(*kgo.Record, error)) {
+	if !l.holding {
+		l.sess.Produce(context.Background(), r, promise)
+		return
+	}
 	l.heldMu.Lock()
 	l.held = append(l.held, heldRecord{r, promise})
 	l.heldMu.Unlock()

@@ -94,11 +94,7 @@ func (l *loop) produceFor(t *task, ref inputRef, r *kgo.Record, dlq bool) {
 		r.Context = c
 	}
 	c.ref, c.dlq = ref, dlq
-	if l.holding {
-		l.hold(r, l.outPromise)
-		return
-	}
-	l.sess.Produce(context.Background(), r, l.outPromise)
+	l.send(r, l.outPromise)
 }
 
 // outPromised is the promise of every record produced by produceFor

@@ -265,10 +265,8 @@ func (t *task) epochHeader() []kgo.RecordHeader {
 
 // epochMeta is the meta the task's backend takes with the committed epoch.
 func (t *task) epochMeta(in *Instance) kstate.Meta {
-	if s := t.sealed; s != nil {
-		return kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: s.marker.Offset + 1, Offsets: maps.Clone(s.next), AppliedAt: in.now(), Watermark: s.watermark}
-	}
-	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: t.marker.Offset + 1, Offsets: maps.Clone(t.next), AppliedAt: in.now(), Watermark: t.watermark()}
+	e := t.ending()
+	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: e.marker.Offset + 1, Offsets: maps.Clone(e.next), AppliedAt: in.now(), Watermark: e.watermark}
 	if t.sinkID != nil {
 		meta.SinkTxn = t.sinkID.String()
 	}
@@ -280,11 +278,7 @@ func (t *task) epochMeta(in *Instance) kstate.Meta {
 // kstate.Store.ApplyBehind). It touches only the task's store. Its error
 // is a write behind of an earlier epoch that failed.
 func (t *task) write(meta kstate.Meta, start func(write func())) error {
-	dirty := t.dirty
-	if t.sealed != nil {
-		dirty = t.sealed.dirty
-	}
-	if err := t.store.ApplyBehind(dirty, meta, start); err != nil {
+	if err := t.store.ApplyBehind(t.ending().dirty, meta, start); err != nil {
 		return fmt.Errorf("task %d: apply epoch %d: %w", t.p, meta.Epoch, err)
 	}
 	return nil

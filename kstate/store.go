@@ -384,12 +384,20 @@ func (s *Store) Apply(dirty []Mutation, meta Meta) error {
 		return err
 	}
 	if s.sealed != nil {
-		s.sealed.reset()
-		s.spare, s.sealed = s.sealed, nil
+		s.dropSealed()
 		return nil
 	}
 	s.resetEpoch()
 	return nil
+}
+
+// dropSealed drops the sealed epoch, if any, keeping its write-set as the
+// spare.
+func (s *Store) dropSealed() {
+	if s.sealed != nil {
+		s.sealed.reset()
+		s.spare, s.sealed = s.sealed, nil
+	}
 }
 
 // Seal ends the epoch at its barrier while its transaction commits, so
@@ -456,14 +464,16 @@ func (s *Store) ApplyBehind(dirty []Mutation, meta Meta, start func(write func()
 	if err := s.Settle(); err != nil {
 		return err
 	}
-	b := &behindApply{ws: s.epoch, done: make(chan struct{})}
-	s.behind = b
-	if s.sealed != nil {
-		// The current epoch goes on: only the sealed one goes behind.
-		b.ws, s.sealed = s.sealed, nil
-	} else {
+	// The sealed epoch goes behind, and the current one goes on; without
+	// one, the current epoch goes behind and a fresh one starts.
+	ws := s.sealed
+	if ws == nil {
+		ws = s.epoch
 		s.newEpoch()
 	}
+	s.sealed = nil
+	b := &behindApply{ws: ws, done: make(chan struct{})}
+	s.behind = b
 	backend := s.backend
 	start(func() {
 		b.err = backend.Apply(dirty, meta)
@@ -566,10 +576,7 @@ func (s *Store) resetEpoch() {
 // failed, the epoch it lacks is folded into the new epoch write-set again.
 func (s *Store) Discard() {
 	s.resetEpoch()
-	if s.sealed != nil {
-		s.sealed.reset()
-		s.spare, s.sealed = s.sealed, nil
-	}
+	s.dropSealed()
 	if s.failed != nil {
 		s.fold(s.failed)
 	}
