@@ -30,6 +30,7 @@ TABLE_NAMES = [
     ("raw-eos", "raw franz-go, `GroupTransactSession`"),
     ("raw-alos-64k", "raw franz-go, at-least-once, 64 KiB fetches"),
     ("raw-eos-64k", "raw franz-go, `GroupTransactSession`, 64 KiB fetches"),
+    ("raw-aggregate-alos", "raw franz-go, the aggregate job by hand (state in a Go map), at-least-once"),
     ("echo-eos", "Sluice `echo`, exactly-once"),
     ("aggregate-eos-bbolt", "Sluice `aggregate`, exactly-once, bbolt"),
     ("aggregate-eos-memory", "Sluice `aggregate`, exactly-once, memory"),
@@ -152,7 +153,7 @@ def records_label(bars):
 
 
 def contenders_chart(rows):
-    order = ["raw-alos", "raw-eos", "echo-eos", "aggregate-eos-bbolt", "aggregate-eos-memory", "aggregate-alos-bbolt",
+    order = ["raw-alos", "raw-eos", "raw-aggregate-alos", "echo-eos", "aggregate-eos-bbolt", "aggregate-eos-memory", "aggregate-alos-bbolt",
              "aggregate-eos-bbolt-pipelined"]
     tp = [r for r in rows if r["kind"] == "throughput" and r["interval_ms"] == 100]
     bars = []

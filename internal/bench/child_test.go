@@ -157,7 +157,11 @@ func runContenderChild() int {
 		if s.FetchMaxPartitionBytes > 0 {
 			extra = append(extra, kgo.FetchMaxPartitionBytes(s.FetchMaxPartitionBytes))
 		}
-		err = rawLoopOn(ctx, s.Brokers, s.Group, s.In, s.Out, s.EOS, s.Interval, extra...)
+		var work func(*kgo.Record) ([]byte, error)
+		if s.Job == "aggregate" {
+			work = rawAggregate()
+		}
+		err = rawLoopWith(ctx, s.Brokers, s.Group, s.In, s.Out, s.EOS, s.Interval, work, extra...)
 	} else {
 		// What the processor binary does before it runs (the raw loops
 		// keep Go's defaults, as a program of their own would).
