@@ -92,8 +92,11 @@ type loop struct {
 	// outPromise and plainPromise are the promises of produceFor and
 	// produce, made once (a method value per produce would allocate).
 	outPromise, plainPromise func(*kgo.Record, error)
-	brokenErr                error
-	fatal                    error
+	// freed are slots whose records' promises ran, waiting to go to the
+	// free list together (recycled); promises only.
+	freed     []*outSlot
+	brokenErr error
+	fatal     error
 }
 
 type restoreJob struct {
@@ -402,8 +405,9 @@ func (l *loop) process(fs kgo.Fetches) error {
 				}
 			}
 			t.beginBatch(in)
+			c := t.cursor(ftp.Topic)
 			for _, r := range ftp.Records {
-				took, stop, err := l.take(t, r, rewind)
+				took, stop, err := l.takeAt(t, &c, r, rewind)
 				if err != nil || stop {
 					return worked, err
 				}
@@ -420,22 +424,48 @@ func (l *loop) process(fs kgo.Fetches) error {
 // wait (the replay of a refused commit ends here: see task.replayUntil),
 // and rewind then holds where they are fetched again from.
 func (l *loop) take(t *task, r *kgo.Record, rewind offsets) (took, stop bool, err error) {
-	if next, ok := t.next[r.Topic]; ok && r.Offset < next {
+	c := t.cursor(r.Topic)
+	return l.takeAt(t, &c, r, rewind)
+}
+
+// takeAt is take with the task's offsets of r's topic read already, into
+// c: a batch of one topic's records reads them once (three map lookups a
+// record were 2-3 % of aggregate's CPU). Processing a record moves the
+// task's next offset past it, and no record of the batch comes before
+// one taken, so c.next stays right for the batch without being moved;
+// replayUntil does not change while records are processed.
+func (l *loop) takeAt(t *task, c *cursor, r *kgo.Record, rewind offsets) (took, stop bool, err error) {
+	if c.hasNext && r.Offset < c.next {
 		return false, false, nil // reflected in state already
 	}
-	if until, ok := t.replayUntil[r.Topic]; ok && r.Offset >= until {
+	if c.hasUntil && r.Offset >= c.until {
 		// The replay of a refused commit ends where the refused attempt
 		// did; the rest comes again.
 		rewind.set(r.Topic, r.Partition, r.Offset)
 		l.budgetFull.Store(true)
 		return false, true, nil
 	}
-	if _, ok := t.committed[r.Topic]; !ok {
+	if !c.hasCommitted {
 		// First record of a task with no committed offset: an abort
 		// rewinds to here.
 		t.committed[r.Topic] = r.Offset
+		c.hasCommitted = true
 	}
 	return true, false, l.processOne(t, r)
+}
+
+// cursor is what take reads of a task's offsets of one topic.
+type cursor struct {
+	next, until                     int64
+	hasNext, hasUntil, hasCommitted bool
+}
+
+func (t *task) cursor(topic string) cursor {
+	var c cursor
+	c.next, c.hasNext = t.next[topic]
+	c.until, c.hasUntil = t.replayUntil[topic]
+	_, c.hasCommitted = t.committed[topic]
+	return c
 }
 
 // afterProcess places the consumer where records must be fetched again,
@@ -724,7 +754,7 @@ func (l *loop) plainPromised(r *kgo.Record, err error) {
 	if err != nil {
 		l.noteProduceErr(r, err)
 	}
-	recycle(r)
+	l.recycled(r)
 }
 
 // noteProduceErr keeps the epoch's first failed produce; the epoch then

@@ -106,7 +106,7 @@ func (l *loop) outPromised(r *kgo.Record, err error) {
 			l.failed.add(failedOutput{task: c.task, ref: c.ref, err: err, dlq: c.dlq})
 		}
 	}
-	recycle(r)
+	l.recycled(r)
 }
 
 // learnsSomething reports whether the permanent failures of the epoch teach

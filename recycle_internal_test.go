@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"testing"
 	"time"
@@ -92,6 +93,57 @@ func TestSlotListIsBounded(t *testing.T) {
 	}
 	if again := l.take(nil, 1); len(again) != 0 {
 		t.Fatalf("took %d slots from an empty list", len(again))
+	}
+}
+
+// putAll keeps the free list's bound as put does, whole batches or the part
+// that fits.
+func TestSlotListPutAllIsBounded(t *testing.T) {
+	var l slotList
+	slab := make([]outSlot, maxFreeSlots+10)
+	batch := make([]*outSlot, 0, slabLen)
+	for i := range slab {
+		batch = append(batch, &slab[i])
+		if len(batch) == slabLen || i == len(slab)-1 {
+			l.putAll(batch)
+			batch = batch[:0]
+		}
+	}
+	if len(l.free) != maxFreeSlots || l.free[maxFreeSlots-1] != &slab[maxFreeSlots-1] {
+		t.Fatalf("%d slots kept, want the first %d", len(l.free), maxFreeSlots)
+	}
+}
+
+// The promises of a session's client hand their slots to the free list a
+// slab's worth at a time: none before, all of them then.
+func TestPromisesFreeASlabOfSlotsAtOnce(t *testing.T) {
+	// No collection, so no trim of the free list, during the test.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	l := &loop{}
+	tk := &task{p: 1}
+	recs := make([]*kgo.Record, slabLen)
+	for i := range recs {
+		recs[i] = tk.record(false)
+		recs[i].Key = []byte("k")
+	}
+	inFreeList := func(s *outSlot) bool {
+		outSlots.mu.Lock()
+		defer outSlots.mu.Unlock()
+		return slices.Contains(outSlots.free, s)
+	}
+	for _, r := range recs[:slabLen-1] {
+		l.plainPromised(r, nil)
+		if r.Key != nil {
+			t.Fatal("a promise left its record's key")
+		}
+	}
+	first := recs[0].Context.(*outCtx).slot
+	if len(l.freed) != slabLen-1 || inFreeList(first) {
+		t.Fatalf("%d slots waiting, want %d and none in the free list yet", len(l.freed), slabLen-1)
+	}
+	l.outPromised(recs[slabLen-1], nil)
+	if len(l.freed) != 0 || !inFreeList(first) || !inFreeList(recs[slabLen-1].Context.(*outCtx).slot) {
+		t.Fatalf("%d slots waiting after a slab's worth, want them all in the free list", len(l.freed))
 	}
 }
 
