@@ -93,8 +93,10 @@ type loop struct {
 	// produce, made once (a method value per produce would allocate).
 	outPromise, plainPromise func(*kgo.Record, error)
 	// freed are slots whose records' promises ran, waiting to go to the
-	// free list together (recycled); promises only.
+	// free list together (recycled); promises only. slots is that list:
+	// outSlots, unless a test gives its own.
 	freed     []*outSlot
+	slots     *slotList
 	brokenErr error
 	fatal     error
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"reflect"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"testing"
 	"time"
@@ -117,9 +116,9 @@ func TestSlotListPutAllIsBounded(t *testing.T) {
 // The promises of a session's client hand their slots to the free list a
 // slab's worth at a time: none before, all of them then.
 func TestPromisesFreeASlabOfSlotsAtOnce(t *testing.T) {
-	// No collection, so no trim of the free list, during the test.
-	defer debug.SetGCPercent(debug.SetGCPercent(-1))
-	l := &loop{}
+	// A list of the test's own, which no other test's instance takes
+	// from or fills.
+	l := &loop{slots: &slotList{}}
 	tk := &task{p: 1}
 	recs := make([]*kgo.Record, slabLen)
 	for i := range recs {
@@ -127,9 +126,9 @@ func TestPromisesFreeASlabOfSlotsAtOnce(t *testing.T) {
 		recs[i].Key = []byte("k")
 	}
 	inFreeList := func(s *outSlot) bool {
-		outSlots.mu.Lock()
-		defer outSlots.mu.Unlock()
-		return slices.Contains(outSlots.free, s)
+		l.slots.mu.Lock()
+		defer l.slots.mu.Unlock()
+		return slices.Contains(l.slots.free, s)
 	}
 	for _, r := range recs[:slabLen-1] {
 		l.plainPromised(r, nil)

@@ -510,10 +510,12 @@ func (t *task) undo() {
 // recycle hands r, if task.record made it, back for reuse: from a promise
 // franz-go called (it is done with the record's fields then: its promise
 // may even modify them; not always with its Context, see task.record,
-// found by the race detector), or for an output that was never produced
-// (its record failed: task.undo). Nothing else may keep the record. A
-// record left out is not lost, but it keeps its slab, and so its slab
-// siblings' keys and values, alive as long as any of them circulates.
+// found by the race detector) other than the session's own two, which
+// use loop.recycled (produceAlone's), or for an output that was never
+// produced (its record failed: task.undo; held records dropped). Nothing
+// else may keep the record. A record left out is not lost, but it keeps
+// its slab, and so its slab siblings' keys and values, alive as long as
+// any of them circulates.
 func recycle(r *kgo.Record) {
 	if s := emptied(r); s != nil {
 		outSlots.put(s)
@@ -547,7 +549,11 @@ func (l *loop) recycled(r *kgo.Record) {
 	}
 	l.freed = append(l.freed, s)
 	if len(l.freed) == slabLen {
-		outSlots.putAll(l.freed)
+		list := l.slots
+		if list == nil {
+			list = &outSlots
+		}
+		list.putAll(l.freed)
 		clear(l.freed)
 		l.freed = l.freed[:0]
 	}
