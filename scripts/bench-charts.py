@@ -30,7 +30,7 @@ TABLE_NAMES = [
     ("raw-eos", "raw franz-go, `GroupTransactSession`"),
     ("raw-alos-64k", "raw franz-go, at-least-once, 64 KiB fetches"),
     ("raw-eos-64k", "raw franz-go, `GroupTransactSession`, 64 KiB fetches"),
-    ("raw-aggregate-alos", "raw franz-go, the aggregate job by hand (state in a Go map), at-least-once"),
+    ("raw-aggregate-alos", "raw franz-go, the aggregate job by hand, at-least-once"),
     ("echo-eos", "Sluice `echo`, exactly-once"),
     ("aggregate-eos-bbolt", "Sluice `aggregate`, exactly-once, bbolt"),
     ("aggregate-eos-memory", "Sluice `aggregate`, exactly-once, memory"),
