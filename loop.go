@@ -411,10 +411,12 @@ func (l *loop) process(fs kgo.Fetches) error {
 			for _, r := range ftp.Records {
 				took, stop, err := l.takeAt(t, &c, r, rewind)
 				if err != nil || stop {
+					c.save(t, ftp.Topic)
 					return worked, err
 				}
 				worked = worked || took
 			}
+			c.save(t, ftp.Topic)
 		}
 		return worked, nil
 	})
@@ -427,14 +429,18 @@ func (l *loop) process(fs kgo.Fetches) error {
 // and rewind then holds where they are fetched again from.
 func (l *loop) take(t *task, r *kgo.Record, rewind offsets) (took, stop bool, err error) {
 	c := t.cursor(r.Topic)
-	return l.takeAt(t, &c, r, rewind)
+	took, stop, err = l.takeAt(t, &c, r, rewind)
+	c.save(t, r.Topic)
+	return took, stop, err
 }
 
 // takeAt is take with the task's offsets of r's topic read already, into
 // c: a batch of one topic's records reads them once (three map lookups a
-// record were 2-3 % of aggregate's CPU). Processing a record moves the
-// task's next offset past it, and no record of the batch comes before
-// one taken, so c.next stays right for the batch without being moved;
+// record were 2-3 % of aggregate's CPU), and the task's next offset is
+// written once, by c.save after the batch (a map write a record was 1-2
+// %): nothing reads it while records are processed, only at the epoch's
+// end, after process returned. No record of the batch comes before one
+// taken, so c.next stays right for the batch without being moved;
 // replayUntil does not change while records are processed.
 func (l *loop) takeAt(t *task, c *cursor, r *kgo.Record, rewind offsets) (took, stop bool, err error) {
 	if c.hasNext && r.Offset < c.next {
@@ -453,13 +459,25 @@ func (l *loop) takeAt(t *task, c *cursor, r *kgo.Record, rewind offsets) (took, 
 		t.committed[r.Topic] = r.Offset
 		c.hasCommitted = true
 	}
+	if err := l.begin(); err != nil {
+		return true, false, err
+	}
+	c.taken, c.moved = r.Offset+1, true
 	return true, false, l.processOne(t, r)
 }
 
-// cursor is what take reads of a task's offsets of one topic.
+// cursor is what take reads of a task's offsets of one topic, and the
+// next offset past the records it took (taken, once moved).
 type cursor struct {
-	next, until                     int64
-	hasNext, hasUntil, hasCommitted bool
+	next, until, taken                     int64
+	hasNext, hasUntil, hasCommitted, moved bool
+}
+
+// save moves the task's next offset of topic past the records c took.
+func (c *cursor) save(t *task, topic string) {
+	if c.moved {
+		t.next[topic] = c.taken
+	}
 }
 
 func (t *task) cursor(topic string) cursor {
@@ -609,12 +627,10 @@ func (c batchContext) Task() int32              { return c.t.p }
 func (c batchContext) Now() time.Time           { return c.now }
 func (c batchContext) Store() *kstate.Store     { return c.t.store }
 
+// processOne processes r, which takeAt took: the epoch's transaction is
+// open and the task's next offset moves past r once the batch is done.
 func (l *loop) processOne(t *task, r *kgo.Record) error {
 	in := l.in
-	if err := l.begin(); err != nil {
-		return err
-	}
-	t.next[r.Topic] = r.Offset + 1
 	t.advanced = true
 	t.inCount++
 
