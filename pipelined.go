@@ -244,20 +244,17 @@ func (l *loop) heldLen() int {
 // processed, state changed), so that an open transaction goes with work
 // as without the overlap (release relies on it).
 func (l *loop) releaseHeld() error {
-	held := l.held
-	l.held = nil
-	if len(held) == 0 && !l.epochHasWork() {
+	if len(l.held) == 0 && !l.epochHasWork() {
 		return nil
 	}
 	if err := l.begin(); err != nil {
-		for _, h := range held {
-			recycle(h.r)
-		}
+		l.dropHeld()
 		return err
 	}
-	for _, h := range held {
+	for _, h := range l.held {
 		l.sess.Produce(context.Background(), h.r, h.promise)
 	}
+	l.held = nil
 	return nil
 }
 

@@ -127,13 +127,8 @@ func rawLoopWith(ctx context.Context, brokers, group, in, out string, eos bool, 
 					}
 					begun = true
 				}
-				for it := fs.RecordIter(); !it.Done(); {
-					r := it.Next()
-					v, err := value(r)
-					if err != nil {
-						return err
-					}
-					s.Produce(ctx, &kgo.Record{Topic: out, Partition: r.Partition, Key: r.Key, Value: v}, nil)
+				if err := produceEach(fs, out, value, func(r *kgo.Record) { s.Produce(ctx, r, nil) }); err != nil {
+					return err
 				}
 			}
 			if !begun {
@@ -156,13 +151,8 @@ func rawLoopWith(ctx context.Context, brokers, group, in, out string, eos bool, 
 			pctx, cancel := context.WithDeadline(ctx, end)
 			fs := cl.PollRecords(pctx, 10000)
 			cancel()
-			for it := fs.RecordIter(); !it.Done(); {
-				r := it.Next()
-				v, err := value(r)
-				if err != nil {
-					return err
-				}
-				cl.Produce(ctx, &kgo.Record{Topic: out, Partition: r.Partition, Key: r.Key, Value: v}, nil)
+			if err := produceEach(fs, out, value, func(r *kgo.Record) { cl.Produce(ctx, r, nil) }); err != nil {
+				return err
 			}
 		}
 		if err := cl.Flush(context.Background()); err != nil {
@@ -171,6 +161,20 @@ func rawLoopWith(ctx context.Context, brokers, group, in, out string, eos bool, 
 		if err := cl.CommitUncommittedOffsets(context.Background()); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// produceEach hands produce an output for every record of fs: to topic
+// out, the record's partition and key, value's value.
+func produceEach(fs kgo.Fetches, out string, value func(*kgo.Record) ([]byte, error), produce func(*kgo.Record)) error {
+	for it := fs.RecordIter(); !it.Done(); {
+		r := it.Next()
+		v, err := value(r)
+		if err != nil {
+			return err
+		}
+		produce(&kgo.Record{Topic: out, Partition: r.Partition, Key: r.Key, Value: v})
 	}
 	return nil
 }
