@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/txsink"
 )
 
 // Pipelined epochs (Options.PipelinedEpochs): epoch E+1 is processed while
@@ -31,7 +31,7 @@ import (
 //   - Once the flush returned, the loop ends E as a synchronous commit
 //     does (endTxn), with E's offsets given to the TxnOffsetCommit in place
 //     of the consumer's positions, which are E+1's by then
-//     (commitOffsetsAs). TxnOffsetCommit and EndTxn run on the loop
+//     (txsink.CommitOffsetsAs). TxnOffsetCommit and EndTxn run on the loop
 //     goroutine as before: franz-go's session must not poll during them.
 //   - E committed: E is applied from its sealed fields, and E+1's held
 //     records are produced in E+1's transaction, before anything else of
@@ -174,7 +174,7 @@ func (l *loop) finishPipe(wait bool) error {
 		// A deadline of its own: the flush's may be mostly spent by
 		// the processing since (found by review).
 		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
-		act = l.endTxn(commitOffsetsAs(ctx, pc.offsets), pc.offsets)
+		act = l.endTxn(txsink.CommitOffsetsAs(ctx, pc.offsets), pc.offsets)
 		cancel()
 	}
 	return l.run(act)
@@ -275,35 +275,4 @@ func (l *loop) dropHeld() {
 		recycle(h.r)
 	}
 	l.held = nil
-}
-
-// commitOffsetsAs makes the session's TxnOffsetCommit carry exactly at,
-// the committing epoch's offsets, instead of the consumer's positions
-// (the next epoch's by then). A partition whose offset is unchanged keeps
-// the leader epoch the session knows for it.
-func commitOffsetsAs(ctx context.Context, at offsets) context.Context {
-	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
-		known := map[string]map[int32]kmsg.TxnOffsetCommitRequestTopicPartition{}
-		for _, rt := range req.Topics {
-			known[rt.Topic] = map[int32]kmsg.TxnOffsetCommitRequestTopicPartition{}
-			for _, rp := range rt.Partitions {
-				known[rt.Topic][rp.Partition] = rp
-			}
-		}
-		req.Topics = req.Topics[:0]
-		for topic, ps := range at {
-			rt := kmsg.NewTxnOffsetCommitRequestTopic()
-			rt.Topic = topic
-			for p, eo := range ps {
-				rp, ok := known[topic][p]
-				if !ok || rp.Offset != eo.Offset {
-					rp = kmsg.NewTxnOffsetCommitRequestTopicPartition()
-					rp.Partition, rp.Offset, rp.LeaderEpoch = p, eo.Offset, eo.Epoch
-				}
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			req.Topics = append(req.Topics, rt)
-		}
-		return nil
-	})
 }

@@ -90,25 +90,44 @@ func (e *exactlyOnce) Produce(ctx context.Context, r *kgo.Record, promise func(*
 // AddOffsetsToTxn or transactions v2, retries, its flags.
 func (e *exactlyOnce) End(ctx context.Context, commit bool, offsets map[string]map[int32]kgo.EpochOffset) (bool, error) {
 	if commit && len(offsets) > 0 && len(e.s.Client().UncommittedOffsets()) == 0 {
-		ctx = kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
-			if len(req.Topics) > 0 {
-				return nil
-			}
-			for topic, ps := range offsets {
-				rt := kmsg.NewTxnOffsetCommitRequestTopic()
-				rt.Topic = topic
-				for p, eo := range ps {
-					rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
-					rp.Partition, rp.Offset, rp.LeaderEpoch = p, eo.Offset, eo.Epoch
-					rt.Partitions = append(rt.Partitions, rp)
-				}
-				req.Topics = append(req.Topics, rt)
-			}
-			return nil
-		})
+		ctx = CommitOffsetsAs(ctx, offsets)
 	}
 	return e.s.End(ctx, kgo.TransactionEndTry(commit))
 }
+
+// CommitOffsetsAs makes the TxnOffsetCommit of a transaction ended under
+// ctx carry exactly offsets, in place of the consumer's positions (through
+// kgo.PreTxnCommitFnContext): those of an epoch that consumed nothing (see
+// End), or of an epoch committed while the next one is already being
+// polled (the engine's pipelined epochs). A partition whose offset is the
+// one the session would commit keeps the leader epoch the session knows.
+func CommitOffsetsAs(ctx context.Context, offsets map[string]map[int32]kgo.EpochOffset) context.Context {
+	return kgo.PreTxnCommitFnContext(ctx, func(req *kmsg.TxnOffsetCommitRequest) error {
+		known := map[string]map[int32]kmsg.TxnOffsetCommitRequestTopicPartition{}
+		for _, rt := range req.Topics {
+			known[rt.Topic] = map[int32]kmsg.TxnOffsetCommitRequestTopicPartition{}
+			for _, rp := range rt.Partitions {
+				known[rt.Topic][rp.Partition] = rp
+			}
+		}
+		req.Topics = req.Topics[:0]
+		for topic, ps := range offsets {
+			rt := kmsg.NewTxnOffsetCommitRequestTopic()
+			rt.Topic = topic
+			for p, eo := range ps {
+				rp, ok := known[topic][p]
+				if !ok || rp.Offset != eo.Offset {
+					rp = kmsg.NewTxnOffsetCommitRequestTopicPartition()
+					rp.Partition, rp.Offset, rp.LeaderEpoch = p, eo.Offset, eo.Epoch
+				}
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			req.Topics = append(req.Topics, rt)
+		}
+		return nil
+	})
+}
+
 func (e *exactlyOnce) Close() { e.s.Close() }
 
 // NewAtLeastOnce builds an idempotent, non-transactional session. opts must
