@@ -433,9 +433,6 @@ func (c *Options) fill() error {
 	if c.PipelinedEpochs && c.Guarantee != ExactlyOnce {
 		return errors.New("sluice: Options.PipelinedEpochs needs Options.Guarantee exactly_once: at-least-once has no transaction to overlap")
 	}
-	if c.PipelinedEpochs && c.Sink != nil {
-		return errors.New("sluice: Options.PipelinedEpochs does not go with Options.Sink: the sink's commit is not overlapped")
-	}
 	if c.Sink != nil && len(txsink.TaskPrefix(c.AppID, math.MaxInt32)) > 150 {
 		return fmt.Errorf("sluice: Options.AppID is too long for the sink's transaction ids (at most 200 bytes with the epoch)")
 	}

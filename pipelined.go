@@ -22,14 +22,16 @@ import (
 // on a goroutine of its own while the loop polls and processes E+1:
 //
 //   - E is sealed at its barrier, after its changelog and marker were
-//     produced: each task keeps E's offsets, marker and changes apart
-//     (sealedEpoch), its store sets E's write-set aside under a fresh one
-//     for E+1 (kstate.Store.Seal), and its clock keeps E's watermark.
+//     produced: each task keeps E's offsets, marker, changes and sink rows
+//     apart (sealedEpoch), its store sets E's write-set aside under a fresh
+//     one for E+1 (kstate.Store.Seal), and its clock keeps E's watermark.
+//     E+1's rows for Options.Sink go into a sink transaction of their own.
 //   - E+1's outputs and dead letters are held in the loop (held), not
 //     produced: E's transaction is still open, and a record produced now
 //     would join it. Nothing else is produced before E+1's barrier.
 //   - Once the flush returned, the loop ends E as a synchronous commit
-//     does (endTxn), with E's offsets given to the TxnOffsetCommit in place
+//     does (the sink's pre-commit of E's rows, then endTxn), with E's
+//     offsets given to the TxnOffsetCommit in place
 //     of the consumer's positions, which are E+1's by then
 //     (txsink.CommitOffsetsAs). TxnOffsetCommit and EndTxn run on the loop
 //     goroutine as before: franz-go's session must not poll during them.
@@ -56,9 +58,8 @@ import (
 // processed. A poll whose rebalance events make the loop wait for the
 // commit is dropped and fetched again: the wait may end an epoch, or abort
 // it and rewind the tasks. A commit is not overlapped
-// (it runs as without the option) at-least-once, with an Options.Sink (its
-// pre-commit reads the epoch's rows; both are refused by Options), while an
-// input is suspected of poison or a refused epoch is replayed (poison.go:
+// (it runs as without the option) at-least-once (refused by Options), while
+// an input is suspected of poison or a refused epoch is replayed (poison.go:
 // their outputs go alone), and for the final and the revoking checkpoints,
 // after which nothing is processed.
 
@@ -70,6 +71,10 @@ type sealedEpoch struct {
 	marker    *kgo.Record       // its marker
 	dirty     []kstate.Mutation // its changes as they went to the changelog
 	watermark time.Time         // its marker's watermark
+	// sink and sinkID are its rows for Options.Sink and their
+	// transaction's name, which its marker carries (sink.go).
+	sink   txsink.EpochTxn
+	sinkID *txsink.TxnID
 }
 
 // seal sets the task's ending epoch aside, if it produced a marker, so that
@@ -89,6 +94,7 @@ func (t *task) seal() error {
 	}
 	t.advanced = false
 	t.marker, t.dirty = nil, nil
+	t.sink, t.sinkID = nil, nil // the next epoch's rows are a transaction of their own
 	return nil
 }
 
@@ -98,7 +104,7 @@ func (t *task) ending() sealedEpoch {
 	if s := t.sealed; s != nil {
 		return *s
 	}
-	return sealedEpoch{next: t.next, advanced: t.advanced, marker: t.marker, dirty: t.dirty, watermark: t.watermark()}
+	return sealedEpoch{next: t.next, advanced: t.advanced, marker: t.marker, dirty: t.dirty, watermark: t.watermark(), sink: t.sink, sinkID: t.sinkID}
 }
 
 // maxHeldRecords bounds the records held during an overlap; the loop waits
@@ -124,7 +130,7 @@ type heldRecord struct {
 // the loop processes the next one.
 func (l *loop) overlaps(act barrier.Action) bool {
 	in := l.in
-	if !in.cfg.PipelinedEpochs || in.cfg.Guarantee != ExactlyOnce || in.cfg.Sink != nil || l.refused.Load() || l.noOverlap {
+	if !in.cfg.PipelinedEpochs || in.cfg.Guarantee != ExactlyOnce || l.refused.Load() || l.noOverlap {
 		return false
 	}
 	switch act.Reason {
@@ -174,7 +180,11 @@ func (l *loop) finishPipe(wait bool) error {
 		// A deadline of its own: the flush's may be mostly spent by
 		// the processing since (found by review).
 		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
-		act = l.endTxn(txsink.CommitOffsetsAs(ctx, pc.offsets), pc.offsets)
+		// The sink's pre-commit of the sealed epoch's rows, as commit
+		// runs it: after the flush, before EndTxn.
+		if act, ok = l.sinkPreCommit(ctx); ok {
+			act = l.endTxn(txsink.CommitOffsetsAs(ctx, pc.offsets), pc.offsets)
+		}
 		cancel()
 	}
 	return l.run(act)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -18,6 +20,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/pgtest"
+	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/txsink/pgsink"
 )
 
 // With Options.PipelinedEpochs, the inputs polled while an epoch's flush
@@ -31,13 +36,22 @@ import (
 // first produce request after the first half of the input was consumed
 // (the next input's output), and the second half comes after that epoch's
 // barrier, until the test has seen it processed.
+//
+// With a sink (PostgreSQL, the aggregate table), the held epoch's rows are
+// its own: once it committed, and before the next epoch's EndTxn, the table
+// holds the inputs up to it and none after; in the end it holds every
+// input once, and nothing is left prepared.
 func TestPipelinedEpochs(t *testing.T) {
-	for _, tt := range []struct {
+	pg := pgtest.Start(t) // for the cases with a sink
+	for i, tt := range []struct {
 		name  string
 		abort bool // the held epoch's TxnOffsetCommit fails
+		sink  bool // the job writes its rows to PostgreSQL too
 	}{
-		{"the epoch commits", false},
-		{"the epoch aborts and takes the next with it", true},
+		{"the epoch commits", false, false},
+		{"the epoch aborts and takes the next with it", true, false},
+		{"with a sink, the epoch commits", false, true},
+		{"with a sink, the epoch aborts and takes the next with it", true, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c, adm := pipelinedCluster(t)
@@ -47,13 +61,20 @@ func TestPipelinedEpochs(t *testing.T) {
 			opts := aggregateOptions(brokers, app, state)
 			opts.PipelinedEpochs = true
 			opts.Checkpoint.Timeout = 40 * time.Second // the test holds a flush
+			var url string
+			if tt.sink {
+				url = pg.Database(t, "pipelined"+strconv.Itoa(i))
+				withAggregateSink(t, &opts, url)
+			}
 			// committedAt is the group's committed offsets (their sum)
 			// and outputsAt the outputs a read_committed reader sees
 			// when the first epoch committed after the hold was
-			// released (the loop's goroutine calls the hook).
+			// released (the loop's goroutine calls the hook); rowsAt
+			// is the inputs the sink's table reflects at the next
+			// epoch's EndTxn.
 			h := &flushHold{}
 			var released atomic.Bool
-			committedAt, outputsAt := int64(-1), -1
+			committedAt, outputsAt, rowsAt := int64(-1), -1, int64(-1)
 			opts.Hook = func(p string) {
 				h.hook(p)
 				switch {
@@ -64,6 +85,12 @@ func TestPipelinedEpochs(t *testing.T) {
 					}
 					committedAt = sum
 					outputsAt = len(readOutputs(t, brokers, "out", kgo.ReadCommitted()))
+				case p == sluice.PointBeforeCommit && tt.sink && committedAt >= 0 && rowsAt < 0:
+					// On the loop's goroutine: an error is reported,
+					// not raised (t.Fatal would end the goroutine).
+					if err := pgQuery(url, "SELECT COALESCE(SUM(count), 0)::bigint FROM results", func(r pgx.Rows) error { return r.Scan(&rowsAt) }); err != nil {
+						t.Error(err)
+					}
 				}
 			}
 			reg := opts.Registry.(*prometheus.Registry)
@@ -106,6 +133,11 @@ func TestPipelinedEpochs(t *testing.T) {
 			if !tt.abort && outputsAt != half+1 {
 				t.Fatalf("%d outputs committed with the held epoch, want %d", outputsAt, half+1)
 			}
+			// And its rows alone: the next epoch's went into a sink
+			// transaction of their own, prepared at its own commit.
+			if tt.sink && !tt.abort && rowsAt != half+1 {
+				t.Fatalf("the table reflected %d inputs between the held epoch's commit and the next one's, want %d", rowsAt, half+1)
+			}
 			aborts := metric("sluice_transactions_total", "result", "abort")
 			if tt.abort != (aborts > 0) {
 				t.Fatalf("%v transactions aborted; want them to abort: %v", aborts, tt.abort)
@@ -118,8 +150,86 @@ func TestPipelinedEpochs(t *testing.T) {
 				t.Fatalf("read_committed output: %v", rep)
 			}
 			checkAggregations(t, state, app)
+			if tt.sink {
+				checkAggregateTable(t, url, aggregateInputs(2*half))
+			}
 		})
 	}
+}
+
+// withAggregateSink makes opts's job the aggregate job writing its rows to
+// PostgreSQL at url as well, upserted by key into the table "results".
+func withAggregateSink(t *testing.T, opts *sluice.Options, url string) {
+	t.Helper()
+	opts.Job = jobs.AggregateWith(jobs.AggregateOptions{Emit: true, Rows: true})
+	s, err := pgsink.New(pgsink.Config{
+		URL: url, App: opts.AppID, Table: "results", Key: []string{"key"},
+		Columns: pgsink.Named(jobs.AggregateColumns, pgsink.Text, pgsink.BigInt, pgsink.BigInt, pgsink.BigInt, pgsink.BigInt),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	opts.Sink = s
+}
+
+// checkAggregateTable checks that the aggregate table at url holds each
+// key's aggregation of inputs exactly, and that nothing is left prepared.
+func checkAggregateTable(t *testing.T, url string, inputs map[string][]int64) {
+	t.Helper()
+	got := map[string]string{}
+	err := pgQuery(url, "SELECT key, count, sum, min, max FROM results", func(r pgx.Rows) error {
+		var k string
+		var count, sum, lo, hi int64
+		err := r.Scan(&k, &count, &sum, &lo, &hi)
+		got[k] = fmt.Sprint(count, sum, lo, hi)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range inputs {
+		a := check.Aggregation{Min: vs[0], Max: vs[0]}
+		for _, v := range vs {
+			a.Count++
+			a.Sum += v
+			a.Min, a.Max = min(a.Min, v), max(a.Max, v)
+		}
+		if want := fmt.Sprint(a.Count, a.Sum, a.Min, a.Max); got[k] != want {
+			t.Fatalf("table row %s = %q, want %q", k, got[k], want)
+		}
+	}
+	if len(got) != len(inputs) {
+		t.Fatalf("table has %d keys, want %d", len(got), len(inputs))
+	}
+	var prepared int64
+	if err := pgQuery(url, "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()", func(r pgx.Rows) error { return r.Scan(&prepared) }); err != nil {
+		t.Fatal(err)
+	}
+	if prepared != 0 {
+		t.Fatalf("%d sink transactions left prepared", prepared)
+	}
+}
+
+// pgQuery runs sql at url, calling scan for each row.
+func pgQuery(url, sql string, scan func(pgx.Rows) error) error {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, sql)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
 }
 
 // pipelinedCluster starts a one-broker cluster with topics "in" and "out"

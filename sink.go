@@ -141,11 +141,13 @@ func (l *loop) sinkPreCommit(ctx context.Context) (barrier.Action, bool) {
 	var mu sync.Mutex
 	var errs []error
 	for _, p := range l.taskList() {
-		t := l.tasks[p]
-		if t.marker == nil || t.sinkID == nil {
+		// The epoch committing: the sealed one during an overlap
+		// (pipelined.go), whose rows the next epoch's do not join.
+		e := l.tasks[p].ending()
+		if e.marker == nil || e.sinkID == nil {
 			continue
 		}
-		id, txn := *t.sinkID, t.sink
+		id, txn := *e.sinkID, e.sink
 		l.sink.prepared = append(l.sink.prepared, id)
 		wg.Go(func() {
 			if err := txn.PreCommit(ctx, id); err != nil {

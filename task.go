@@ -267,8 +267,8 @@ func (t *task) epochHeader() []kgo.RecordHeader {
 func (t *task) epochMeta(in *Instance) kstate.Meta {
 	e := t.ending()
 	meta := kstate.Meta{Epoch: t.epoch + 1, ChangelogOffset: e.marker.Offset + 1, Offsets: maps.Clone(e.next), AppliedAt: in.now(), Watermark: e.watermark}
-	if t.sinkID != nil {
-		meta.SinkTxn = t.sinkID.String()
+	if e.sinkID != nil {
+		meta.SinkTxn = e.sinkID.String()
 	}
 	return meta
 }

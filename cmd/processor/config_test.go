@@ -306,8 +306,6 @@ var configErrorTests = []configErrorTest{
 	{"pipelined epochs not a bool", envWith(baseEnv(), "SLUICE_PIPELINED_EPOCHS", "yes please"), "SLUICE_PIPELINED_EPOCHS", ""},
 	{"pipelined epochs at least once", envWith(envWith(baseEnv(), "SLUICE_PIPELINED_EPOCHS", "true"), "SLUICE_GUARANTEE", "at_least_once"), "SLUICE_PIPELINED_EPOCHS",
 		`SLUICE_PIPELINED_EPOCHS="true": expected false with SLUICE_GUARANTEE=at_least_once: at-least-once has no transaction to overlap`},
-	{"pipelined epochs with a sink", envWith(envWith(baseEnv(), "SLUICE_PIPELINED_EPOCHS", "true"), "SLUICE_SINK", "postgres"), "SLUICE_PIPELINED_EPOCHS",
-		`SLUICE_PIPELINED_EPOCHS="true": expected false with SLUICE_SINK=postgres: the sink's commit is not overlapped`},
 	{"negative restore concurrency", envWith(baseEnv(), "SLUICE_RESTORE_CONCURRENCY", "-1"), "SLUICE_RESTORE_CONCURRENCY",
 		`SLUICE_RESTORE_CONCURRENCY="-1": expected a number of restores at once, 0 (GOMAXPROCS, at least 2) or more`},
 	{"unknown sink", envWith(baseEnv(), "SLUICE_SINK", "mysql"), "SLUICE_SINK", `SLUICE_SINK="mysql": expected postgres, or empty for none`},

@@ -255,15 +255,23 @@ func checkAudit(t *testing.T, url, brokers, app string) {
 //	before the epoch ends               Kafka aborts (fenced); nothing prepared
 //	sink prepared, Kafka not committed  Kafka aborts; Recover rolls the prepared transaction back
 //	Kafka committed, sink not           Recover commits the prepared transaction: the epoch's rows, once
+//
+// The pipelined cases process each epoch while the one before commits
+// (Options.PipelinedEpochs), and crash only once records were processed
+// during a commit: the crash may take a sealed epoch's prepared rows with
+// it, and the next epoch's, which were never written.
 func TestSinkCrashPoints(t *testing.T) {
 	srv := pgtest.Start(t)
 	tests := []struct {
 		name, point, job string
+		pipelined        bool
 	}{
-		{"before the epoch ends", sluice.PointBeforePreCommit, "aggregate"},
-		{"sink prepared, Kafka not", sluice.PointBeforeCommit, "aggregate"},
-		{"Kafka committed, sink not", sluice.PointAfterCommit, "aggregate"},
-		{"echo: Kafka committed, sink not", sluice.PointAfterCommit, "echo"},
+		{"before the epoch ends", sluice.PointBeforePreCommit, "aggregate", false},
+		{"sink prepared, Kafka not", sluice.PointBeforeCommit, "aggregate", false},
+		{"Kafka committed, sink not", sluice.PointAfterCommit, "aggregate", false},
+		{"echo: Kafka committed, sink not", sluice.PointAfterCommit, "echo", false},
+		{"pipelined: sink prepared, Kafka not", sluice.PointBeforeCommit, "aggregate", true},
+		{"pipelined echo: Kafka committed, sink not", sluice.PointAfterCommit, "echo", true},
 	}
 	for i, tt := range tests {
 		url := srv.Database(t, "crash"+strconv.Itoa(i))
@@ -272,8 +280,12 @@ func TestSinkCrashPoints(t *testing.T) {
 			brokers := newCluster(t, 3)
 			f := newFeeder(t, brokers, 40, uint64(60+i))
 			app := "sinkcrash"
-			c := newChild(t, brokers, app, "i1", t.TempDir(), tt.job, sluice.ExactlyOnce, "SYSTEST_PG_URL="+url)
-			c.start("SYSTEST_CRASH_AT="+tt.point, "SYSTEST_CRASH_AFTER=3")
+			c := newChild(t, brokers, app, "i1", t.TempDir(), tt.job, sluice.ExactlyOnce, "SYSTEST_PG_URL="+url, fmt.Sprintf("SYSTEST_PIPELINED=%v", tt.pipelined))
+			crash := []string{"SYSTEST_CRASH_AT=" + tt.point, "SYSTEST_CRASH_AFTER=3"}
+			if tt.pipelined {
+				crash = append(crash, "SYSTEST_CRASH_WHEN=sluice_overlapped_records_total>=1")
+			}
+			c.start(crash...)
 			deadline := time.Now().Add(60 * time.Second)
 			for c.running() {
 				if time.Now().After(deadline) {
