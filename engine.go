@@ -83,8 +83,8 @@ type Instance struct {
 	clock Clock // processing time (Options.Clock or the wall clock)
 
 	// sinkConflicts holds, per task, the epoch whose sink pre-commit found
-	// the epoch applied already (see sinkConflict); only the goroutine
-	// running sessions touches it.
+	// the epoch applied already (see handleConflict); only the loop's
+	// goroutine touches it.
 	sinkConflicts map[int32]uint64
 	sinkM         *sinkMetrics // nil without a sink
 

@@ -1314,6 +1314,12 @@ func (l *loop) close() error {
 	// A rebalance held back by the last poll would make Close wait for
 	// it forever.
 	l.sess.AllowRebalance()
+	if l.pipe != nil {
+		// The sealed epoch's sink pre-commit, if its flush is done,
+		// stops: its Kafka transaction will never end, and nothing
+		// should be prepared for it after the session closed.
+		l.pipe.cancel()
+	}
 	l.sess.Close()
 	l.takePipe(true) // the client is closed: the flush returns
 	l.dropHeld()

@@ -26,11 +26,17 @@ import (
 //     apart (sealedEpoch), its store sets E's write-set aside under a fresh
 //     one for E+1 (kstate.Store.Seal), and its clock keeps E's watermark.
 //     E+1's rows for Options.Sink go into a sink transaction of their own.
+//   - Once every record of E was acknowledged, the flush's goroutine runs
+//     the sink's pre-commit of E's rows (prepareSink), still beside E+1's
+//     processing: the sink's rules hold as they are (txsink.EpochSink),
+//     since its pre-commit comes after the flush and before EndTxn either
+//     way. A commit is not overlapped while earlier sink commits or
+//     rollbacks are pending: the loop settles them first.
 //   - E+1's outputs and dead letters are held in the loop (held), not
 //     produced: E's transaction is still open, and a record produced now
 //     would join it. Nothing else is produced before E+1's barrier.
 //   - Once the flush returned, the loop ends E as a synchronous commit
-//     does (the sink's pre-commit of E's rows, then endTxn), with E's
+//     does (endTxn, if the sink's pre-commit succeeded), with E's
 //     offsets given to the TxnOffsetCommit in place
 //     of the consumer's positions, which are E+1's by then
 //     (txsink.CommitOffsetsAs). TxnOffsetCommit and EndTxn run on the loop
@@ -46,10 +52,10 @@ import (
 // last committed epoch. The crash table of DESIGN.md holds as it is: a
 // crash during the overlap is a crash during E's commit with E+1 unsent.
 //
-// The loop ends the overlap early, waiting for the flush (waitPipe), before
-// it acts on a rebalance, a rebalance request, a shutdown, a restored task
-// (the task set changes only between checkpoints), an epoch budget reached,
-// or when the held records reach maxHeldRecords; a commit that follows at
+// The loop ends the overlap early, waiting for the flush and the sink's
+// pre-commit (waitPipe), before it acts on a rebalance, a rebalance
+// request, a shutdown, a restored task (the task set changes only between
+// checkpoints), an epoch budget reached, or when the held records reach maxHeldRecords; a commit that follows at
 // once from such a wait does not overlap, so that the loop then finds the
 // coordinator processing. A rebalance stays blocked while a commit is under
 // way (it would abort it): the request it makes is served at the next
@@ -115,8 +121,12 @@ const maxHeldRecords = 50_000
 // epoch.
 type pipedCommit struct {
 	offsets offsets            // the committing epoch's, for its TxnOffsetCommit
-	cancel  context.CancelFunc // the flush's context, bounded by the checkpoint timeout
+	cancel  context.CancelFunc // the flush's and the sink pre-commit's context, bounded by the checkpoint timeout
 	flushed chan error         // the flush's result; buffered
+	// sink is the sink's pre-commit of the epoch's rows, which the
+	// flush's goroutine runs once every record was acknowledged; written
+	// before flushed is sent.
+	sink sinkResult
 }
 
 // heldRecord is a record of the epoch after the one committing, and its
@@ -131,6 +141,11 @@ type heldRecord struct {
 func (l *loop) overlaps(act barrier.Action) bool {
 	in := l.in
 	if !in.cfg.PipelinedEpochs || in.cfg.Guarantee != ExactlyOnce || l.refused.Load() || l.noOverlap {
+		return false
+	}
+	if len(l.sink.commits)+len(l.sink.aborts) > 0 {
+		// The sink's pre-commit settles these first (rule 4 of
+		// txsink.EpochSink; their rows' locks), on the loop.
 		return false
 	}
 	switch act.Reason {
@@ -157,8 +172,23 @@ func (l *loop) startPipe(at offsets) error {
 	ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
 	pc := &pipedCommit{offsets: at, cancel: cancel, flushed: make(chan error, 1)}
 	cl := l.sess.Client()
+	work := l.sinkWork() // the sealed epoch's rows
 	go func() {
-		pc.flushed <- cl.Flush(ctx)
+		err := cl.Flush(ctx)
+		// Ordering rule (txsink.EpochSink rule 1): the sink's
+		// pre-commit runs once every record of the epoch, its markers
+		// included, was acknowledged, and none failed so far: the
+		// promise of every buffered record ran before the flush
+		// returned. (One franz-go fails before buffering it, an
+		// unknown topic, may report after; checkFlushed then aborts
+		// the epoch, which rolls back what was prepared, before any
+		// EndTxn.) Nothing is pending to settle first (overlaps), and
+		// the held records of the next epoch are not produced, so none
+		// of theirs can fail.
+		if err == nil && l.produceErr.Load() == nil {
+			pc.sink = prepareSink(ctx, work)
+		}
+		pc.flushed <- err
 		l.in.wakeLoop() // the poll in progress ends, so the commit goes on
 	}()
 	l.pipe = pc
@@ -180,9 +210,9 @@ func (l *loop) finishPipe(wait bool) error {
 		// A deadline of its own: the flush's may be mostly spent by
 		// the processing since (found by review).
 		ctx, cancel := context.WithTimeout(context.Background(), l.in.cfg.Checkpoint.Timeout)
-		// The sink's pre-commit of the sealed epoch's rows, as commit
-		// runs it: after the flush, before EndTxn.
-		if act, ok = l.sinkPreCommit(ctx); ok {
+		// The sink's pre-commit of the sealed epoch's rows ran after
+		// the flush; EndTxn only if it succeeded.
+		if act, ok = l.sinkPrepared(pc.sink); ok {
 			act = l.endTxn(txsink.CommitOffsetsAs(ctx, pc.offsets), pc.offsets)
 		}
 		cancel()
@@ -190,10 +220,11 @@ func (l *loop) finishPipe(wait bool) error {
 	return l.run(act)
 }
 
-// takePipe ends the overlap once the flush under way returned (at once if
-// wait is set, else only if it is done already), and returns the commit
-// with the flush's result; nil if there is none, or it is not done. The
-// session may end the transaction only after it.
+// takePipe ends the overlap once the flush under way returned, and the
+// sink's pre-commit after it (at once if wait is set, else only if they
+// are done already), and returns the commit with the flush's result; nil
+// if there is none, or it is not done. The session may end the
+// transaction only after it.
 func (l *loop) takePipe(wait bool) (*pipedCommit, error) {
 	pc := l.pipe
 	if pc == nil {
@@ -212,6 +243,9 @@ func (l *loop) takePipe(wait bool) (*pipedCommit, error) {
 	l.flushCounts() // the records processed during the overlap count as such
 	l.pipe, l.holding = nil, false
 	pc.cancel()
+	// What the flush's goroutine tried to prepare, an abort (or the next
+	// restore) rolls back.
+	l.sink.prepared = append(l.sink.prepared, pc.sink.tried...)
 	return pc, err
 }
 

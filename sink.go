@@ -46,7 +46,7 @@ func WriteRow(ctx Context, row ...any) error {
 
 // sinkFinal returns err if it stops the instance (rather than failing
 // epochs forever, or losing rows), nil otherwise. A conflict at pre-commit
-// is first taken for a zombie's (see sinkConflict).
+// is first taken for a zombie's (see handleConflict).
 func sinkFinal(err error) error {
 	if errors.Is(err, txsink.ErrSinkRefused) || errors.Is(err, txsink.ErrSinkConflict) || errors.Is(err, txsink.ErrSinkSetup) {
 		return err
@@ -89,7 +89,6 @@ type sinkState struct {
 	// when idle.
 	commits, aborts []txsink.TxnID
 	triedAt         time.Time
-	mu              sync.Mutex // serialises sinkConflict's calls
 }
 
 // sinkRows moves the rows of a record or timer that succeeded into the
@@ -127,64 +126,122 @@ func (t *task) sinkTxn(in *Instance) string {
 // Ordering rule (txsink.EpochSink rules 1, 2 and 4): called after every
 // Kafka record of the epoch, the markers naming these transactions
 // included, is acknowledged, and before EndTxn; EndTxn is sent only if it
-// succeeded, and never while an earlier epoch's commit is pending.
+// succeeded, and never while an earlier epoch's commit is pending. With
+// pipelined epochs the pre-commit runs on the flush's goroutine instead
+// (startPipe), under the same rules.
 func (l *loop) sinkPreCommit(ctx context.Context) (barrier.Action, bool) {
-	sink := l.in.cfg.Sink
-	if sink == nil {
+	if l.in.cfg.Sink == nil {
 		return barrier.Action{}, true
 	}
 	if err := l.sinkSettle(ctx); err != nil {
 		return l.sinkFailed(fmt.Errorf("settle earlier sink transactions: %w", err)), false
 	}
-	start := time.Now()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var errs []error
+	res := prepareSink(ctx, l.sinkWork())
+	l.sink.prepared = append(l.sink.prepared, res.tried...)
+	return l.sinkPrepared(res)
+}
+
+// sinkTxn is a task's sink transaction of the epoch committing: its rows
+// and the name its marker gave them.
+type sinkTxn struct {
+	id  txsink.TxnID
+	txn txsink.EpochTxn
+}
+
+// sinkResult is what the pre-commit of an epoch's sink transactions did.
+type sinkResult struct {
+	// tried are the transactions PreCommit was called for, whether it
+	// succeeded or not (see sinkState.prepared).
+	tried     []txsink.TxnID
+	errs      []error
+	conflicts []sinkConflict // the errors that were txsink.ErrSinkConflict
+	took      time.Duration
+}
+
+type sinkConflict struct {
+	id  txsink.TxnID
+	err error
+}
+
+// sinkWork lists the tasks' sink transactions of the epoch committing: the
+// sealed one during an overlap (pipelined.go), whose rows the next epoch's
+// do not join.
+func (l *loop) sinkWork() []sinkTxn {
+	if l.in.cfg.Sink == nil {
+		return nil
+	}
+	var work []sinkTxn
 	for _, p := range l.taskList() {
-		// The epoch committing: the sealed one during an overlap
-		// (pipelined.go), whose rows the next epoch's do not join.
 		e := l.tasks[p].ending()
 		if e.marker == nil || e.sinkID == nil {
 			continue
 		}
-		id, txn := *e.sinkID, e.sink
-		l.sink.prepared = append(l.sink.prepared, id)
+		work = append(work, sinkTxn{*e.sinkID, e.sink})
+	}
+	return work
+}
+
+// prepareSink runs the PreCommit of each transaction of work, in parallel.
+// It touches nothing of the loop: during an overlap it runs on the
+// flush's goroutine while the loop processes the next epoch.
+func prepareSink(ctx context.Context, work []sinkTxn) sinkResult {
+	var res sinkResult
+	if len(work) == 0 {
+		return res
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, w := range work {
+		res.tried = append(res.tried, w.id)
 		wg.Go(func() {
-			if err := txn.PreCommit(ctx, id); err != nil {
+			if err := w.txn.PreCommit(ctx, w.id); err != nil {
 				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
+				defer mu.Unlock()
+				res.errs = append(res.errs, err)
 				if errors.Is(err, txsink.ErrSinkConflict) {
-					l.sinkConflict(id, err)
+					res.conflicts = append(res.conflicts, sinkConflict{w.id, err})
 				}
 			}
 		})
 	}
 	wg.Wait()
+	res.took = time.Since(start)
+	return res
+}
+
+// sinkPrepared takes in the pre-commit's result: EndTxn may follow if
+// every transaction was prepared; otherwise the commit failed, and the
+// returned action says what to do next. The caller added res.tried to
+// l.sink.prepared, so that an abort rolls them back.
+func (l *loop) sinkPrepared(res sinkResult) (barrier.Action, bool) {
+	if l.in.cfg.Sink == nil {
+		return barrier.Action{}, true
+	}
+	for _, c := range res.conflicts {
+		l.handleConflict(c.id, c.err)
+	}
 	sm := l.in.sinkM
-	sm.txns.WithLabelValues("failed").Add(float64(len(errs)))
-	sm.txns.WithLabelValues("prepared").Add(float64(len(l.sink.prepared) - len(errs)))
-	if err := errors.Join(errs...); err != nil {
+	sm.txns.WithLabelValues("failed").Add(float64(len(res.errs)))
+	sm.txns.WithLabelValues("prepared").Add(float64(len(res.tried) - len(res.errs)))
+	if err := errors.Join(res.errs...); err != nil {
 		return l.sinkFailed(err), false
 	}
-	sm.preCommit.Observe(time.Since(start).Seconds())
-	for _, id := range l.sink.prepared {
+	sm.preCommit.Observe(res.took.Seconds())
+	for _, id := range res.tried {
 		delete(l.in.sinkConflicts, id.Task)
 	}
 	return barrier.Action{}, true
 }
 
-// sinkConflict handles an epoch the sink holds already. Most often this
+// handleConflict handles an epoch the sink holds already. Most often this
 // instance is a zombie: paused past its session, it lost the task, and the
 // new owner committed the epoch; its Kafka commit would be fenced anyway.
 // So the first time the session is rebuilt (the instance rejoins and
 // restores the task's true position); the same task and epoch conflicting
 // again after that restore is real (another app with this id writing to
 // the same database, an audit row added by hand) and stops the instance.
-// It runs on the pre-commit goroutines, serialised by l.sink.mu.
-func (l *loop) sinkConflict(id txsink.TxnID, err error) {
-	l.sink.mu.Lock()
-	defer l.sink.mu.Unlock()
+func (l *loop) handleConflict(id txsink.TxnID, err error) {
 	if l.in.sinkConflicts == nil {
 		l.in.sinkConflicts = map[int32]uint64{}
 	}

@@ -469,12 +469,23 @@ func (c *child) crashed() bool {
 	return strings.Contains(string(b), "systest: crashing at")
 }
 
-func (c *child) dumpLog() {
+func (c *child) dumpLog() { c.dumpTail(8000) }
+
+func (c *child) dumpTail(n int) {
 	b, _ := os.ReadFile(c.log)
-	if len(b) > 8000 {
-		b = b[len(b)-8000:]
+	if len(b) > n {
+		b = b[len(b)-n:]
 	}
 	c.t.Logf("log of %s (tail):\n%s", c.id, b)
+}
+
+// dumpStuck ends a child that did not get where the test waited for with
+// SIGQUIT, and logs the end of its log: Go's dump of its goroutines says
+// where it stood.
+func (c *child) dumpStuck() {
+	c.signal(syscall.SIGQUIT)
+	c.wait(10 * time.Second)
+	c.dumpTail(200_000)
 }
 
 // testLogger discards in-process instances' logs unless SYSTEST_LOG_DIR

@@ -289,7 +289,7 @@ func TestSinkCrashPoints(t *testing.T) {
 			deadline := time.Now().Add(60 * time.Second)
 			for c.running() {
 				if time.Now().After(deadline) {
-					c.dumpLog()
+					c.dumpStuck()
 					t.Fatalf("instance did not reach %s", tt.point)
 				}
 				f.produce(50, 0)
@@ -325,11 +325,22 @@ func TestSinkCrashPoints(t *testing.T) {
 // TestSinkDatabaseDown stops PostgreSQL while an instance writes to it:
 // the instance stops being ready and its restores wait on the database;
 // once it is back, nothing is lost or doubled, in the table or the output.
+// With pipelined epochs too, whose pre-commit runs beside the next epoch.
 func TestSinkDatabaseDown(t *testing.T) {
+	for _, pipelined := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pipelined=%v", pipelined), func(t *testing.T) {
+			t.Parallel()
+			sinkDatabaseDown(t, pipelined)
+		})
+	}
+}
+
+func sinkDatabaseDown(t *testing.T, pipelined bool) {
 	srv := pgtest.Start(t)
 	brokers := newCluster(t, 4)
 	f := newFeeder(t, brokers, 50, 71)
 	cfg := options(brokers, "sinkdown", "i1", t.TempDir(), "aggregate", sluice.ExactlyOnce)
+	cfg.PipelinedEpochs = pipelined
 	if err := withSink(&cfg, srv.URL(), "aggregate"); err != nil {
 		t.Fatal(err)
 	}
