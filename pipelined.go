@@ -55,9 +55,9 @@ import (
 // The loop ends the overlap early, waiting for the flush and the sink's
 // pre-commit (waitPipe), before it acts on a rebalance, a rebalance
 // request, a shutdown, a restored task (the task set changes only between
-// checkpoints), an epoch budget reached, or when the held records reach maxHeldRecords; a commit that follows at
-// once from such a wait does not overlap, so that the loop then finds the
-// coordinator processing. A rebalance stays blocked while a commit is under
+// checkpoints), an epoch budget reached, or when the held records reach
+// maxHeldRecords; a commit that follows at once from such a wait does not
+// overlap, so that the loop then finds the coordinator processing. A rebalance stays blocked while a commit is under
 // way (it would abort it): the request it makes is served at the next
 // iteration, after the commit. Timers, the TTL sweep and broadcast records are
 // handled during an overlap as records are: they join the epoch being

@@ -141,9 +141,9 @@ func (l *loop) sinkPreCommit(ctx context.Context) (barrier.Action, bool) {
 	return l.sinkPrepared(res)
 }
 
-// sinkTxn is a task's sink transaction of the epoch committing: its rows
-// and the name its marker gave them.
-type sinkTxn struct {
+// taskSinkTxn is a task's sink transaction of the epoch committing: its
+// rows and the name its marker gave them.
+type taskSinkTxn struct {
 	id  txsink.TxnID
 	txn txsink.EpochTxn
 }
@@ -166,17 +166,17 @@ type sinkConflict struct {
 // sinkWork lists the tasks' sink transactions of the epoch committing: the
 // sealed one during an overlap (pipelined.go), whose rows the next epoch's
 // do not join.
-func (l *loop) sinkWork() []sinkTxn {
+func (l *loop) sinkWork() []taskSinkTxn {
 	if l.in.cfg.Sink == nil {
 		return nil
 	}
-	var work []sinkTxn
+	var work []taskSinkTxn
 	for _, p := range l.taskList() {
 		e := l.tasks[p].ending()
 		if e.marker == nil || e.sinkID == nil {
 			continue
 		}
-		work = append(work, sinkTxn{*e.sinkID, e.sink})
+		work = append(work, taskSinkTxn{*e.sinkID, e.sink})
 	}
 	return work
 }
@@ -184,7 +184,7 @@ func (l *loop) sinkWork() []sinkTxn {
 // prepareSink runs the PreCommit of each transaction of work, in parallel.
 // It touches nothing of the loop: during an overlap it runs on the
 // flush's goroutine while the loop processes the next epoch.
-func prepareSink(ctx context.Context, work []sinkTxn) sinkResult {
+func prepareSink(ctx context.Context, work []taskSinkTxn) sinkResult {
 	var res sinkResult
 	if len(work) == 0 {
 		return res

@@ -320,6 +320,7 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
 		ch.dumpLogs()
+		dumpEchoGaps(t, ch.brokers, ch.feeder)
 		t.Fatalf("echo under chaos: %v", rep)
 	}
 	t.Logf("echo under chaos: %v", rep)
@@ -335,6 +336,7 @@ func TestChaosEchoAtLeastOnce(t *testing.T) {
 	if rep.Lost != 0 || rep.Wrong != 0 {
 		ch.dumpLogs()
 		dumpMarkers(t, ch.brokers, "chaos-echo")
+		dumpEchoGaps(t, ch.brokers, ch.feeder)
 		t.Fatalf("at-least-once echo under chaos lost records: %v", rep)
 	}
 	t.Logf("at-least-once echo under chaos: %v", rep)

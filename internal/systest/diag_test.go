@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/check"
 )
 
 // dumpMarkers logs, as evidence for a failed exactly-once check, the last
@@ -44,5 +45,57 @@ func dumpMarkers(t *testing.T, brokers, app string) {
 	t.Logf("last markers per changelog partition: %v", last)
 	if offs, err := kadm.NewClient(cl).FetchOffsets(context.Background(), app); err == nil {
 		offs.Each(func(o kadm.OffsetResponse) { t.Logf("group offset %s/%d = %d", o.Topic, o.Partition, o.At) })
+	}
+}
+
+// dumpEchoGaps logs, for each partition whose echo output misses inputs,
+// which inputs are missing from what a fresh read_committed reader finds
+// (by value, whatever the order), and where the partition's output begins
+// (its first records, their offsets, and the log start): the order-strict
+// check.Echo counts a whole partition lost when its first input is, so
+// this says whether a few inputs were lost or the reader missed some.
+func dumpEchoGaps(t *testing.T, brokers string, f *feeder) {
+	t.Helper()
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 10*time.Second, nil)
+	if err != nil {
+		t.Logf("echo gaps: read: %v", err)
+		return
+	}
+	byPartition := map[int32][]*kgo.Record{}
+	for _, r := range recs {
+		byPartition[r.Partition] = append(byPartition[r.Partition], r)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	starts, err := kadm.NewClient(cl).ListStartOffsets(context.Background(), output)
+	if err != nil {
+		t.Logf("echo gaps: log start offsets: %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for p, in := range f.raw {
+		seen := map[string]bool{}
+		for _, r := range byPartition[p] {
+			seen[string(r.Key)+"="+string(r.Value)] = true
+		}
+		var missing []int
+		for i, v := range in {
+			if !seen[string(v)] {
+				missing = append(missing, i)
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		var first []string
+		for _, r := range byPartition[p][:min(3, len(byPartition[p]))] {
+			first = append(first, fmt.Sprintf("%s=%s@%d", r.Key, r.Value, r.Offset))
+		}
+		start, _ := starts.Lookup(output, p)
+		t.Logf("echo gaps: partition %d: %d of %d inputs missing, the first at input indexes %v; %d outputs, the first %v; log start %d",
+			p, len(missing), len(in), missing[:min(10, len(missing))], len(byPartition[p]), first, start.Offset)
 	}
 }
