@@ -57,17 +57,18 @@ import (
 // request, a shutdown, a restored task (the task set changes only between
 // checkpoints), an epoch budget reached, or when the held records reach
 // maxHeldRecords; a commit that follows at once from such a wait does not
-// overlap, so that the loop then finds the coordinator processing. A rebalance stays blocked while a commit is under
-// way (it would abort it): the request it makes is served at the next
-// iteration, after the commit. Timers, the TTL sweep and broadcast records are
-// handled during an overlap as records are: they join the epoch being
-// processed. A poll whose rebalance events make the loop wait for the
-// commit is dropped and fetched again: the wait may end an epoch, or abort
-// it and rewind the tasks. A commit is not overlapped
-// (it runs as without the option) at-least-once (refused by Options), while
-// an input is suspected of poison or a refused epoch is replayed (poison.go:
-// their outputs go alone), and for the final and the revoking checkpoints,
-// after which nothing is processed.
+// overlap, so that the loop then finds the coordinator processing. A
+// rebalance stays blocked while a commit is under way (it would abort it):
+// the request it makes is served at the next iteration, after the commit.
+// Timers, the TTL sweep and broadcast records are handled during an
+// overlap as records are: they join the epoch being processed. A poll
+// whose rebalance events make the loop wait for the commit is dropped and
+// fetched again: the wait may end an epoch, or abort it and rewind the
+// tasks. A commit is not overlapped (it runs as without the option)
+// at-least-once (refused by Options), while an input is suspected of
+// poison or a refused epoch is replayed (poison.go: their outputs go
+// alone), and for the final and the revoking checkpoints, after which
+// nothing is processed.
 
 // sealedEpoch is a task's epoch sealed at its barrier while its transaction
 // commits.
@@ -177,14 +178,14 @@ func (l *loop) startPipe(at offsets) error {
 		err := cl.Flush(ctx)
 		// Ordering rule (txsink.EpochSink rule 1): the sink's
 		// pre-commit runs once every record of the epoch, its markers
-		// included, was acknowledged, and none failed so far: the
-		// promise of every buffered record ran before the flush
-		// returned. (One franz-go fails before buffering it, an
-		// unknown topic, may report after; checkFlushed then aborts
-		// the epoch, which rolls back what was prepared, before any
-		// EndTxn.) Nothing is pending to settle first (overlaps), and
-		// the held records of the next epoch are not produced, so none
-		// of theirs can fail.
+		// included, was acknowledged, and none failed: franz-go runs
+		// the promise of every buffered record before the flush
+		// returns. (A record it fails before buffering it, one without
+		// a topic, which the engine never makes, may report later;
+		// checkFlushed would then abort the epoch, rolling back what
+		// was prepared, before any EndTxn.) Nothing is pending to
+		// settle first (overlaps), and the held records of the next
+		// epoch are not produced, so none of theirs can fail.
 		if err == nil && l.produceErr.Load() == nil {
 			pc.sink = prepareSink(ctx, work)
 		}

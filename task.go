@@ -544,9 +544,10 @@ func emptied(r *kgo.Record) *outSlot {
 
 // recycled is recycle for the promises of the session's client: the slot
 // waits in l.freed, and a slab's worth goes to the free list under one
-// lock (a lock a record was 3-6 % of aggregate's CPU samples). Only those promises touch l.freed, and franz-go
-// calls a client's promises one at a time. Slots still waiting when the
-// session ends are left to the collector.
+// lock (a lock a record was 3-6 % of aggregate's CPU samples). Only those
+// promises touch l.freed, and franz-go calls a client's promises one at a
+// time. Slots still waiting when the session ends are left to the
+// collector.
 func (l *loop) recycled(r *kgo.Record) {
 	s := emptied(r)
 	if s == nil {
