@@ -207,47 +207,11 @@ func (l *loop) iterate() error {
 		return err
 	}
 
-	// Rebalance callbacks ran inside the poll; act on them before
-	// touching the records the poll returned, and after the commit under
-	// way, if any (its End aborts it if partitions went).
-	events := in.takeEvents()
-	if len(events) > 0 && l.pipe != nil {
-		// The wait may end an epoch (the next was due already), or
-		// abort it and rewind the tasks: the poll's records come again
-		// after it, so that the barrier finds the consumer where the
-		// tasks stopped (found by review).
-		l.sess.Client().SetOffsets(firstOffsets(fs))
-		fs = nil
-		if err := l.waitPipe(); err != nil {
-			return err
-		}
+	// Rebalance callbacks ran inside the poll.
+	fs, err := l.handleEvents(in.takeEvents(), fs)
+	if err != nil {
+		return err
 	}
-	for _, ev := range events {
-		l.noteOwned(ev)
-		// Only tasks that run or restore are released: a partition of a
-		// task that never started (another input's partition was still
-		// elsewhere) takes no epoch down with it. An assignment of a task
-		// we still hold means it missed its revoke; its partition is
-		// paused again, so drop it and restore it anew.
-		gone := slices.DeleteFunc(slices.Clone(ev.tasks), func(p int32) bool {
-			return l.tasks[p] == nil && l.restoring[p] == nil
-		})
-		if len(gone) > 0 {
-			if err := l.release(ev.kind, gone); err != nil {
-				return err
-			}
-			fs = nil // the consumer was rewound; these records come again
-		}
-		if ev.kind == "assigned" {
-			l.assigned = true
-			for _, p := range ev.tasks {
-				if l.ownsTask(p) {
-					l.startRestore(p)
-				}
-			}
-		}
-	}
-
 	if err := l.process(fs); err != nil {
 		return err
 	}
@@ -274,7 +238,7 @@ func (l *loop) iterate() error {
 	if wanted && act.Kind == barrier.ActNone {
 		act = l.coord.RequestRevoke(time.Now())
 	}
-	err := l.run(act)
+	err = l.run(act)
 	l.noOverlap = false
 	if err != nil {
 		return err
@@ -286,6 +250,73 @@ func (l *loop) iterate() error {
 		l.sess.AllowRebalance()
 	}
 	return nil
+}
+
+// handleEvents acts on the rebalance callbacks of the last poll, before
+// the records it returned are touched, and after the commit under way, if
+// any (its End aborts it if partitions went). It returns the records still
+// to process: none if the consumer was rewound, for they come again.
+func (l *loop) handleEvents(events []event, fs kgo.Fetches) (kgo.Fetches, error) {
+	if len(events) > 0 && l.pipe != nil {
+		// The wait may end an epoch (the next was due already), or
+		// abort it and rewind the tasks: the poll's records come again
+		// after it, so that the barrier finds the consumer where the
+		// tasks stopped (found by review).
+		l.sess.Client().SetOffsets(firstOffsets(fs))
+		fs = nil
+		if err := l.waitPipe(); err != nil {
+			return nil, err
+		}
+	}
+	for _, ev := range events {
+		l.noteOwned(ev)
+		// Only tasks that run or restore are released: a partition of a
+		// task that never started (another input's partition was still
+		// elsewhere) takes no epoch down with it. An assignment of a task
+		// we still hold means it missed its revoke; its partition is
+		// paused again, so drop it and restore it anew.
+		gone := slices.DeleteFunc(slices.Clone(ev.tasks), func(p int32) bool {
+			return l.tasks[p] == nil && l.restoring[p] == nil
+		})
+		if len(gone) > 0 {
+			// The release rewinds the consumer to each task's committed
+			// offsets, and these records are dropped. A task given its
+			// first records in this poll has none yet: its rewind point
+			// is its first record here, as taking it would have made it.
+			// Without this, at-least-once, the consumer stayed past them
+			// and they were never processed (found by a chaos run: the
+			// first 120 inputs of a partition lost).
+			l.keepRewindPoints(fs)
+			if err := l.release(ev.kind, gone); err != nil {
+				return nil, err
+			}
+			fs = nil
+		}
+		if ev.kind == "assigned" {
+			l.assigned = true
+			for _, p := range ev.tasks {
+				if l.ownsTask(p) {
+					l.startRestore(p)
+				}
+			}
+		}
+	}
+	return fs, nil
+}
+
+// keepRewindPoints gives each running task without a committed offset of a
+// topic in fs its first record there as the offset an abort rewinds to,
+// as takeAt does for the first record it takes.
+func (l *loop) keepRewindPoints(fs kgo.Fetches) {
+	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		t := l.tasks[ftp.Partition]
+		if t == nil || len(ftp.Records) == 0 {
+			return
+		}
+		if _, ok := t.committed[ftp.Topic]; !ok {
+			t.committed[ftp.Topic] = ftp.Records[0].Offset
+		}
+	})
 }
 
 // firstOffsets is where each partition of fs starts: where its records are
