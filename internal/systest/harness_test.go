@@ -195,12 +195,18 @@ var kip848Heartbeat = kfake.BrokerConfigs(map[string]string{"group.consumer.hear
 
 func newCluster(t *testing.T, partitions int32) string {
 	t.Helper()
+	return newKfake(t, partitions).ListenAddrs()[0]
+}
+
+// newKfake is newCluster's broker, for a test that controls its requests.
+func newKfake(t *testing.T, partitions int32) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, input, output), kip848Heartbeat)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()[0]
+	return c
 }
 
 // feeder produces keyed integer input and remembers it for the check.

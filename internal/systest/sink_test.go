@@ -277,13 +277,20 @@ func TestSinkCrashPoints(t *testing.T) {
 		url := srv.Database(t, "crash"+strconv.Itoa(i))
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			brokers := newCluster(t, 3)
+			kc := newKfake(t, 3)
+			brokers := kc.ListenAddrs()[0]
 			f := newFeeder(t, brokers, 40, uint64(60+i))
 			app := "sinkcrash"
 			c := newChild(t, brokers, app, "i1", t.TempDir(), tt.job, sluice.ExactlyOnce, "SYSTEST_PG_URL="+url, fmt.Sprintf("SYSTEST_PIPELINED=%v", tt.pipelined))
 			crash := []string{"SYSTEST_CRASH_AT=" + tt.point, "SYSTEST_CRASH_AFTER=3"}
+			release := func() {}
 			if tt.pipelined {
-				crash = append(crash, "SYSTEST_CRASH_WHEN=sluice_overlapped_records_total>=1")
+				// The crash comes at the point of the first epoch that
+				// committed while the next one's records were processed:
+				// held at the broker after three epochs, if no overlap
+				// came by itself before.
+				release = holdForOverlap(t, kc, 3)
+				crash = []string{"SYSTEST_CRASH_AT=" + tt.point, "SYSTEST_CRASH_AFTER=0", "SYSTEST_CRASH_WHEN=sluice_overlapped_records_total>=1"}
 			}
 			c.start(crash...)
 			deadline := time.Now().Add(60 * time.Second)
@@ -295,6 +302,7 @@ func TestSinkCrashPoints(t *testing.T) {
 				f.produce(50, 0)
 				c.wait(100 * time.Millisecond)
 			}
+			release()
 			if !c.crashed() {
 				c.dumpLog()
 				t.Fatal("the instance exited without crashing")

@@ -1,0 +1,110 @@
+package systest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// holdForOverlap makes a pipelined instance process records while an
+// epoch commits, without relying on timing: once the instance has ended
+// afterEpochs transactions, the next produce request that writes to
+// neither the input nor the output topic (the barrier's epoch markers and
+// changelog, which the epoch's flush waits for) is held at the broker
+// until the instance fetched its input past where it stood when the hold
+// began, that is, until a poll during the commit gave it records, which it
+// processes before the commit can end. Once only; an overlap that came
+// by itself before does as well. release ends the hold (the held instance
+// may have crashed at an overlap of its own) and disarms it.
+//
+// A feeder that produces in bursts every interval otherwise lines its
+// bursts up with the barriers: an epoch with no work does not end, so the
+// barrier follows each burst, and the next burst comes after the flush
+// (TestSinkCrashPoints' pipelined cases waited 60 s for an overlap that
+// never came, twice).
+func holdForOverlap(t *testing.T, c *kfake.Cluster, afterEpochs int32) (release func()) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics, err := kadm.NewClient(cl).ListTopics(context.Background(), input, output)
+	cl.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inID, outID := topics[input].ID, topics[output].ID
+
+	var (
+		mu      sync.Mutex
+		fetched = map[int32]int64{} // the instance's last fetch offset of each input partition
+		since   map[int32]int64     // fetched when the hold began
+		moved   = make(chan struct{})
+		ended   atomic.Int32
+		armed   atomic.Bool
+	)
+	armed.Store(true)
+	done := make(chan struct{})
+	var once sync.Once
+	release = func() {
+		armed.Store(false)
+		once.Do(func() { close(done) })
+	}
+	t.Cleanup(release)
+	c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		ended.Add(1)
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, rt := range req.Topics {
+			if rt.Topic != input && rt.TopicID != inID {
+				continue
+			}
+			for _, rp := range rt.Partitions {
+				fetched[rp.Partition] = rp.FetchOffset
+				if at, ok := since[rp.Partition]; ok && rp.FetchOffset > at {
+					since = nil
+					close(moved)
+					return nil, nil, false
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, rt := range kreq.(*kmsg.ProduceRequest).Topics {
+			if rt.Topic == input || rt.Topic == output || rt.TopicID == inID || rt.TopicID == outID {
+				return nil, nil, false
+			}
+		}
+		if ended.Load() < afterEpochs || !armed.CompareAndSwap(true, false) {
+			return nil, nil, false
+		}
+		mu.Lock()
+		since = map[int32]int64{}
+		for p, at := range fetched {
+			since[p] = at
+		}
+		mu.Unlock()
+		c.SleepControl(func() { // the epoch's flush waits
+			select {
+			case <-moved:
+			case <-done:
+			}
+		})
+		return nil, nil, false
+	})
+	return release
+}
