@@ -279,14 +279,15 @@ func (l *loop) handleEvents(events []event, fs kgo.Fetches) (kgo.Fetches, error)
 			return l.tasks[p] == nil && l.restoring[p] == nil
 		})
 		if len(gone) > 0 {
-			// The release rewinds the consumer to each task's committed
-			// offsets, and these records are dropped. A task given its
-			// first records in this poll has none yet: its rewind point
-			// is its first record here, as taking it would have made it.
-			// Without this, at-least-once, the consumer stayed past them
-			// and they were never processed (found by a chaos run: the
-			// first 120 inputs of a partition lost).
-			l.keepRewindPoints(fs)
+			// The release drops these records and rewinds the consumer
+			// to each task's committed offsets, and the at-least-once
+			// session to the group's: a task given its first records in
+			// this poll has neither, nor has a partition whose task does
+			// not run, and the consumer stayed past them (a chaos run
+			// lost the first 120 inputs of a partition). So they are
+			// rewound to the poll's first records first; the release
+			// only moves positions further back.
+			l.sess.Client().SetOffsets(firstOffsets(fs))
 			if err := l.release(ev.kind, gone); err != nil {
 				return nil, err
 			}
@@ -302,21 +303,6 @@ func (l *loop) handleEvents(events []event, fs kgo.Fetches) (kgo.Fetches, error)
 		}
 	}
 	return fs, nil
-}
-
-// keepRewindPoints gives each running task without a committed offset of a
-// topic in fs its first record there as the offset an abort rewinds to,
-// as takeAt does for the first record it takes.
-func (l *loop) keepRewindPoints(fs kgo.Fetches) {
-	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
-		t := l.tasks[ftp.Partition]
-		if t == nil || len(ftp.Records) == 0 {
-			return
-		}
-		if _, ok := t.committed[ftp.Topic]; !ok {
-			t.committed[ftp.Topic] = ftp.Records[0].Offset
-		}
-	})
 }
 
 // firstOffsets is where each partition of fs starts: where its records are

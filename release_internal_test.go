@@ -28,7 +28,7 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 		g    Guarantee
 	}{{"at-least-once", AtLeastOnce}, {"exactly-once", ExactlyOnce}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "in"))
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "in"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -42,7 +42,7 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 				t.Helper()
 				var recs []*kgo.Record
 				for i := range n {
-					for p := range int32(2) {
+					for p := range int32(3) {
 						recs = append(recs, &kgo.Record{Topic: "in", Partition: p, Value: []byte(strconv.Itoa(i))})
 					}
 				}
@@ -67,9 +67,10 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 			cl := sess.Client()
 			// pollUntil polls as the loop does (the assignment pauses the
 			// partitions; they are resumed as an installed task's are)
-			// until a poll holds records of partition 0.
+			// until the polls held records of partitions 0 and 2.
 			pollUntil := func() kgo.Fetches {
 				t.Helper()
+				var all kgo.Fetches
 				deadline := time.Now().Add(time.Minute)
 				for time.Now().Before(deadline) {
 					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -81,15 +82,16 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 						}
 					}
 					sess.AllowRebalance()
-					got := false
-					fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
-						got = got || ftp.Partition == 0 && len(ftp.Records) > 0
+					all = append(all, fs...)
+					got := map[int32]bool{}
+					all.EachPartition(func(ftp kgo.FetchTopicPartition) {
+						got[ftp.Partition] = got[ftp.Partition] || len(ftp.Records) > 0
 					})
-					if got {
-						return fs
+					if got[0] && got[2] {
+						return all
 					}
 				}
-				t.Fatal("no records of partition 0 within a minute")
+				t.Fatal("no records of partitions 0 and 2 within a minute")
 				return nil
 			}
 			fs := pollUntil()
@@ -119,14 +121,11 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 			}
 
 			produce(10) // so that a consumer left past the first 10 gets records too
-			first := int64(-1)
-			pollUntil().EachPartition(func(ftp kgo.FetchTopicPartition) {
-				if ftp.Partition == 0 && first < 0 && len(ftp.Records) > 0 {
-					first = ftp.Records[0].Offset
+			first := firstOffsets(pollUntil())
+			for _, p := range []int32{0, 2} {
+				if at, ok := first["in"][p]; !ok || at.Offset != 0 {
+					t.Fatalf("partition %d's records came again from offset %d, want 0 (the first, dropped by the release)", p, at.Offset)
 				}
-			})
-			if first != 0 {
-				t.Fatalf("task 0's records came again from offset %d, want 0 (the first, dropped by the release)", first)
 			}
 		})
 	}
