@@ -36,7 +36,8 @@ type Session interface {
 	// makes them equal offsets first); at-least-once commits offsets as
 	// given. Without commit, or when the commit is refused (a rebalance
 	// took partitions), the epoch is aborted and the consumer rewound to
-	// the committed offsets. A non-nil error means the session cannot be
+	// the committed offsets (where consuming began, in a partition without
+	// one). A non-nil error means the session cannot be
 	// used again: Close it and build a new one.
 	End(ctx context.Context, commit bool, offsets map[string]map[int32]kgo.EpochOffset) (committed bool, err error)
 	// Close leaves the session; buffered, uncommitted records are dropped.
@@ -143,11 +144,57 @@ func NewAtLeastOnce(opts ...kgo.Opt) (Session, error) {
 
 type atLeastOnce struct {
 	cl *kgo.Client
+	// began is where consuming began in each partition polled: an abort
+	// rewinds a partition the group has no commit for to it, as franz-go's
+	// transactional session does. The group's commits know nothing of such
+	// a partition, and a rewind to them alone left the consumer past
+	// records an abort dropped (a chaos run lost the first 120 inputs of a
+	// partition).
+	began map[string]map[int32]kgo.EpochOffset
 }
 
 func (a *atLeastOnce) Client() *kgo.Client { return a.cl }
 func (a *atLeastOnce) PollRecords(ctx context.Context, n int) kgo.Fetches {
-	return a.cl.PollRecords(ctx, n)
+	fs := a.cl.PollRecords(ctx, n)
+	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		if len(ftp.Records) == 0 {
+			return
+		}
+		if _, ok := a.began[ftp.Topic][ftp.Partition]; ok {
+			return
+		}
+		if a.began == nil {
+			a.began = map[string]map[int32]kgo.EpochOffset{}
+		}
+		if a.began[ftp.Topic] == nil {
+			a.began[ftp.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		r := ftp.Records[0]
+		a.began[ftp.Topic][ftp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: r.Offset}
+	})
+	return fs
+}
+
+// rewindTo is where an abort places the consumer: the group's committed
+// offsets, and where consuming began in partitions without one. A
+// partition that is no longer consumed is skipped by SetOffsets.
+func (a *atLeastOnce) rewindTo() map[string]map[int32]kgo.EpochOffset {
+	at := a.cl.CommittedOffsets()
+	for topic, ps := range a.began {
+		for p, began := range ps {
+			if _, ok := at[topic][p]; ok {
+				continue
+			}
+			if at == nil {
+				at = map[string]map[int32]kgo.EpochOffset{}
+			}
+			if at[topic] == nil {
+				at[topic] = map[int32]kgo.EpochOffset{}
+			}
+			at[topic][p] = began
+		}
+	}
+	return at
 }
 func (a *atLeastOnce) AllowRebalance() { a.cl.AllowRebalance() }
 func (a *atLeastOnce) Begin() error    { return nil }
@@ -160,7 +207,7 @@ func (a *atLeastOnce) Produce(ctx context.Context, r *kgo.Record, promise func(*
 // two replays the epoch: at-least-once.
 func (a *atLeastOnce) End(ctx context.Context, commit bool, offsets map[string]map[int32]kgo.EpochOffset) (bool, error) {
 	if !commit {
-		a.cl.SetOffsets(a.cl.CommittedOffsets())
+		a.cl.SetOffsets(a.rewindTo())
 		return false, nil
 	}
 	if err := a.cl.Flush(ctx); err != nil {

@@ -122,3 +122,66 @@ func TestUnconsumedEpochAbortsAfterRevoke(t *testing.T) {
 		})
 	}
 }
+
+// At-least-once, an abort rewinds a partition the group has no commit for
+// to where consuming began, as the transactional session does: the
+// group's commits alone left the consumer past the records the abort
+// dropped.
+func TestAtLeastOnceAbortRewindsAnUncommittedPartition(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	ctx := context.Background()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	produce := func() {
+		t.Helper()
+		var recs []*kgo.Record
+		for range 10 {
+			recs = append(recs, &kgo.Record{Topic: "in", Value: []byte("x")})
+		}
+		if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce()
+	s, err := NewAtLeastOnce(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup("g"), kgo.ConsumeTopics("in"),
+		kgo.BlockRebalanceOnPoll(), kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// poll returns the offset of the first record of the next poll that
+	// has any.
+	poll := func() int64 {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for time.Now().Before(deadline) {
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			recs := s.PollRecords(pctx, 100).Records()
+			cancel()
+			s.AllowRebalance()
+			if len(recs) > 0 {
+				return recs[0].Offset
+			}
+		}
+		t.Fatal("no records within a minute")
+		return -1
+	}
+	if at := poll(); at != 0 {
+		t.Fatalf("first poll from offset %d, want 0", at)
+	}
+	if ok, err := s.End(ctx, false, nil); ok || err != nil {
+		t.Fatalf("abort: %v %v", ok, err)
+	}
+	produce() // so that a consumer left past the first records gets some too
+	if at := poll(); at != 0 {
+		t.Fatalf("after the abort, records came again from offset %d, want 0", at)
+	}
+}
