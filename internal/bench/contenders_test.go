@@ -57,7 +57,9 @@ var (
 	}
 	latencyContenders = []spec{
 		{Name: "raw-alos", Raw: true, Interval: 100 * time.Millisecond},
+		{Name: "raw-eos", Raw: true, EOS: true, Interval: 50 * time.Millisecond},
 		{Name: "raw-eos", Raw: true, EOS: true, Interval: 100 * time.Millisecond},
+		{Name: "raw-eos", Raw: true, EOS: true, Interval: time.Second},
 		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 50 * time.Millisecond},
 		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: 100 * time.Millisecond},
 		{Name: "echo-eos", Job: "echo", EOS: true, Backend: "bbolt", Interval: time.Second},
