@@ -280,13 +280,14 @@ func (l *loop) handleEvents(events []event, fs kgo.Fetches) (kgo.Fetches, error)
 		})
 		if len(gone) > 0 {
 			// The release drops these records and rewinds the consumer
-			// to each task's committed offsets, and the at-least-once
-			// session to the group's: a task given its first records in
-			// this poll has neither, nor has a partition whose task does
-			// not run, and the consumer stayed past them (a chaos run
-			// lost the first 120 inputs of a partition). So they are
-			// rewound to the poll's first records first; the release
-			// only moves positions further back.
+			// to each task's committed offsets: a task given its first
+			// records in this poll has none, nor has a partition whose
+			// task does not run, and the consumer stayed past them
+			// unless the session rewound them itself (at-least-once it
+			// did not: a chaos run lost the first 120 inputs of a
+			// partition). So they are rewound to the poll's first
+			// records first; the release only moves positions further
+			// back.
 			l.sess.Client().SetOffsets(firstOffsets(fs))
 			if err := l.release(ev.kind, gone); err != nil {
 				return nil, err
