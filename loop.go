@@ -279,19 +279,13 @@ func (l *loop) handleEvents(events []event, fs kgo.Fetches) (kgo.Fetches, error)
 			return l.tasks[p] == nil && l.restoring[p] == nil
 		})
 		if len(gone) > 0 {
-			// The release drops these records and rewinds the consumer
-			// to each task's committed offsets: a task given its first
-			// records in this poll has none, nor has a partition whose
-			// task does not run, and the consumer stayed past them
-			// unless the session rewound them itself (at-least-once it
-			// did not: a chaos run lost the first 120 inputs of a
-			// partition). So they are rewound to the poll's first
-			// records first; the release only moves positions further
-			// back.
-			l.sess.Client().SetOffsets(firstOffsets(fs))
 			if err := l.release(ev.kind, gone); err != nil {
 				return nil, err
 			}
+			// The release's abort rewound the consumer (the session to
+			// the committed offsets, or where consuming began in a
+			// partition without one; each task to its own): these
+			// records come again.
 			fs = nil
 		}
 		if ev.kind == "assigned" {

@@ -15,13 +15,14 @@ import (
 )
 
 // A revoke handled in the poll that gave a task with no committed offset
-// its first records: the release rewinds the consumer and drops the poll's
-// records, so they must come again from the first. At-least-once, the
-// rewind went to the group's committed offsets only, which have none for
-// such a task, and the consumer stayed past the records: a chaos run lost
-// the first 120 inputs of a partition. Exactly-once, franz-go's session
-// rewinds a partition without a commit to where consuming began; the test
-// holds for both.
+// its first records: the release drops the poll's records, so they must
+// come again from the first, for that task and for a partition whose task
+// does not run (its pause took hold late). At-least-once, the abort's
+// rewind went to the tasks' and the group's committed offsets only, which
+// have none for either, and the consumer stayed past them: a chaos run
+// lost the first 120 inputs of a partition. The session now rewinds such
+// a partition to where consuming began, as franz-go's transactional one
+// always did; the test holds for both.
 func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 	for _, tc := range []struct {
 		name string
