@@ -152,13 +152,13 @@ type taskSinkTxn struct {
 type sinkResult struct {
 	// tried are the transactions PreCommit was called for, whether it
 	// succeeded or not (see sinkState.prepared).
-	tried     []txsink.TxnID
-	errs      []error
-	conflicts []sinkConflict // the errors that were txsink.ErrSinkConflict
-	took      time.Duration
+	tried  []txsink.TxnID
+	failed []sinkFailure
+	took   time.Duration
 }
 
-type sinkConflict struct {
+// sinkFailure is a transaction whose PreCommit failed, and why.
+type sinkFailure struct {
 	id  txsink.TxnID
 	err error
 }
@@ -197,11 +197,8 @@ func prepareSink(ctx context.Context, work []taskSinkTxn) sinkResult {
 		wg.Go(func() {
 			if err := w.txn.PreCommit(ctx, w.id); err != nil {
 				mu.Lock()
-				defer mu.Unlock()
-				res.errs = append(res.errs, err)
-				if errors.Is(err, txsink.ErrSinkConflict) {
-					res.conflicts = append(res.conflicts, sinkConflict{w.id, err})
-				}
+				res.failed = append(res.failed, sinkFailure{w.id, err})
+				mu.Unlock()
 			}
 		})
 	}
@@ -218,13 +215,17 @@ func (l *loop) sinkPrepared(res sinkResult) (barrier.Action, bool) {
 	if l.in.cfg.Sink == nil {
 		return barrier.Action{}, true
 	}
-	for _, c := range res.conflicts {
-		l.handleConflict(c.id, c.err)
+	var errs []error
+	for _, f := range res.failed {
+		if errors.Is(f.err, txsink.ErrSinkConflict) {
+			l.handleConflict(f.id, f.err)
+		}
+		errs = append(errs, f.err)
 	}
 	sm := l.in.sinkM
-	sm.txns.WithLabelValues("failed").Add(float64(len(res.errs)))
-	sm.txns.WithLabelValues("prepared").Add(float64(len(res.tried) - len(res.errs)))
-	if err := errors.Join(res.errs...); err != nil {
+	sm.txns.WithLabelValues("failed").Add(float64(len(errs)))
+	sm.txns.WithLabelValues("prepared").Add(float64(len(res.tried) - len(errs)))
+	if err := errors.Join(errs...); err != nil {
 		return l.sinkFailed(err), false
 	}
 	sm.preCommit.Observe(res.took.Seconds())
