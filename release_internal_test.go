@@ -22,14 +22,35 @@ import (
 // have none for either, and the consumer stayed past them: a chaos run
 // lost the first 120 inputs of a partition. The session now rewinds such
 // a partition to where consuming began, as franz-go's transactional one
-// always did; the test holds for both.
+// always did; the test holds for both. It holds as well:
+//   - with the epoch's transaction open: the task processed an earlier
+//     poll, the release aborts the epoch through the coordinator
+//     (EpochFailed), and that poll comes again with the dropped one;
+//   - with two input topics, only one of which has records;
+//   - for a missed revoke: task 0 is assigned again while it runs, so it
+//     is released and restored anew, then installed as the loop does.
 func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
-	for _, tc := range []struct {
+	type tcase struct {
+		name   string
+		g      Guarantee
+		topics []string // the first has records
+		open   bool     // the epoch's transaction is open at the release
+		missed bool     // task 0 is assigned again (it missed its revoke), not task 1 revoked
+	}
+	var cases []tcase
+	for _, g := range []struct {
 		name string
 		g    Guarantee
 	}{{"at-least-once", AtLeastOnce}, {"exactly-once", ExactlyOnce}} {
+		cases = append(cases,
+			tcase{g.name, g.g, []string{"in"}, false, false},
+			tcase{g.name + "/transaction open", g.g, []string{"in"}, true, false},
+			tcase{g.name + "/two topics", g.g, []string{"in", "other"}, false, false},
+			tcase{g.name + "/missed revoke", g.g, []string{"in"}, true, true})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "in"))
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, tc.topics...))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -53,12 +74,18 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 			}
 			produce(10)
 
-			in, err := New(Options{Brokers: c.ListenAddrs(), AppID: "rel", InstanceID: "i", InputTopics: []string{"in"},
+			in, err := New(Options{Brokers: c.ListenAddrs(), AppID: "rel", InstanceID: "i", InputTopics: tc.topics,
 				Job: Job{Name: "noop", Process: func(Context, *Record) error { return nil }}, StateDir: t.TempDir(),
-				Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(), Guarantee: tc.g})
+				Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(), Guarantee: tc.g,
+				// No epoch ends by itself: the release must find it open.
+				Checkpoint: barrier.Config{Interval: 10 * time.Minute, Timeout: time.Minute}, TransactionTimeout: 15 * time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
+			if err := in.connect(context.Background()); err != nil { // the changelog, for a restore
+				t.Fatal(err)
+			}
+			defer in.admCl.Close()
 			in.batchMax = 1 << 20
 			sess, err := in.newSession()
 			if err != nil {
@@ -95,8 +122,6 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 				t.Fatal("no records of partitions 0 and 2 within a minute")
 				return nil
 			}
-			fs := pollUntil()
-
 			l := &loop{in: in, ctx: context.Background(), sess: sess, coord: barrier.New(in.cfg.Checkpoint, time.Now(), 1),
 				tasks: map[int32]*task{}, restoring: map[int32]*restoreJob{}, owned: map[int32]map[string]bool{}}
 			l.outPromise, l.plainPromise = l.outPromised, l.plainPromised
@@ -110,15 +135,52 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 			if err := l.run(l.coord.SetTasks(l.taskList())); err != nil {
 				t.Fatal(err)
 			}
-			rest, err := l.handleEvents([]event{{kind: "revoked", tasks: []int32{1}, parts: map[string][]int32{"in": {1}}, serial: in.session.Load()}}, fs)
+			fs := pollUntil()
+			if tc.open {
+				// Tasks 0 and 1 process the first poll (partition 2's
+				// records are fetched again: its task does not run), and
+				// the release comes in the next.
+				if err := l.process(fs); err != nil {
+					t.Fatal(err)
+				}
+				if !l.inTxn.Load() || l.tasks[0].next["in"] != 10 {
+					t.Fatalf("after the first poll: transaction open %v, task 0 at %d, want open at 10", l.inTxn.Load(), l.tasks[0].next["in"])
+				}
+				produce(10)
+				fs = pollUntil()
+			}
+			ev := event{kind: "revoked", tasks: []int32{1}, parts: map[string][]int32{}, serial: in.session.Load()}
+			if tc.missed {
+				ev.kind, ev.tasks = "assigned", []int32{0}
+			}
+			for _, topic := range tc.topics {
+				ev.parts[topic] = ev.tasks
+			}
+			rest, err := l.handleEvents([]event{ev}, fs)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if len(rest) != 0 {
 				t.Fatalf("the poll's records were kept after the release: %d fetches", len(rest))
 			}
-			if l.tasks[1] != nil || l.tasks[0] == nil {
-				t.Fatalf("tasks after revoking 1: %v", l.taskList())
+			if tc.missed {
+				// Task 0 restores anew, and is installed as the loop
+				// does (its partition is resumed where its store says).
+				job := l.restoring[0]
+				if l.tasks[0] != nil || job == nil {
+					t.Fatalf("task 0 after it was assigned again: running %v, restoring %v", l.tasks[0] != nil, job != nil)
+				}
+				r := <-job.result
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				job.result <- r
+				if err := l.installRestored(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if l.tasks[1] != nil == !tc.missed || l.tasks[0] == nil {
+				t.Fatalf("tasks after the release: %v", l.taskList())
 			}
 
 			produce(10) // so that a consumer left past the first 10 gets records too
