@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,13 +33,16 @@ type chaos struct {
 	children []*child
 	states   []string
 	log      []string
+	// pipelined: the instances run pipelined epochs, and shutdown checks
+	// that records were processed during an overlap.
+	pipelined bool
 }
 
 // newChaos prepares the instances; proto is their group protocol, extra
 // more of their environment.
 func newChaos(t *testing.T, job string, g sluice.Guarantee, proto string, seed uint64, extra ...string) *chaos {
 	brokers := newCluster(t, 6)
-	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed)}
+	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed), pipelined: slices.Contains(extra, "SYSTEST_PIPELINED=true")}
 	for i := range 3 {
 		state := filepath.Join(t.TempDir(), "state")
 		id := fmt.Sprintf("i%d", i+1)
@@ -187,6 +191,18 @@ func (ch *chaos) shutdown() {
 	}
 	if seen != len(sentinels) {
 		t.Fatalf("read_committed sees %d of %d sentinels: a transaction was left open", seen, len(sentinels))
+	}
+	if ch.pipelined {
+		var overlapped []string
+		for _, c := range ch.children {
+			if c.said(overlapNote) {
+				overlapped = append(overlapped, c.id)
+			}
+		}
+		if len(overlapped) == 0 {
+			t.Fatal("pipelined epochs: no instance processed records while an epoch committed, so the run did not test the overlap")
+		}
+		t.Logf("pipelined epochs: %v processed records while an epoch committed", overlapped)
 	}
 }
 

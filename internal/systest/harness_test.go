@@ -79,6 +79,20 @@ func runChild() int {
 			}
 		}
 	}
+	if cfg.PipelinedEpochs {
+		// The chaos runs check that epochs did overlap (chaos.shutdown).
+		overlapped := crashCondition(cfg.Registry.(*prometheus.Registry), "sluice_overlapped_records_total>=1")
+		said, hook := false, cfg.Hook
+		cfg.Hook = func(p string) {
+			if !said && p == sluice.PointAfterCommit && overlapped() {
+				said = true
+				fmt.Fprintln(os.Stderr, overlapNote)
+			}
+			if hook != nil {
+				hook(p)
+			}
+		}
+	}
 	ctx, stop := signalContext()
 	defer stop()
 	if env("SYSTEST_JOB") == "function" {
@@ -114,6 +128,10 @@ const (
 	input2 = "in2" // the second input of co-processing tests
 	output = "out"
 )
+
+// overlapNote is what an instance with pipelined epochs writes to its log
+// once records were processed while the epoch before them committed.
+const overlapNote = "systest: records processed during an overlap"
 
 // crashCondition parses SYSTEST_CRASH_WHEN, "metric>=value": the crash
 // point counts only once the instance's metric (summed over its series)
@@ -461,7 +479,7 @@ func (c *child) running() bool {
 func (c *child) logged(text string, within time.Duration) bool {
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		if b, _ := os.ReadFile(c.log); strings.Contains(string(b), text) {
+		if c.said(text) {
 			return true
 		}
 		c.wait(50 * time.Millisecond)
@@ -470,9 +488,12 @@ func (c *child) logged(text string, within time.Duration) bool {
 }
 
 // crashed reports whether the child killed itself at its crash point.
-func (c *child) crashed() bool {
+func (c *child) crashed() bool { return c.said("systest: crashing at") }
+
+// said reports whether the child's log, over all its runs, holds text.
+func (c *child) said(text string) bool {
 	b, _ := os.ReadFile(c.log)
-	return strings.Contains(string(b), "systest: crashing at")
+	return strings.Contains(string(b), text)
 }
 
 func (c *child) dumpLog() { c.dumpTail(8000) }
