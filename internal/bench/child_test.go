@@ -14,6 +14,7 @@ import (
 	"runtime/trace"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -249,6 +250,13 @@ func checkpointQuantiles(reg *prometheus.Registry) (p50, p99 float64, n uint64, 
 
 // startBroker starts the broker child and returns its address.
 func startBroker(b *testing.B) (addr string, pid int) {
+	addr, pid, _ = startBrokerStop(b)
+	return addr, pid
+}
+
+// startBrokerStop is startBroker with a stop that ends the broker before
+// the benchmark does.
+func startBrokerStop(b *testing.B) (addr string, pid int, stop func()) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
 	cmd.Env = append(os.Environ(), "BENCH_CHILD=broker")
 	cmd.Stderr = os.Stderr
@@ -260,7 +268,9 @@ func startBroker(b *testing.B) (addr string, pid int) {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	var once sync.Once
+	stop = func() { once.Do(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }) }
+	b.Cleanup(stop)
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		if addr, ok := strings.CutPrefix(sc.Text(), "broker "); ok {
@@ -268,11 +278,11 @@ func startBroker(b *testing.B) (addr string, pid int) {
 				for sc.Scan() {
 				}
 			}()
-			return addr, cmd.Process.Pid
+			return addr, cmd.Process.Pid, stop
 		}
 	}
 	b.Fatal("broker child printed no address")
-	return "", 0
+	return "", 0, nil
 }
 
 // startContender starts a contender child; stop sends it SIGTERM and waits
