@@ -24,7 +24,7 @@ soak:
 # scripts/bench-charts.py draws. The other benchmarks of internal/bench
 # (restore, timers, sidecar, sink) run by name: -bench Restore1M etc.
 bench:
-	$(GO) test -run '^$$' -bench '^BenchmarkContenders$$' -benchtime 1x -timeout 20m -v ./internal/bench/
+	$(GO) test -run '^$$' -bench '^BenchmarkContenders$$' -benchtime 1x -timeout 45m -v ./internal/bench/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
