@@ -164,22 +164,28 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 				t.Fatalf("the poll's records were kept after the release: %d fetches", len(rest))
 			}
 			if tc.missed {
-				// Task 0 restores anew, and is installed as the loop
-				// does (its partition is resumed where its store says).
+				// Task 0 restores anew (its store is empty: it never
+				// committed) and is installed as the loop does, which
+				// resumes its partition.
 				job := l.restoring[0]
 				if l.tasks[0] != nil || job == nil {
 					t.Fatalf("task 0 after it was assigned again: running %v, restoring %v", l.tasks[0] != nil, job != nil)
 				}
-				r := <-job.result
+				var r restoreResult
+				select {
+				case r = <-job.result:
+				case <-time.After(time.Minute):
+					t.Fatal("task 0's restore did not finish within a minute")
+				}
 				if r.err != nil {
 					t.Fatal(r.err)
 				}
-				job.result <- r
+				job.result <- r // for installRestored (the channel holds one)
 				if err := l.installRestored(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if l.tasks[1] != nil == !tc.missed || l.tasks[0] == nil {
+			if (l.tasks[1] != nil) != tc.missed || l.tasks[0] == nil {
 				t.Fatalf("tasks after the release: %v", l.taskList())
 			}
 

@@ -53,9 +53,10 @@ func runBrokerChild() int {
 		return 1
 	}
 	defer c.Close()
-	if dir := os.Getenv("BENCH_PROFILE"); dir != "" {
-		// The broker's CPU profile over the whole run (every contender).
-		f, err := os.Create(filepath.Join(dir, "broker.cpu.pprof"))
+	if dir, name := os.Getenv("BENCH_PROFILE"), os.Getenv("BENCH_BROKER_PROFILE"); dir != "" && name != "" {
+		// The broker's CPU profile over its life: the throughput
+		// broker's is over the whole run (every contender).
+		f, err := os.Create(filepath.Join(dir, name))
 		if err == nil {
 			err = pprof.StartCPUProfile(f)
 		}
@@ -248,17 +249,19 @@ func checkpointQuantiles(reg *prometheus.Registry) (p50, p99 float64, n uint64, 
 	return 0, 0, 0, 0
 }
 
-// startBroker starts the broker child and returns its address.
-func startBroker(b *testing.B) (addr string, pid int) {
-	addr, pid, _ = startBrokerStop(b)
+// startBroker starts the broker child and returns its address. With
+// BENCH_PROFILE set, the broker writes its CPU profile there as profile,
+// unless profile is empty.
+func startBroker(b *testing.B, profile string) (addr string, pid int) {
+	addr, pid, _ = startBrokerStop(b, profile)
 	return addr, pid
 }
 
 // startBrokerStop is startBroker with a stop that ends the broker before
-// the benchmark does.
-func startBrokerStop(b *testing.B) (addr string, pid int, stop func()) {
+// the benchmark does (SIGTERM, then SIGKILL if it has not exited in 10 s).
+func startBrokerStop(b *testing.B, profile string) (addr string, pid int, stop func()) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
-	cmd.Env = append(os.Environ(), "BENCH_CHILD=broker")
+	cmd.Env = append(os.Environ(), "BENCH_CHILD=broker", "BENCH_BROKER_PROFILE="+profile)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
@@ -269,7 +272,19 @@ func startBrokerStop(b *testing.B) (addr string, pid int, stop func()) {
 		b.Fatal(err)
 	}
 	var once sync.Once
-	stop = func() { once.Do(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }) }
+	stop = func() {
+		once.Do(func() {
+			exited := make(chan struct{})
+			go func() { cmd.Wait(); close(exited) }()
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(10 * time.Second):
+				cmd.Process.Kill()
+				<-exited
+			}
+		})
+	}
 	b.Cleanup(stop)
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {

@@ -155,7 +155,7 @@ func (s spec) row(kind string) row {
 // the group has committed every input offset, with the CPU time and peak
 // RSS of its process and its checkpoint durations. Latency: 20,000
 // records/s offered for 5 s (or 20 intervals, if longer) to a fresh topic
-// on the round's latency broker, read read_committed.
+// on a broker started for the row, read read_committed.
 // BENCH_OUT=path writes the rows as JSON lines; BENCH_ONLY=regexp keeps the
 // contenders whose name/interval matches; BENCH_PROFILE=dir writes a CPU
 // and an allocation profile of each throughput contender there;
@@ -200,7 +200,7 @@ func BenchmarkContenders(b *testing.B) {
 	emit(row{Kind: "machine", CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Go: runtime.Version()})
 
 	for range b.N {
-		brokers, brokerPID := startBroker(b)
+		brokers, brokerPID := startBroker(b, "broker.cpu.pprof")
 		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 		if err != nil {
 			b.Fatal(err)
@@ -436,34 +436,37 @@ func firstOutput(b *testing.B, brokers, topic string) time.Time {
 	return min
 }
 
-// latencyRound measures the kept latency contenders of one round on a
-// broker of their own, started for the round. On the throughput broker,
-// which by then had taken tens of millions of records into topics since
-// deleted, the raw transactional loop's p99 at 50 ms grew from round to
-// round of a full run (54.0, 82.8, 102.6 ms on 2026-12-06 06:14) where it
-// stays at 54-56 ms with few throughput contenders before it; on a broker
-// of its own per round it was 54.7, 54.8 and 53.8 ms in a full run. The
-// rows measured the broker's past rather than the contenders.
+// latencyRound measures the kept latency contenders of one round, each on
+// a broker of its own. On the throughput broker, which by then had taken
+// tens of millions of records into topics since deleted, the raw
+// transactional loop's p99 at 50 ms grew from round to round of a full
+// run (54.0, 82.8, 102.6 ms on 2026-12-06 06:14) where it stays at 54-56
+// ms with few throughput contenders before it: the rows measured the
+// broker's past rather than the contenders. A broker for the round
+// (2026-12-06 07:59 to 08:46) still gave the later rows, Sluice's, a
+// broker with some 4M records behind it; a broker for each row gives
+// every contender the same start.
 func latencyRound(b *testing.B, round int, keep func(spec) bool, lats map[int][]row) {
-	if !slices.ContainsFunc(latencyContenders, keep) {
-		return
+	for i, s := range latencyContenders {
+		if !keep(s) {
+			continue
+		}
+		r := latencyOnItsBroker(b, s, fmt.Sprintf("lat%d-r%d", i, round))
+		b.Logf("round %d latency %s/%v: p50 %.1f ms p99 %.1f ms (%d of %d records)", round, s.Name, s.Interval, r.LatP50, r.LatP99, r.Received, r.Produced)
+		lats[i] = append(lats[i], r)
 	}
-	brokers, _, stop := startBrokerStop(b)
+}
+
+// latencyOnItsBroker is latencyRun on a broker started for it.
+func latencyOnItsBroker(b *testing.B, s spec, id string) row {
+	brokers, _, stop := startBrokerStop(b, "")
 	defer stop()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	for i, s := range latencyContenders {
-		if !keep(s) {
-			continue
-		}
-		r := latencyRun(b, adm, brokers, s, fmt.Sprintf("lat%d-r%d", i, round))
-		b.Logf("round %d latency %s/%v: p50 %.1f ms p99 %.1f ms (%d of %d records)", round, s.Name, s.Interval, r.LatP50, r.LatP99, r.Received, r.Produced)
-		lats[i] = append(lats[i], r)
-	}
+	return latencyRun(b, kadm.NewClient(cl), brokers, s, id)
 }
 
 // latencyRun runs contender s on fresh topics and measures end-to-end

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -81,11 +82,12 @@ func runChild() int {
 	}
 	if cfg.PipelinedEpochs {
 		// The chaos runs check that epochs did overlap (chaos.shutdown).
+		// A pipeline's stages share the hook, each on its goroutine.
 		overlapped := crashCondition(cfg.Registry.(*prometheus.Registry), "sluice_overlapped_records_total>=1")
-		said, hook := false, cfg.Hook
+		var said atomic.Bool
+		hook := cfg.Hook
 		cfg.Hook = func(p string) {
-			if !said && p == sluice.PointAfterCommit && overlapped() {
-				said = true
+			if p == sluice.PointAfterCommit && !said.Load() && overlapped() && said.CompareAndSwap(false, true) {
 				fmt.Fprintln(os.Stderr, overlapNote)
 			}
 			if hook != nil {
