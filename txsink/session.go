@@ -160,17 +160,9 @@ func (a *atLeastOnce) PollRecords(ctx context.Context, n int) kgo.Fetches {
 		if len(ftp.Records) == 0 {
 			return
 		}
-		if _, ok := a.began[ftp.Topic][ftp.Partition]; ok {
-			return
+		if _, ok := a.began[ftp.Topic][ftp.Partition]; !ok {
+			a.began = withOffset(a.began, ftp.Topic, ftp.Partition, kgo.EpochOffset{Epoch: -1, Offset: ftp.Records[0].Offset})
 		}
-		if a.began == nil {
-			a.began = map[string]map[int32]kgo.EpochOffset{}
-		}
-		if a.began[ftp.Topic] == nil {
-			a.began[ftp.Topic] = map[int32]kgo.EpochOffset{}
-		}
-		r := ftp.Records[0]
-		a.began[ftp.Topic][ftp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: r.Offset}
 	})
 	return fs
 }
@@ -182,20 +174,14 @@ func (a *atLeastOnce) rewindTo() map[string]map[int32]kgo.EpochOffset {
 	at := a.cl.CommittedOffsets()
 	for topic, ps := range a.began {
 		for p, began := range ps {
-			if _, ok := at[topic][p]; ok {
-				continue
+			if _, ok := at[topic][p]; !ok {
+				at = withOffset(at, topic, p, began)
 			}
-			if at == nil {
-				at = map[string]map[int32]kgo.EpochOffset{}
-			}
-			if at[topic] == nil {
-				at[topic] = map[int32]kgo.EpochOffset{}
-			}
-			at[topic][p] = began
 		}
 	}
 	return at
 }
+
 func (a *atLeastOnce) AllowRebalance() { a.cl.AllowRebalance() }
 func (a *atLeastOnce) Begin() error    { return nil }
 func (a *atLeastOnce) Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
@@ -235,3 +221,15 @@ func (a *atLeastOnce) End(ctx context.Context, commit bool, offsets map[string]m
 	return commitErr == nil, nil
 }
 func (a *atLeastOnce) Close() { a.cl.Close() }
+
+// withOffset sets m[topic][p] to o, making the maps it needs, and returns m.
+func withOffset(m map[string]map[int32]kgo.EpochOffset, topic string, p int32, o kgo.EpochOffset) map[string]map[int32]kgo.EpochOffset {
+	if m == nil {
+		m = map[string]map[int32]kgo.EpochOffset{}
+	}
+	if m[topic] == nil {
+		m[topic] = map[int32]kgo.EpochOffset{}
+	}
+	m[topic][p] = o
+	return m
+}

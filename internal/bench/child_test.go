@@ -249,17 +249,11 @@ func checkpointQuantiles(reg *prometheus.Registry) (p50, p99 float64, n uint64, 
 	return 0, 0, 0, 0
 }
 
-// startBroker starts the broker child and returns its address. With
-// BENCH_PROFILE set, the broker writes its CPU profile there as profile,
-// unless profile is empty.
-func startBroker(b *testing.B, profile string) (addr string, pid int) {
-	addr, pid, _ = startBrokerStop(b, profile)
-	return addr, pid
-}
-
-// startBrokerStop is startBroker with a stop that ends the broker before
-// the benchmark does (SIGTERM, then SIGKILL if it has not exited in 10 s).
-func startBrokerStop(b *testing.B, profile string) (addr string, pid int, stop func()) {
+// startBroker starts the broker child and returns its address, and a stop
+// that ends it before the benchmark does (SIGTERM, then SIGKILL if it has
+// not exited in 10 s). With BENCH_PROFILE set, the broker writes its CPU
+// profile there as profile, unless profile is empty.
+func startBroker(b *testing.B, profile string) (addr string, pid int, stop func()) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
 	cmd.Env = append(os.Environ(), "BENCH_CHILD=broker", "BENCH_BROKER_PROFILE="+profile)
 	cmd.Stderr = os.Stderr

@@ -200,7 +200,7 @@ func BenchmarkContenders(b *testing.B) {
 	emit(row{Kind: "machine", CPUs: runtime.NumCPU(), CPUModel: cpuModel(), Go: runtime.Version()})
 
 	for range b.N {
-		brokers, brokerPID := startBroker(b, "broker.cpu.pprof")
+		brokers, brokerPID, _ := startBroker(b, "broker.cpu.pprof")
 		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 		if err != nil {
 			b.Fatal(err)
@@ -459,7 +459,7 @@ func latencyRound(b *testing.B, round int, keep func(spec) bool, lats map[int][]
 
 // latencyOnItsBroker is latencyRun on a broker started for it.
 func latencyOnItsBroker(b *testing.B, s spec, id string) row {
-	brokers, _, stop := startBrokerStop(b, "")
+	brokers, _, stop := startBroker(b, "")
 	defer stop()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
 	if err != nil {

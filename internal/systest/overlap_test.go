@@ -2,6 +2,7 @@ package systest
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,10 +94,7 @@ func holdForOverlap(t *testing.T, c *kfake.Cluster, afterEpochs int32) (release 
 			return nil, nil, false
 		}
 		mu.Lock()
-		since = map[int32]int64{}
-		for p, at := range fetched {
-			since[p] = at
-		}
+		since = maps.Clone(fetched)
 		mu.Unlock()
 		c.SleepControl(func() { // the epoch's flush waits
 			select {
