@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"testing"
 	"time"
@@ -27,6 +28,9 @@ import (
 //     poll, the release aborts the epoch through the coordinator
 //     (EpochFailed), and that poll comes again with the dropped one;
 //   - with two input topics, only one of which has records;
+//   - with two input topics after an epoch committed the first one's
+//     offsets only: the second's records, processed in the open epoch,
+//     come again from its first, the first topic's from its commit;
 //   - for a missed revoke: task 0 is assigned again while it runs, so it
 //     is released and restored anew, then installed as the loop does.
 func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
@@ -36,6 +40,9 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 		topics []string // the first has records
 		open   bool     // the epoch's transaction is open at the release
 		missed bool     // task 0 is assigned again (it missed its revoke), not task 1 revoked
+		// committed: an epoch committed the tasks' offsets of the first
+		// topic (10) before the second had records.
+		committed bool
 	}
 	var cases []tcase
 	for _, g := range []struct {
@@ -43,10 +50,11 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 		g    Guarantee
 	}{{"at-least-once", AtLeastOnce}, {"exactly-once", ExactlyOnce}} {
 		cases = append(cases,
-			tcase{g.name, g.g, []string{"in"}, false, false},
-			tcase{g.name + "/transaction open", g.g, []string{"in"}, true, false},
-			tcase{g.name + "/two topics", g.g, []string{"in", "other"}, false, false},
-			tcase{g.name + "/missed revoke", g.g, []string{"in"}, true, true})
+			tcase{g.name, g.g, []string{"in"}, false, false, false},
+			tcase{g.name + "/transaction open", g.g, []string{"in"}, true, false, false},
+			tcase{g.name + "/two topics", g.g, []string{"in", "other"}, false, false, false},
+			tcase{g.name + "/two topics, one committed", g.g, []string{"in", "other"}, true, false, true},
+			tcase{g.name + "/missed revoke", g.g, []string{"in"}, true, true, false})
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,12 +68,17 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer prod.Close()
+			// filled are the topics with records: the first, and the
+			// second once an epoch committed (the committed case).
+			filled := tc.topics[:1]
 			produce := func(n int) {
 				t.Helper()
 				var recs []*kgo.Record
-				for i := range n {
-					for p := range int32(3) {
-						recs = append(recs, &kgo.Record{Topic: "in", Partition: p, Value: []byte(strconv.Itoa(i))})
+				for _, topic := range filled {
+					for i := range n {
+						for p := range int32(3) {
+							recs = append(recs, &kgo.Record{Topic: topic, Partition: p, Value: []byte(strconv.Itoa(i))})
+						}
 					}
 				}
 				if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
@@ -95,7 +108,8 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 			cl := sess.Client()
 			// pollUntil polls as the loop does (the assignment pauses the
 			// partitions; they are resumed as an installed task's are)
-			// until the polls held records of partitions 0 and 2.
+			// until the polls held records of partitions 0 and 2 of
+			// every topic with records.
 			pollUntil := func() kgo.Fetches {
 				t.Helper()
 				var all kgo.Fetches
@@ -111,15 +125,18 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 					}
 					sess.AllowRebalance()
 					all = append(all, fs...)
-					got := map[int32]bool{}
-					all.EachPartition(func(ftp kgo.FetchTopicPartition) {
-						got[ftp.Partition] = got[ftp.Partition] || len(ftp.Records) > 0
-					})
-					if got[0] && got[2] {
+					got := firstOffsets(all)
+					done := true
+					for _, topic := range filled {
+						_, p0 := got[topic][0]
+						_, p2 := got[topic][2]
+						done = done && p0 && p2
+					}
+					if done {
 						return all
 					}
 				}
-				t.Fatal("no records of partitions 0 and 2 within a minute")
+				t.Fatalf("no records of partitions 0 and 2 of %v within a minute", filled)
 				return nil
 			}
 			l := &loop{in: in, ctx: context.Background(), sess: sess, coord: barrier.New(in.cfg.Checkpoint, time.Now(), 1),
@@ -136,6 +153,27 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 				t.Fatal(err)
 			}
 			fs := pollUntil()
+			if tc.committed {
+				// Tasks 0 and 1 process the first topic's records and
+				// the epoch commits; then the second topic has records.
+				if err := l.process(fs); err != nil {
+					t.Fatal(err)
+				}
+				if err := l.run(l.coord.RequestCheckpoint(time.Now())); err != nil {
+					t.Fatal(err)
+				}
+				if ph := l.coord.Phase(); ph != barrier.Processing {
+					t.Fatalf("after the checkpoint the coordinator is %v, want processing", ph)
+				}
+				for p := range int32(2) {
+					if c := l.tasks[p].committed; c["in"] != 10 || len(c) != 1 {
+						t.Fatalf("task %d's committed offsets after the epoch: %v, want in at 10 only", p, c)
+					}
+				}
+				filled = tc.topics
+				produce(10)
+				fs = pollUntil()
+			}
 			if tc.open {
 				// Tasks 0 and 1 process the first poll (partition 2's
 				// records are fetched again: its task does not run), and
@@ -143,8 +181,12 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 				if err := l.process(fs); err != nil {
 					t.Fatal(err)
 				}
-				if !l.inTxn.Load() || l.tasks[0].next["in"] != 10 {
-					t.Fatalf("after the first poll: transaction open %v, task 0 at %d, want open at 10", l.inTxn.Load(), l.tasks[0].next["in"])
+				want := map[string]int64{"in": 10}
+				if tc.committed {
+					want = map[string]int64{"in": 20, "other": 10}
+				}
+				if !l.inTxn.Load() || !maps.Equal(l.tasks[0].next, want) {
+					t.Fatalf("after the poll: transaction open %v, task 0 at %v, want open at %v", l.inTxn.Load(), l.tasks[0].next, want)
 				}
 				produce(10)
 				fs = pollUntil()
@@ -191,9 +233,15 @@ func TestReleaseRefetchesAFreshTasksFirstRecords(t *testing.T) {
 
 			produce(10) // so that a consumer left past the first 10 gets records too
 			first := firstOffsets(pollUntil())
-			for _, p := range []int32{0, 2} {
-				if at, ok := first["in"][p]; !ok || at.Offset != 0 {
-					t.Fatalf("partition %d's records came again from offset %d, want 0 (the first, dropped by the release)", p, at.Offset)
+			for _, topic := range filled {
+				for _, p := range []int32{0, 2} {
+					want := int64(0) // the first, dropped by the release
+					if tc.committed && topic == "in" && p == 0 {
+						want = 10 // the task's commit
+					}
+					if at, ok := first[topic][p]; !ok || at.Offset != want {
+						t.Fatalf("%s/%d's records came again from offset %d, want %d", topic, p, at.Offset, want)
+					}
 				}
 			}
 		})
