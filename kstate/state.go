@@ -128,7 +128,11 @@ func saveValue[T any](s Scope, d *descriptor, c Codec[T], key []byte, v T) error
 	if err != nil {
 		return d.wrap("encode", err)
 	}
-	st.putOwned(key, st.values.keep(b))
+	// Over the key's value in place if it can (the arena's free space
+	// then stays free), else kept from the arena.
+	if !st.overwrite(key, b) {
+		st.putOwned(key, st.values.keep(b))
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package kstate
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -59,6 +60,7 @@ type Store struct {
 	// is the current one has its undo entry already.
 	record    map[string][]byte
 	undo      []undoEntry
+	undoBytes []byte // the old values overwritten in place by the record
 	gen       uint64
 	scanning  int   // scans in progress (ScanFrom's callbacks may nest them)
 	values    arena // copies of the epoch's written values
@@ -82,10 +84,15 @@ func NewStore(b Backend) *Store {
 }
 
 // undoEntry is an epoch node's state before the current record changed it.
+// For a value the record overwrote in place (Store.overwrite), val is a
+// copy of the old bytes in the record's undo buffer and orig the node's
+// buffer, which a rollback writes them back into.
 type undoEntry struct {
-	n     *wsNode
-	val   []byte
-	unset bool
+	n       *wsNode
+	val     []byte
+	orig    []byte
+	unset   bool
+	inPlace bool
 }
 
 // size is what the node counted in the write-set's bytes before the record.
@@ -100,7 +107,9 @@ func (u undoEntry) size() int {
 func (s *Store) Backend() Backend { return s.backend }
 
 // Get returns key's value as the current record sees it. The returned slice
-// may be shared with the write-set: read it, keep it, but do not modify it.
+// may be shared with the write-set: read it, do not modify it, and copy it
+// to keep it past the next write of key (a write of a value of the same
+// length may go over it in place).
 func (s *Store) Get(key []byte) ([]byte, bool, error) {
 	if len(s.record) > 0 {
 		if v, ok := s.record[string(key)]; ok {
@@ -134,7 +143,9 @@ func (s *Store) Put(key, value []byte) {
 		s.fail(err)
 		return
 	}
-	s.write(key, s.values.copy(value))
+	if !s.overwrite(key, value) {
+		s.write(key, s.values.copy(value))
+	}
 }
 
 // write sets key to val (nil deletes), which the Store owns, for the
@@ -156,6 +167,35 @@ func (s *Store) write(key, val []byte) {
 		n.gen = s.gen
 	}
 	s.epoch.assign(n, val)
+	n.own = val != nil
+}
+
+// overwrite writes val over key's value in the epoch write-set, in place,
+// and reports whether it could: when the epoch's value for key is a buffer
+// of the node's own (written by an earlier record of the epoch, not shared
+// with anything) of val's length, and nothing has taken the write-set's
+// values yet (Dirty). A hot key's writes then reuse one buffer for the
+// epoch instead of each taking new arena bytes (-bench EpochBytes: a
+// 256-byte value a third faster to write, with a fifth of the new memory;
+// BENCHMARKS.md). The old bytes go to the record's undo buffer first, for
+// a rollback.
+func (s *Store) overwrite(key, val []byte) bool {
+	if s.scanning > 0 || len(s.record) > 0 || s.epoch.shared {
+		return false
+	}
+	n := s.epoch.node(key)
+	if n == nil || !n.own || len(n.val) != len(val) || s.checkEntry(key, val) != nil {
+		return false
+	}
+	if n.gen != s.gen {
+		at := len(s.undoBytes)
+		s.undoBytes = append(s.undoBytes, n.val...)
+		old := s.undoBytes[at:len(s.undoBytes):len(s.undoBytes)]
+		s.undo = append(s.undo, undoEntry{n: n, val: old, orig: n.val, inPlace: true})
+		n.gen = s.gen
+	}
+	copy(n.val, val)
+	return true
 }
 
 // SetMaxEntryBytes bounds the size of one entry (key plus value); 0 lifts
@@ -232,9 +272,14 @@ func (s *Store) CommitRecord() {
 func (s *Store) RollbackRecord() {
 	for i := len(s.undo) - 1; i >= 0; i-- {
 		u := s.undo[i]
-		if u.unset {
+		switch {
+		case u.unset:
 			s.epoch.unassign(u.n)
-		} else {
+		case u.inPlace:
+			s.epoch.assign(u.n, u.orig)
+			copy(u.orig, u.val)
+			u.n.own = true
+		default:
 			s.epoch.assign(u.n, u.val)
 		}
 	}
@@ -248,6 +293,7 @@ func (s *Store) clearRecord() {
 	if len(s.undo) > 0 {
 		clear(s.undo) // the nodes may belong to an epoch about to be dropped
 		s.undo = s.undo[:0]
+		s.undoBytes = s.undoBytes[:0]
 	}
 	s.gen++
 	s.recordErr = nil
@@ -262,8 +308,10 @@ func (s *Store) recordInFlight() bool {
 // Dirty returns the epoch write-set as mutations sorted by key: one per key
 // changed in the epoch (by records that committed), holding its last
 // value, nil for a delete. The
-// mutations share the write-set's bytes; do not modify them.
+// mutations share the write-set's bytes; do not modify them. From then on
+// no write goes over the epoch's values in place.
 func (s *Store) Dirty() []Mutation {
+	s.epoch.shared = true
 	var before map[*wsNode]undoEntry // the current record's nodes, if any
 	if len(s.undo) > 0 {
 		before = make(map[*wsNode]undoEntry, len(s.undo))
@@ -279,6 +327,9 @@ func (s *Store) Dirty() []Mutation {
 				continue
 			}
 			val = u.val
+			if u.inPlace {
+				val = bytes.Clone(val) // the undo buffer is the record's
+			}
 		}
 		muts = append(muts, Mutation{Key: n.kb, Value: val})
 	}

@@ -40,6 +40,9 @@ type writeSet struct {
 	lastKey []byte
 	last    *wsNode
 	lastOK  bool
+	// shared: the values were handed out (Store.Dirty), so none may be
+	// overwritten in place (Store.overwrite) until reset.
+	shared bool
 }
 
 type wsNode struct {
@@ -47,6 +50,10 @@ type wsNode struct {
 	kb    []byte
 	val   []byte // nil is a tombstone
 	unset bool
+	// own: val is a buffer of this node's alone, which the Store may
+	// overwrite in place (Store.overwrite). Only Store.write sets it;
+	// any other assignment clears it.
+	own bool
 	// gen is the Store's record generation that last saved an undo
 	// entry for this node (see Store.write).
 	gen   uint64
@@ -118,7 +125,7 @@ func (ws *writeSet) assign(n *wsNode, val []byte) {
 	} else {
 		ws.bytes += len(val) - len(n.val)
 	}
-	n.val = val
+	n.val, n.own = val, false
 }
 
 // size is what n counts in the write-set's bytes.
@@ -136,7 +143,7 @@ func (ws *writeSet) unassign(n *wsNode) {
 	}
 	ws.live--
 	ws.bytes -= len(n.key) + len(n.val)
-	n.unset, n.val = true, nil
+	n.unset, n.val, n.own = true, nil, false
 }
 
 // insert adds an unset node for key, which must not be in the set yet; the
@@ -233,6 +240,7 @@ func (ws *writeSet) reset() {
 	ws.level = 1
 	ws.live, ws.bytes = 0, 0
 	ws.last, ws.lastOK = nil, false
+	ws.shared = false
 	// The slabs' nodes and keys may still be referenced by the epoch's
 	// mutations (the changelog records in flight): start new ones.
 	ws.keys, ws.nodes, ws.nodesHeld = arena{}, nil, 0
