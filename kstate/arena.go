@@ -5,11 +5,12 @@ import (
 	"unsafe"
 )
 
-// arena hands out immutable copies of small byte slices from shared chunks,
-// so that copying a key or value costs no allocation of its own. A chunk is
-// never written again where it was handed out, and lives as long as any
-// slice of it: an arena is for bytes that die together (an epoch's writes,
-// a batch's reads).
+// arena hands out copies of small byte slices from shared chunks, so that
+// copying a key or value costs no allocation of its own. The arena never
+// writes a chunk again where it was handed out (the Store may: it writes
+// an epoch value over in place, Store.overwrite), and a chunk lives as
+// long as any slice of it: an arena is for bytes that die together (an
+// epoch's writes, a batch's reads).
 type arena struct {
 	buf []byte
 	// held counts the bytes the arena allocated (whole chunks, and the

@@ -131,6 +131,20 @@ func TestOverwriteInPlace(t *testing.T) {
 		}
 	})
 
+	// An empty value is not written in place: its undo copy would be nil,
+	// which Dirty with a record in flight gave as a delete (found by
+	// review).
+	t.Run("an empty value", func(t *testing.T) {
+		st := NewStore(NewMemory())
+		st.Put(k, []byte{})
+		st.CommitRecord()
+		st.Put(k, []byte{})
+		muts := st.Dirty()
+		if len(muts) != 1 || muts[0].Value == nil {
+			t.Fatalf("Dirty with a record in flight = %q, want the committed empty value", muts)
+		}
+	})
+
 	t.Run("a sealed epoch's values stay", func(t *testing.T) {
 		st := NewStore(NewMemory())
 		st.Put(k, v('a'))

@@ -60,7 +60,7 @@ type Store struct {
 	// is the current one has its undo entry already.
 	record    map[string][]byte
 	undo      []undoEntry
-	undoBytes []byte // the old values overwritten in place by the record
+	undoBytes []byte // the old values overwritten in place by the record (see clearRecord)
 	gen       uint64
 	scanning  int   // scans in progress (ScanFrom's callbacks may nest them)
 	values    arena // copies of the epoch's written values
@@ -83,10 +83,15 @@ func NewStore(b Backend) *Store {
 	return &Store{backend: b, epoch: newWriteSet(), record: map[string][]byte{}, gen: 1}
 }
 
+// maxUndoBytes is the undo buffer a Store keeps from one record to the
+// next; a larger one (a record that wrote large values in place) is let go.
+const maxUndoBytes = 64 << 10
+
 // undoEntry is an epoch node's state before the current record changed it.
 // For a value the record overwrote in place (Store.overwrite), val is a
-// copy of the old bytes in the record's undo buffer and orig the node's
-// buffer, which a rollback writes them back into.
+// copy of the old bytes in the record's undo buffer (never empty: an empty
+// value is not written in place) and orig the node's buffer, which a
+// rollback writes them back into.
 type undoEntry struct {
 	n       *wsNode
 	val     []byte
@@ -108,8 +113,9 @@ func (s *Store) Backend() Backend { return s.backend }
 
 // Get returns key's value as the current record sees it. The returned slice
 // may be shared with the write-set: read it, do not modify it, and copy it
-// to keep it past the next write of key (a write of a value of the same
-// length may go over it in place).
+// to keep it past the next write of key, or the rollback of a record that
+// wrote key (a write of a value of the same length may go over it in
+// place, and its rollback puts the old bytes back there).
 func (s *Store) Get(key []byte) ([]byte, bool, error) {
 	if len(s.record) > 0 {
 		if v, ok := s.record[string(key)]; ok {
@@ -171,16 +177,16 @@ func (s *Store) write(key, val []byte) {
 }
 
 // overwrite writes val over key's value in the epoch write-set, in place,
-// and reports whether it could: when the epoch's value for key is a buffer
-// of the node's own (written by an earlier record of the epoch, not shared
-// with anything) of val's length, and nothing has taken the write-set's
-// values yet (Dirty). A hot key's writes then reuse one buffer for the
-// epoch instead of each taking new arena bytes (-bench EpochBytes: a
-// 256-byte value a third faster to write, with a fifth of the new memory;
-// BENCHMARKS.md). The old bytes go to the record's undo buffer first, for
-// a rollback.
+// and reports whether it could: when the epoch's value for key is a
+// non-empty buffer of the node's own (written earlier in the epoch, this
+// record included, and shared with nothing) of val's length, and nothing
+// has taken the write-set's values yet (Dirty). A hot key's writes then
+// reuse one buffer for the epoch instead of each taking new arena bytes
+// (-bench EpochBytes: a 256-byte value a third faster to write, with a
+// fifth of the new memory; BENCHMARKS.md). The old bytes go to the
+// record's undo buffer first, for a rollback.
 func (s *Store) overwrite(key, val []byte) bool {
-	if s.scanning > 0 || len(s.record) > 0 || s.epoch.shared {
+	if len(val) == 0 || s.scanning > 0 || len(s.record) > 0 || s.epoch.shared {
 		return false
 	}
 	n := s.epoch.node(key)
@@ -294,6 +300,9 @@ func (s *Store) clearRecord() {
 		clear(s.undo) // the nodes may belong to an epoch about to be dropped
 		s.undo = s.undo[:0]
 		s.undoBytes = s.undoBytes[:0]
+		if cap(s.undoBytes) > maxUndoBytes {
+			s.undoBytes = nil // one record's large values are not kept for the next
+		}
 	}
 	s.gen++
 	s.recordErr = nil
@@ -309,7 +318,9 @@ func (s *Store) recordInFlight() bool {
 // changed in the epoch (by records that committed), holding its last
 // value, nil for a delete. The
 // mutations share the write-set's bytes; do not modify them. From then on
-// no write goes over the epoch's values in place.
+// no write goes over the epoch's values in place (a record in flight that
+// did is given its old bytes in a copy, and its rollback puts them back
+// into the node's buffer, which no mutation holds).
 func (s *Store) Dirty() []Mutation {
 	s.epoch.shared = true
 	var before map[*wsNode]undoEntry // the current record's nodes, if any

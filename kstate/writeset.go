@@ -51,8 +51,9 @@ type wsNode struct {
 	val   []byte // nil is a tombstone
 	unset bool
 	// own: val is a buffer of this node's alone, which the Store may
-	// overwrite in place (Store.overwrite). Only Store.write sets it;
-	// any other assignment clears it.
+	// overwrite in place (Store.overwrite). Store.write sets it, and a
+	// rollback of an in-place write sets it again; any other assignment
+	// clears it.
 	own bool
 	// gen is the Store's record generation that last saved an undo
 	// entry for this node (see Store.write).
