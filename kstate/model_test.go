@@ -48,6 +48,23 @@ type heldMuts struct {
 	at   int
 }
 
+// showMuts formats mutations for a failure: a delete as <delete>, an
+// empty value as "", a long one by its length and first bytes.
+func showMuts(ms []Mutation) string {
+	var b bytes.Buffer
+	for _, m := range ms {
+		switch v := m.Value; {
+		case v == nil:
+			fmt.Fprintf(&b, "[%q <delete>]", m.Key)
+		case len(v) > 16:
+			fmt.Fprintf(&b, "[%q %d bytes %q…]", m.Key, len(v), v[:8])
+		default:
+			fmt.Fprintf(&b, "[%q %q]", m.Key, v)
+		}
+	}
+	return b.String()
+}
+
 func cloneMuts(m []Mutation) []Mutation {
 	out := make([]Mutation, len(m))
 	for i, x := range m {
@@ -227,7 +244,7 @@ func modelRun(t *testing.T, seed int64) (inPlaceCount int) {
 		case r < 74: // Dirty, with a record in flight or not
 			d := st.Dirty()
 			if !same(d, wantDirty()) {
-				fail("Dirty (in flight %v) = %q, want %q", inFlight, d, wantDirty())
+				fail("Dirty (in flight %v) = %s, want %s", inFlight, showMuts(d), showMuts(wantDirty()))
 			}
 			hold = append(hold, heldMuts{append([]Mutation(nil), d...), cloneMuts(d), step})
 		case r < 82: // end of epoch, between records
@@ -236,7 +253,7 @@ func modelRun(t *testing.T, seed int64) (inPlaceCount int) {
 			}
 			d := st.Dirty()
 			if !same(d, wantDirty()) {
-				fail("Dirty = %q, want %q", d, wantDirty())
+				fail("Dirty = %s, want %s", showMuts(d), showMuts(wantDirty()))
 			}
 			hold = append(hold, heldMuts{append([]Mutation(nil), d...), cloneMuts(d), step})
 			switch rng.Intn(4) {
@@ -307,7 +324,7 @@ func modelRun(t *testing.T, seed int64) (inPlaceCount int) {
 		}
 		for _, h := range hold {
 			if !same(h.muts, h.snap) {
-				fail("mutations Dirty gave at step %d changed: %q, were %q", h.at, h.muts, h.snap)
+				fail("mutations Dirty gave at step %d changed: %s, were %s", h.at, showMuts(h.muts), showMuts(h.snap))
 			}
 		}
 		if len(record) == 0 && len(st.undo) == 0 {

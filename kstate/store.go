@@ -318,9 +318,10 @@ func (s *Store) recordInFlight() bool {
 // changed in the epoch (by records that committed), holding its last
 // value, nil for a delete. The
 // mutations share the write-set's bytes; do not modify them. From then on
-// no write goes over the epoch's values in place (a record in flight that
-// did is given its old bytes in a copy, and its rollback puts them back
-// into the node's buffer, which no mutation holds).
+// no write goes over the epoch's values in place. (For a record in flight
+// that wrote a value in place, the mutation holds a copy of the old bytes;
+// the record's rollback puts them back into the node's buffer, which no
+// mutation holds.)
 func (s *Store) Dirty() []Mutation {
 	s.epoch.shared = true
 	var before map[*wsNode]undoEntry // the current record's nodes, if any
