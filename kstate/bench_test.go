@@ -157,33 +157,69 @@ func (agg32Codec) Decode(b []byte) (agg32, error) {
 	return agg32{x(0), x(1), x(2), x(3)}, nil
 }
 
-// BenchmarkEpochAggregate is the aggregate job's state work as make bench
-// runs it: 10,000 keys in turn over 4 tasks' stores, a 32-byte value read
-// and written back per record, an epoch every 120,000 records (100 ms at
-// 1.2M records/s) applied outside the timing.
-func BenchmarkEpochAggregate(b *testing.B) {
-	v := kstate.Value[agg32]("aggregate", agg32Codec{})
-	const tasks, keys, epoch = 4, 10_000, 120_000
-	names := make([]string, keys)
+// The epoch benchmarks write state as make bench's aggregate does:
+// epochKeys keys in turn over epochTasks tasks' stores, an epoch every
+// epochRecords records (100 ms at 1.2M records/s).
+const epochTasks, epochKeys, epochRecords = 4, 10_000, 120_000
+
+// epochKeyNames are the keys, k0 to k9999.
+var epochKeyNames = func() []string {
+	names := make([]string, epochKeys)
 	for i := range names {
 		names[i] = fmt.Sprintf("k%d", i)
 	}
+	return names
+}()
+
+// runEpochs calls write for each record, its key set on the scope of its
+// task's Store over a backend of kind, then commits the record; each
+// epoch is applied outside the timing.
+func runEpochs(b *testing.B, kind string, write func(sc *kstatetest.Scope, n int) error) {
+	var scopes [epochTasks]*kstatetest.Scope
+	for i := range scopes {
+		scopes[i] = kstatetest.NewScope(kstate.NewStore(kstatetest.MustOpen(b, kind)))
+	}
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		k := n % epochKeys
+		sc := scopes[k%epochTasks].SetKey(epochKeyNames[k])
+		if err := write(sc, n); err != nil {
+			b.Fatal(err)
+		}
+		sc.Store().CommitRecord()
+		if n++; n%epochRecords == 0 {
+			b.StopTimer()
+			for _, sc := range scopes {
+				if err := sc.Store().Apply(sc.Store().Dirty(), kstate.Meta{Epoch: uint64(n)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StartTimer()
+		}
+	}
+}
+
+// BenchmarkEpochAggregate is the aggregate job's state work (runEpochs):
+// a 32-byte value read and written back per record.
+func BenchmarkEpochAggregate(b *testing.B) {
+	v := kstate.Value[agg32]("aggregate", agg32Codec{})
 	// The same work in a Go map per task, as the job by hand keeps it
 	// (make bench's raw-aggregate-eos): nothing durable, no epochs.
 	b.Run("go-map", func(b *testing.B) {
-		var maps [tasks]map[string]*agg32
+		var maps [epochTasks]map[string]*agg32
 		for i := range maps {
 			maps[i] = map[string]*agg32{}
 		}
-		bkeys := make([][]byte, keys)
+		bkeys := make([][]byte, epochKeys)
 		for i := range bkeys {
-			bkeys[i] = []byte(names[i])
+			bkeys[i] = []byte(epochKeyNames[i])
 		}
 		b.ReportAllocs()
 		n := 0
 		for b.Loop() {
-			k := n % keys
-			m := maps[k%tasks]
+			k := n % epochKeys
+			m := maps[k%epochTasks]
 			a := m[string(bkeys[k])]
 			if a == nil {
 				a = &agg32{}
@@ -196,75 +232,31 @@ func BenchmarkEpochAggregate(b *testing.B) {
 	})
 	for _, kind := range backends {
 		b.Run(kind, func(b *testing.B) {
-			var scopes [tasks]*kstatetest.Scope
-			for i := range scopes {
-				scopes[i] = kstatetest.NewScope(kstate.NewStore(kstatetest.MustOpen(b, kind)))
-			}
-			b.ReportAllocs()
-			n := 0
-			for b.Loop() {
-				k := n % keys
-				sc := scopes[k%tasks].SetKey(names[k])
+			runEpochs(b, kind, func(sc *kstatetest.Scope, n int) error {
 				a, _, err := v.Get(sc)
-				if err == nil {
-					a.a++
-					a.b += int64(n)
-					err = v.Set(sc, a)
-				}
 				if err != nil {
-					b.Fatal(err)
+					return err
 				}
-				sc.Store().CommitRecord()
-				if n++; n%epoch == 0 {
-					b.StopTimer()
-					for _, sc := range scopes {
-						if err := sc.Store().Apply(sc.Store().Dirty(), kstate.Meta{Epoch: uint64(n)}); err != nil {
-							b.Fatal(err)
-						}
-					}
-					b.StartTimer()
-				}
-			}
+				a.a++
+				a.b += int64(n)
+				return v.Set(sc, a)
+			})
 		})
 	}
 }
 
-// BenchmarkEpochBytes is BenchmarkEpochAggregate's pattern with raw
-// values of three sizes (Bytes codec, memory backend, the apply timed
-// too): what a key written many times in an epoch costs in time and in
-// new memory as its value grows.
+// BenchmarkEpochBytes is runEpochs with raw values of three sizes (Bytes
+// codec, memory backend): what a key written many times in an epoch costs
+// in time and in new memory as its value grows.
 func BenchmarkEpochBytes(b *testing.B) {
 	v := kstate.Value("v", kstate.Bytes())
-	const tasks, keys, epoch = 4, 10_000, 120_000
-	names := make([]string, keys)
-	for i := range names {
-		names[i] = fmt.Sprintf("k%d", i)
-	}
 	for _, size := range []int{32, 256, 2048} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			var scopes [tasks]*kstatetest.Scope
-			for i := range scopes {
-				scopes[i] = kstatetest.NewScope(kstate.NewStore(kstatetest.MustOpen(b, "memory")))
-			}
 			val := make([]byte, size)
-			b.ReportAllocs()
-			n := 0
-			for b.Loop() {
-				k := n % keys
-				sc := scopes[k%tasks].SetKey(names[k])
+			runEpochs(b, "memory", func(sc *kstatetest.Scope, n int) error {
 				val[0] = byte(n)
-				if err := v.Set(sc, val); err != nil {
-					b.Fatal(err)
-				}
-				sc.Store().CommitRecord()
-				if n++; n%epoch == 0 {
-					for _, sc := range scopes {
-						if err := sc.Store().Apply(sc.Store().Dirty(), kstate.Meta{Epoch: uint64(n)}); err != nil {
-							b.Fatal(err)
-						}
-					}
-				}
-			}
+				return v.Set(sc, val)
+			})
 		})
 	}
 }
