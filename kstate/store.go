@@ -88,17 +88,19 @@ func NewStore(b Backend) *Store {
 const maxUndoBytes = 64 << 10
 
 // undoEntry is an epoch node's state before the current record changed it.
-// For a value the record overwrote in place (Store.overwrite), val is a
-// copy of the old bytes in the record's undo buffer (never empty: an empty
-// value is not written in place) and orig the node's buffer, which a
-// rollback writes them back into.
+// For a value the record overwrote in place (Store.overwrite), orig is
+// the node's buffer (never empty: an empty value is not written in place)
+// and val a copy of its old bytes in the record's undo buffer, which a
+// rollback writes back into it; orig is nil for any other entry.
 type undoEntry struct {
-	n       *wsNode
-	val     []byte
-	orig    []byte
-	unset   bool
-	inPlace bool
+	n     *wsNode
+	val   []byte
+	orig  []byte
+	unset bool
 }
+
+// inPlace reports whether the record overwrote u's node in place.
+func (u undoEntry) inPlace() bool { return u.orig != nil }
 
 // size is what the node counted in the write-set's bytes before the record.
 func (u undoEntry) size() int {
@@ -197,7 +199,7 @@ func (s *Store) overwrite(key, val []byte) bool {
 		at := len(s.undoBytes)
 		s.undoBytes = append(s.undoBytes, n.val...)
 		old := s.undoBytes[at:len(s.undoBytes):len(s.undoBytes)]
-		s.undo = append(s.undo, undoEntry{n: n, val: old, orig: n.val, inPlace: true})
+		s.undo = append(s.undo, undoEntry{n: n, val: old, orig: n.val})
 		n.gen = s.gen
 	}
 	copy(n.val, val)
@@ -281,7 +283,7 @@ func (s *Store) RollbackRecord() {
 		switch {
 		case u.unset:
 			s.epoch.unassign(u.n)
-		case u.inPlace:
+		case u.inPlace():
 			s.epoch.assign(u.n, u.orig)
 			copy(u.orig, u.val)
 			u.n.own = true
@@ -339,7 +341,7 @@ func (s *Store) Dirty() []Mutation {
 				continue
 			}
 			val = u.val
-			if u.inPlace {
+			if u.inPlace() {
 				val = bytes.Clone(val) // the undo buffer is the record's
 			}
 		}
