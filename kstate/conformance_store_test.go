@@ -420,21 +420,26 @@ func storeModelRun(t *testing.T, kind string, seed uint64) {
 		held = append(held, struct{ muts, was []kstate.Mutation }{slices.Clone(d), was})
 		return d
 	}
-	// settled folds a failed write behind into the model once the Store
-	// has settled it: the epoch takes its keys that neither it nor the
-	// sealed epoch changed.
+	// intoBackend is an epoch written to the backend.
+	intoBackend := func(l level) {
+		for k, v := range l {
+			if v == nil {
+				delete(backend, k)
+			} else {
+				backend[k] = *v
+			}
+		}
+	}
+	// settled mirrors a write behind once the Store has settled it:
+	// written, it is in the backend; failed, it stays as a level of its
+	// own, and the epoch takes its keys that neither it nor the sealed
+	// epoch changed (Store.fold).
 	settled := func() {
 		if behind == nil || st.Behind() {
 			return
 		}
 		if be.fail == nil {
-			for k, v := range behind {
-				if v == nil {
-					delete(backend, k)
-				} else {
-					backend[k] = *v
-				}
-			}
+			intoBackend(behind)
 		} else {
 			failed = behind
 			for k, v := range failed {
@@ -543,13 +548,7 @@ func storeModelRun(t *testing.T, kind string, seed uint64) {
 					}
 					break // a failed write behind fails every apply after it
 				}
-				for k, v := range applied {
-					if v == nil {
-						delete(backend, k)
-					} else {
-						backend[k] = *v
-					}
-				}
+				intoBackend(applied)
 			} else {
 				// The write runs on a goroutine of its own, so the
 				// reads below may meet it (the race detector watches);
