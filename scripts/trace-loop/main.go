@@ -28,7 +28,7 @@ import (
 )
 
 func main() {
-	loopRE := flag.String("loop", `sluice\.\(\*Instance\)\.runSession|bench\.rawLoopOn`, "frames that mark the processing goroutine")
+	loopRE := flag.String("loop", `sluice\.\(\*Instance\)\.runSession|bench\.rawLoopWith`, "frames that mark the processing goroutine")
 	waitRE := flag.String("wait", `PollRecords|Flush|\.End$|bufferRecord|Mutex|Fdatasync|Produce$`, "frames that name a wait")
 	flag.Parse()
 	if flag.NArg() != 1 {
