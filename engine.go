@@ -553,11 +553,11 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	// throughput. A bound on the whole response would do the same, but
 	// would fill a response with one partition, serialising tasks and
 	// starving the other topics of a join (found by review). A batch
-	// over the bound comes alone, as the first of a response (KIP-74),
-	// so a topic written in larger batches is read one batch a response
-	// (make bench's input is; docs/operations.md#fetch-size). Before
-	// baseOpts, so that Options.ClientOpts may override it, as it may the
-	// linger.
+	// over the bound is returned only as the first of a response
+	// (KIP-74), so a topic written in larger batches is read one batch a
+	// response (make bench's input is; docs/operations.md#fetch-size).
+	// Before baseOpts, so that Options.ClientOpts may override it, as it
+	// may the linger.
 	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes), kgo.ProducerLinger(producerLinger)}, in.baseOpts()...)
 	opts = append(opts,
 		kgo.ConsumeTopics(in.cfg.InputTopics...),
