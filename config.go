@@ -179,7 +179,9 @@ type Options struct {
 	// WriteRow). A job with a Prefetch is always processed by one
 	// goroutine. A poll takes up to MaxPollRecords × Parallelism records,
 	// and the epoch budget is checked after each poll, so a task may pass
-	// it by that many records. See docs/operations.md.
+	// it by that many records. The input consumer's fetch takes up to
+	// 64 KiB × Parallelism of each partition (at most 1 MiB), so that a
+	// poll holds several tasks' records. See docs/operations.md.
 	Parallelism int
 	// PipelinedEpochs processes each epoch while the one before commits
 	// (exactly-once only): the flush of its outputs, changelog and

@@ -12,8 +12,9 @@ import (
 )
 
 // The input consumer bounds each partition's records in a fetch response
-// (fetchMaxPartitionBytes), its producer lingers producerLinger, and a
-// franz-go option in Options.ClientOpts wins over either.
+// (fetchMaxPartitionBytes, times Options.Parallelism up to 1 MiB), its
+// producer lingers producerLinger, and a franz-go option in
+// Options.ClientOpts wins over either.
 func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "in"))
 	if err != nil {
@@ -21,16 +22,20 @@ func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 	}
 	defer c.Close()
 	for _, tc := range []struct {
-		opts   []kgo.Opt
-		want   int32
-		linger time.Duration
+		parallelism int
+		opts        []kgo.Opt
+		want        int32
+		linger      time.Duration
 	}{
-		{nil, fetchMaxPartitionBytes, producerLinger},
-		{[]kgo.Opt{kgo.FetchMaxPartitionBytes(1 << 20), kgo.ProducerLinger(0)}, 1 << 20, 0},
+		{1, nil, 64 << 10, producerLinger},
+		{2, nil, 128 << 10, producerLinger},
+		{32, nil, 1 << 20, producerLinger},
+		{1, []kgo.Opt{kgo.FetchMaxPartitionBytes(1 << 20), kgo.ProducerLinger(0)}, 1 << 20, 0},
+		{2, []kgo.Opt{kgo.FetchMaxPartitionBytes(32 << 10)}, 32 << 10, producerLinger},
 	} {
 		in, err := New(Options{Brokers: c.ListenAddrs(), AppID: "fb", InstanceID: "i", InputTopics: []string{"in"},
 			Job: Job{Name: "noop", Process: func(Context, *Record) error { return nil }}, StateDir: t.TempDir(),
-			Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(), ClientOpts: tc.opts})
+			Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(), ClientOpts: tc.opts, Parallelism: tc.parallelism})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,10 +48,10 @@ func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 		linger := s.Client().OptValue(kgo.ProducerLinger)
 		s.Close()
 		if got != tc.want {
-			t.Fatalf("ClientOpts %d options: the input consumer fetches up to %v bytes a partition, want %d", len(tc.opts), got, tc.want)
+			t.Fatalf("parallelism %d, ClientOpts %d options: the input consumer fetches up to %v bytes a partition, want %d", tc.parallelism, len(tc.opts), got, tc.want)
 		}
 		if linger != tc.linger {
-			t.Fatalf("ClientOpts %d options: the producer lingers %v, want %v", len(tc.opts), linger, tc.linger)
+			t.Fatalf("parallelism %d, ClientOpts %d options: the producer lingers %v, want %v", tc.parallelism, len(tc.opts), linger, tc.linger)
 		}
 	}
 }

@@ -135,7 +135,9 @@ func (l *loop) parallel() bool {
 // pollRecords is how many records one poll takes: enough for each task
 // processed at once when they are processed in parallel, since a buffered
 // fetch is handed out partition by partition (a poll of MaxPollRecords
-// mostly holds one task's records).
+// mostly holds one task's records). The fetch bound grows with
+// Parallelism too (fetchPartitionBytes), so that a response holds
+// several partitions' records.
 func (l *loop) pollRecords() int {
 	if l.parallel() {
 		return l.in.cfg.MaxPollRecords * l.in.cfg.Parallelism
