@@ -522,8 +522,8 @@ const fetchMaxPartitionBytes = 64 << 10
 // topic written in batches over 64 KiB then comes one batch, so one task,
 // a poll, and the other workers have nothing to do. make bench's input
 // is written so (BENCHMARKS.md, tasks in parallel): its hash job with 2
-// tasks at once went from 1.05-1.19 to 1.25-1.48 times its records/s
-// with one, alternated three times.
+// tasks at once went from a median of 1.16 to about 1.45 times its
+// records/s with one (alternated runs).
 func (in *Instance) fetchPartitionBytes() int32 {
 	return int32(min(fetchMaxPartitionBytes*max(1, in.cfg.Parallelism), 1<<20))
 }
