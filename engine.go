@@ -511,12 +511,19 @@ func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 }
 
 // fetchMaxPartitionBytes bounds each partition's records in the input
-// consumer's fetch responses (newSession), times Options.Parallelism.
+// consumer's fetch responses (newSession), times Options.Parallelism up
+// to maxFetchParallelism (fetchPartitionBytes).
 const fetchMaxPartitionBytes = 64 << 10
+
+// maxFetchParallelism caps the multiple of fetchMaxPartitionBytes at
+// 1 MiB, franz-go's default bound.
+const maxFetchParallelism = 16
 
 // fetchPartitionBytes is the input consumer's bound on each partition's
 // records in a fetch response: fetchMaxPartitionBytes, times
-// Options.Parallelism up to franz-go's default of 1 MiB. Tasks processed
+// Options.Parallelism up to franz-go's default of 1 MiB, when tasks are
+// processed in parallel (not for a job with a Prefetch, which one
+// goroutine processes). Tasks processed
 // in parallel need polls that hold several tasks' records, and a batch
 // over the bound is returned only as the first of a response (KIP-74): a
 // topic written in batches over 64 KiB then comes one batch, so one task,
@@ -525,7 +532,11 @@ const fetchMaxPartitionBytes = 64 << 10
 // tasks at once went from a median of 1.16 to about 1.45 times its
 // records/s with one (alternated runs).
 func (in *Instance) fetchPartitionBytes() int32 {
-	return int32(min(fetchMaxPartitionBytes*max(1, in.cfg.Parallelism), 1<<20))
+	n := min(max(1, in.cfg.Parallelism), maxFetchParallelism)
+	if in.cfg.Job.Prefetch != nil {
+		n = 1
+	}
+	return int32(n * fetchMaxPartitionBytes)
 }
 
 // producerLinger is how long a partition's records wait for more before
