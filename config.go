@@ -39,8 +39,9 @@ type Options struct {
 	// ClientOpts are extra franz-go options (TLS, SASL) for every client
 	// the instance makes, the changelog restore's included. They win
 	// over the input consumer's fetch bound (kgo.FetchMaxPartitionBytes,
-	// 64 KiB times Parallelism: docs/operations.md#fetch-size) and its producer's linger
-	// (kgo.ProducerLinger, 10 ms: docs/operations.md#producer-linger). A
+	// 64 KiB times Parallelism: docs/operations.md#fetch-size) and its
+	// producer's linger (kgo.ProducerLinger, 10 ms:
+	// docs/operations.md#producer-linger). A
 	// produce hook must not keep a *kgo.Record past its promise, nor
 	// replace its Context: the instance reuses its output and changelog
 	// records once produced, and reads their Context.

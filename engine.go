@@ -520,11 +520,10 @@ const fetchMaxPartitionBytes = 64 << 10
 const maxFetchParallelism = 16
 
 // fetchPartitionBytes is the input consumer's bound on each partition's
-// records in a fetch response: fetchMaxPartitionBytes, times
-// Options.Parallelism up to franz-go's default of 1 MiB, when tasks are
-// processed in parallel (not for a job with a Prefetch, which one
-// goroutine processes). Tasks processed
-// in parallel need polls that hold several tasks' records, and a batch
+// records in a fetch response: fetchMaxPartitionBytes, times the tasks
+// processed at once (Options.taskWorkers), up to franz-go's default of
+// 1 MiB. Tasks processed in parallel need polls that hold several tasks'
+// records, and a batch
 // over the bound is returned only as the first of a response (KIP-74): a
 // topic written in batches over 64 KiB then comes one batch, so one task,
 // a poll, and the other workers have nothing to do. make bench's input
@@ -532,11 +531,7 @@ const maxFetchParallelism = 16
 // tasks at once went from a median of 1.16 to about 1.45 times its
 // records/s with one (alternated runs).
 func (in *Instance) fetchPartitionBytes() int32 {
-	n := min(max(1, in.cfg.Parallelism), maxFetchParallelism)
-	if in.cfg.Job.Prefetch != nil {
-		n = 1
-	}
-	return int32(n * fetchMaxPartitionBytes)
+	return int32(min(in.cfg.taskWorkers(), maxFetchParallelism) * fetchMaxPartitionBytes)
 }
 
 // producerLinger is how long a partition's records wait for more before

@@ -117,11 +117,22 @@ func inParallel(workers, n int, do func(i int) (stop bool)) {
 	wg.Wait()
 }
 
+// taskWorkers is how many tasks the instance's configuration lets
+// process at once: Options.Parallelism, or 1 for a job with a Prefetch
+// (whether its service is unavailable is the loop's to track). The fetch
+// bound grows with it (fetchPartitionBytes).
+func (o *Options) taskWorkers() int {
+	if o.Job.Prefetch != nil {
+		return 1
+	}
+	return max(1, o.Parallelism)
+}
+
 // parallel reports whether the next poll's tasks may be processed in
-// parallel: Options.Parallelism allows it, the job has no Prefetch and no
-// running task has a suspect input or timer (poison.go).
+// parallel: taskWorkers allows it and no running task has a suspect
+// input or timer (poison.go).
 func (l *loop) parallel() bool {
-	if l.in.cfg.Parallelism <= 1 || l.in.cfg.Job.Prefetch != nil {
+	if l.in.cfg.taskWorkers() <= 1 {
 		return false
 	}
 	for _, t := range l.tasks {
