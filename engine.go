@@ -523,10 +523,10 @@ const maxFetchParallelism = 16
 // records in a fetch response: fetchMaxPartitionBytes, times the tasks
 // processed at once (Options.taskWorkers), up to franz-go's default of
 // 1 MiB. Tasks processed in parallel need polls that hold several tasks'
-// records, and a batch
-// over the bound is returned only as the first of a response (KIP-74): a
-// topic written in batches over 64 KiB then comes one batch, so one task,
-// a poll, and the other workers have nothing to do. make bench's input
+// records, and a batch over the bound is returned only as the first of a
+// response (KIP-74): a topic written in batches over 64 KiB then comes
+// one batch, so one task, a poll, and the other workers have nothing to
+// do. make bench's input
 // is written so (BENCHMARKS.md, tasks in parallel): its hash job with 2
 // tasks at once went from a median of 1.16 to about 1.45 times its
 // records/s with one (alternated runs).
