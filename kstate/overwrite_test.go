@@ -2,7 +2,9 @@ package kstate
 
 import (
 	"bytes"
+	"errors"
 	"testing"
+	"time"
 )
 
 // A write of a value as long as the key's epoch value goes over it in
@@ -161,4 +163,67 @@ func TestOverwriteInPlace(t *testing.T) {
 			t.Fatalf("sealed value %q, Get %q", sealed, get(t, st))
 		}
 	})
+}
+
+// boundScope is a Scope over a store with a fixed record key.
+type boundScope struct{ st *Store }
+
+func (s boundScope) Store() *Store { return s.st }
+func (boundScope) Key() []byte     { return []byte("k") }
+func (boundScope) Now() time.Time  { return time.Time{} }
+
+// An entry over SetMaxEntryBytes fails its record and is not written,
+// whether it comes through Put or a typed state whose codec encodes into
+// the Store's arena (saveValue), and whether or not the key's value could
+// have been written over in place.
+func TestEntryOverTheBoundFailsTheRecord(t *testing.T) {
+	v := Value("v", Bytes())
+	for _, tc := range []struct {
+		name  string
+		write func(st *Store, val []byte)
+	}{
+		{"Put", func(st *Store, val []byte) { st.Put([]byte("key"), val) }},
+		{"typed, append codec", func(st *Store, val []byte) {
+			if err := v.Set(boundScope{st}, val); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := NewStore(NewMemory())
+			small, big := bytes.Repeat([]byte("a"), 8), bytes.Repeat([]byte("b"), 64)
+			tc.write(st, small)
+			st.CommitRecord()
+			before := st.Dirty()
+			if len(before) != 1 {
+				t.Fatalf("the small write: %d mutations, want 1", len(before))
+			}
+			st.SetMaxEntryBytes(len(before[0].Key) + 16)
+			tc.write(st, big)
+			if err := st.RecordErr(); !errors.Is(err, ErrValueTooLarge) {
+				t.Fatalf("RecordErr after a write over the bound: %v, want ErrValueTooLarge", err)
+			}
+			st.RollbackRecord()
+			got, _, err := st.Get(before[0].Key)
+			if err != nil || !bytes.Equal(got, small) {
+				t.Fatalf("after the refused write the value is %q (%v), want %q", got, err, small)
+			}
+			// A value as long as the epoch's, which could go over it in
+			// place, is refused as well.
+			if err := st.Apply(before, Meta{Epoch: 1}); err != nil {
+				t.Fatal(err)
+			}
+			tc.write(st, small)
+			st.CommitRecord()
+			st.SetMaxEntryBytes(len(before[0].Key) + 4)
+			tc.write(st, bytes.Repeat([]byte("c"), 8))
+			if err := st.RecordErr(); !errors.Is(err, ErrValueTooLarge) {
+				t.Fatalf("RecordErr after a same-length write over the bound: %v, want ErrValueTooLarge", err)
+			}
+			st.RollbackRecord()
+			if got, _, err := st.Get(before[0].Key); err != nil || !bytes.Equal(got, small) {
+				t.Fatalf("after the refused same-length write the value is %q (%v), want %q", got, err, small)
+			}
+		})
+	}
 }

@@ -128,10 +128,14 @@ func saveValue[T any](s Scope, d *descriptor, c Codec[T], key []byte, v T) error
 	if err != nil {
 		return d.wrap("encode", err)
 	}
+	if err := st.checkEntry(key, b); err != nil {
+		st.fail(err) // the record fails, as putOwned's refusal does
+		return nil
+	}
 	// Over the key's value in place if it can (the arena's free space
 	// then stays free), else kept from the arena.
 	if !st.overwrite(key, b) {
-		st.putOwned(key, st.values.keep(b))
+		st.writeOwned(key, st.values.keep(b))
 	}
 	return nil
 }

@@ -186,13 +186,14 @@ func (s *Store) write(key, val []byte) {
 // reuse one buffer for the epoch instead of each taking new arena bytes
 // (-bench EpochBytes: a 256-byte value written in 60 % of the time, with
 // a sixth of the new memory; BENCHMARKS.md). The old bytes go to the
-// record's undo buffer first, for a rollback.
+// record's undo buffer first, for a rollback. The caller has checked the
+// entry (checkEntry).
 func (s *Store) overwrite(key, val []byte) bool {
 	if len(val) == 0 || s.scanning > 0 || len(s.record) > 0 || s.epoch.shared {
 		return false
 	}
 	n := s.epoch.node(key)
-	if n == nil || !n.own || len(n.val) != len(val) || s.checkEntry(key, val) != nil {
+	if n == nil || !n.own || len(n.val) != len(val) {
 		return false
 	}
 	if n.gen != s.gen {
@@ -239,6 +240,11 @@ func (s *Store) putOwned(key, value []byte) {
 		s.fail(err)
 		return
 	}
+	s.writeOwned(key, value)
+}
+
+// writeOwned is putOwned for an entry already checked.
+func (s *Store) writeOwned(key, value []byte) {
 	if value == nil {
 		value = []byte{}
 	}
