@@ -39,9 +39,10 @@ type Options struct {
 	// ClientOpts are extra franz-go options (TLS, SASL) for every client
 	// the instance makes, the changelog restore's included. They win
 	// over the input consumer's fetch bound (kgo.FetchMaxPartitionBytes,
-	// 64 KiB times Parallelism: docs/operations.md#fetch-size) and its
-	// producer's linger (kgo.ProducerLinger, 10 ms:
-	// docs/operations.md#producer-linger). A
+	// 64 KiB times Parallelism, raised to the input's batches with
+	// Parallelism or several input topics:
+	// docs/operations.md#fetch-size) and its producer's linger
+	// (kgo.ProducerLinger, 10 ms: docs/operations.md#producer-linger). A
 	// produce hook must not keep a *kgo.Record past its promise, nor
 	// replace its Context: the instance reuses its output and changelog
 	// records once produced, and reads their Context.
@@ -181,9 +182,9 @@ type Options struct {
 	// goroutine. A poll takes up to MaxPollRecords × Parallelism records,
 	// and the epoch budget is checked after each poll, so a task may pass
 	// it by that many records. The input consumer's fetch takes up to
-	// 64 KiB × Parallelism of each partition (at most 1 MiB; ClientOpts
-	// may set it), so that a poll holds several tasks' records. See
-	// docs/operations.md.
+	// 64 KiB × Parallelism of each partition (at most 1 MiB), or the
+	// input's largest batch if larger (ClientOpts may set the bound), so
+	// that a poll holds several tasks' records. See docs/operations.md.
 	Parallelism int
 	// PipelinedEpochs processes each epoch while the one before commits
 	// (exactly-once only): the flush of its outputs, changelog and

@@ -30,6 +30,7 @@ type Instance struct {
 	changelogTopic string
 	changelogInfo  changelog.TopicInfo // read at start, before any session
 	batchMax       int                 // producer batch limit, from the topics' max.message.bytes
+	fetchBound     *fetchBound         // nil unless cfg.adaptsFetchBound
 
 	adm   *kadm.Client
 	admCl *kgo.Client
@@ -125,6 +126,9 @@ func New(cfg Options) (*Instance, error) {
 		probes:         make(chan chan bool),
 		sasl:           newSASLWatch(),
 		clock:          cfg.Clock,
+	}
+	if cfg.adaptsFetchBound() {
+		in.fetchBound = newFetchBound(in.fetchPartitionBytes())
 	}
 	if in.clock == nil {
 		in.clock = wallClock{}
@@ -510,30 +514,6 @@ func (in *Instance) checkTransactionTimeout(ctx context.Context) error {
 	return nil
 }
 
-// fetchMaxPartitionBytes bounds each partition's records in the input
-// consumer's fetch responses (newSession), times Options.Parallelism up
-// to maxFetchParallelism (fetchPartitionBytes).
-const fetchMaxPartitionBytes = 64 << 10
-
-// maxFetchParallelism caps the multiple of fetchMaxPartitionBytes at
-// 1 MiB, franz-go's default bound.
-const maxFetchParallelism = 16
-
-// fetchPartitionBytes is the input consumer's bound on each partition's
-// records in a fetch response: fetchMaxPartitionBytes, times the tasks
-// processed at once (Options.taskWorkers), up to franz-go's default of
-// 1 MiB. Tasks processed in parallel need polls that hold several tasks'
-// records, and a batch over the bound is returned only as the first of a
-// response (KIP-74): a topic written in batches over 64 KiB then comes
-// one batch, so one task, a poll, and the other workers have nothing to
-// do. make bench's input
-// is written so (BENCHMARKS.md, tasks in parallel): its hash job with 2
-// tasks at once went from a median of 1.16 to about 1.45 times its
-// records/s with one (alternated runs).
-func (in *Instance) fetchPartitionBytes() int32 {
-	return int32(min(in.cfg.taskWorkers(), maxFetchParallelism) * fetchMaxPartitionBytes)
-}
-
 // producerLinger is how long a partition's records wait for more before
 // their batch is sent (newSession): franz-go's own default. It was 0, which
 // sent smaller batches the slower a job produced: aggregate's outputs and
@@ -576,10 +556,18 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	// starving the other topics of a join (found by review). A batch
 	// over the bound is returned only as the first of a response
 	// (KIP-74), so a topic written in larger batches is read one batch a
-	// response (make bench's input is; docs/operations.md#fetch-size).
-	// Before baseOpts, so that Options.ClientOpts may override it, as it
-	// may the linger.
-	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(in.fetchPartitionBytes()), kgo.ProducerLinger(producerLinger)}, in.baseOpts()...)
+	// response (make bench's input is; docs/operations.md#fetch-size),
+	// and an instance whose polls must hold several partitions raises
+	// the bound to the batches read (fetchBound). Before baseOpts, so
+	// that Options.ClientOpts may override it, as it may the linger.
+	asked := in.fetchPartitionBytes()
+	if in.fetchBound != nil {
+		asked = in.fetchBound.bound.Load()
+	}
+	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(asked), kgo.ProducerLinger(producerLinger)}, in.baseOpts()...)
+	if in.fetchBound != nil {
+		opts = append(opts, kgo.WithHooks(in.fetchBound))
+	}
 	opts = append(opts,
 		kgo.ConsumeTopics(in.cfg.InputTopics...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -605,14 +593,19 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		}),
 	)
 	opts = append(opts, in.groupOpts()...)
+	newSession := txsink.NewAtLeastOnce
 	if in.cfg.Guarantee == ExactlyOnce {
 		opts = append(opts,
 			kgo.TransactionalID(in.cfg.transactionalID()),
 			kgo.TransactionTimeout(in.cfg.TransactionTimeout),
 		)
-		return txsink.NewExactlyOnce(opts...)
+		newSession = txsink.NewExactlyOnce
 	}
-	return txsink.NewAtLeastOnce(opts...)
+	s, err := newSession(opts...)
+	if err == nil && in.fetchBound != nil {
+		in.fetchBound.attach(s.Client(), asked)
+	}
+	return s, err
 }
 
 // takeEvents returns the current session's callbacks in the order they

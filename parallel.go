@@ -120,7 +120,8 @@ func inParallel(workers, n int, do func(i int) (stop bool)) {
 // taskWorkers is how many tasks the instance's configuration lets
 // process at once: Options.Parallelism, or 1 for a job with a Prefetch
 // (whether its service is unavailable is the loop's to track). The fetch
-// bound grows with it (fetchPartitionBytes).
+// bound grows with it (fetchPartitionBytes), and follows the input's
+// batches when it is above 1 (fetchBound).
 func (o *Options) taskWorkers() int {
 	if o.Job.Prefetch != nil {
 		return 1
@@ -147,8 +148,9 @@ func (l *loop) parallel() bool {
 // processed at once when they are processed in parallel, since a buffered
 // fetch is handed out partition by partition (a poll of MaxPollRecords
 // mostly holds one task's records). The fetch bound grows with
-// Parallelism too (fetchPartitionBytes), so that a response holds
-// several partitions' records.
+// Parallelism too (fetchPartitionBytes), and to the input's largest
+// batch (fetchBound), so that a response holds several partitions'
+// records.
 func (l *loop) pollRecords() int {
 	if l.parallel() {
 		return l.in.cfg.MaxPollRecords * l.in.cfg.Parallelism
