@@ -183,8 +183,9 @@ type Options struct {
 	// and the epoch budget is checked after each poll, so a task may pass
 	// it by that many records. The input consumer's fetch takes up to
 	// 64 KiB × Parallelism of each partition (at most 1 MiB), or the
-	// input's largest batch if larger (ClientOpts may set the bound), so
-	// that a poll holds several tasks' records. See docs/operations.md.
+	// input's largest batch if larger (rounded up to a power of two, at
+	// most 1 MiB; ClientOpts may set the bound), so that a poll holds
+	// several tasks' records. See docs/operations.md.
 	Parallelism int
 	// PipelinedEpochs processes each epoch while the one before commits
 	// (exactly-once only): the flush of its outputs, changelog and

@@ -186,6 +186,7 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 	in := l.in
 	rewind := offsets{}
 	byTask := map[int32]map[string][]*kgo.Record{}
+	parts := 0
 	fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
 		t := l.tasks[ftp.Partition]
 		if len(ftp.Records) == 0 {
@@ -203,8 +204,14 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 		if byTask[ftp.Partition] == nil {
 			byTask[ftp.Partition] = map[string][]*kgo.Record{}
 		}
+		if byTask[ftp.Partition][ftp.Topic] == nil {
+			parts++
+		}
 		byTask[ftp.Partition][ftp.Topic] = append(byTask[ftp.Partition][ftp.Topic], ftp.Records...)
 	})
+	if parts > 0 {
+		in.m.pollPartitions.Observe(float64(parts))
+	}
 	ps := make([]int32, 0, len(byTask))
 	for p := range byTask {
 		ps = append(ps, p)

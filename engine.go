@@ -566,7 +566,7 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	}
 	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(asked), kgo.ProducerLinger(producerLinger)}, in.baseOpts()...)
 	if in.fetchBound != nil {
-		opts = append(opts, kgo.WithHooks(in.fetchBound))
+		opts = append(opts, kgo.WithHooks(in.fetchBound), kgo.DisableFetchSessions())
 	}
 	opts = append(opts,
 		kgo.ConsumeTopics(in.cfg.InputTopics...),

@@ -1,7 +1,6 @@
 package sluice
 
 import (
-	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -66,19 +65,40 @@ func (o *Options) adaptsFetchBound() bool {
 // under load.
 //
 // The bound rises to the batch's size rounded up to a power of two, at
-// most the response's bound (kgo.FetchMaxBytes), from the next fetch on;
-// it never falls, since a topic's producers keep writing batches of about
-// the same size. It outlives the session, so a new session's client starts
-// at what was learned. A bound set in Options.ClientOpts is left alone.
+// most maxFetchBound and the response's bound (kgo.FetchMaxBytes). It
+// never falls, since a topic's producers keep writing batches of about the
+// same size, and it outlives the session, so a new session's client starts
+// at what was learned. A bound set in Options.ClientOpts is left alone for
+// the instance's life.
+//
+// franz-go reads the bound for every fetch request, but a fetch session
+// (KIP-227) names only the partitions whose position moved, and the broker
+// keeps the bound it was first given for the others: a partition whose
+// batch a response skipped never learned the new bound, and responses
+// kept holding the one partition that did (found by review: 16 polls, none
+// of more than one partition). So an instance that adapts the bound fetches
+// without sessions (newSession), every request naming every partition with
+// the bound, as clients without KIP-227 do.
 type fetchBound struct {
 	// bound is what a new session asks for: the initial bound, or the
 	// largest batch read since, rounded up.
 	bound atomic.Int32
 
-	mu  sync.Mutex
-	cl  *kgo.Client // the session's client the bound is applied to; nil: none yet, or ClientOpts set it
-	max int32       // cl's bound on a whole response
+	mu sync.Mutex
+	// fixed: Options.ClientOpts set the bound (the first session's client
+	// did not have the one asked for); nothing is raised or applied.
+	fixed bool
+	cl    *kgo.Client // the session's client the bound is applied to; nil: none yet
+	max   int32       // cl's bound on a whole response
 }
+
+// maxFetchBound caps what the bound is raised to: Kafka's and franz-go's
+// default bound on a partition, and above the largest batch either
+// producer writes by default (franz-go's ProducerBatchMaxBytes, Kafka's
+// max.request.size). A topic written in larger batches still comes one
+// batch a response; a response stays within partitions × 1 MiB, as any
+// consumer's with the defaults.
+const maxFetchBound = 1 << 20
 
 func newFetchBound(initial int32) *fetchBound {
 	f := &fetchBound{}
@@ -87,7 +107,8 @@ func newFetchBound(initial int32) *fetchBound {
 }
 
 // OnFetchBatchRead is franz-go's hook (kgo.HookFetchBatchRead), called on
-// its fetch goroutines for every batch read.
+// its fetch goroutines for every batch read, of the current session's
+// client or of one closing.
 func (f *fetchBound) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
 	need := int64(m.CompressedBytes) + recordBatchOverhead
 	if need <= int64(f.bound.Load()) {
@@ -99,9 +120,12 @@ func (f *fetchBound) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 // raise makes the bound at least need, rounded up to a power of two, and
 // applies it to the session's client.
 func (f *fetchBound) raise(need int64) {
-	next := int32(min(int64(1)<<bits.Len64(uint64(need-1)), math.MaxInt32))
+	next := int32(min(int64(1)<<bits.Len64(uint64(need-1)), maxFetchBound))
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.fixed {
+		return
+	}
 	if f.cl != nil {
 		next = min(next, f.max)
 	}
@@ -115,15 +139,23 @@ func (f *fetchBound) raise(need int64) {
 }
 
 // attach applies the bound to cl, a new session's client built with
-// asked, unless Options.ClientOpts set the bound: cl's own differs from
-// asked (or from the response's bound, to which franz-go lowers a larger
-// one).
+// asked. If cl has another bound (or, for an asked bound above the
+// response's, another than the response's, to which franz-go lowers it),
+// Options.ClientOpts set it, and it stays as set from then on. (One set
+// to the very bound asked is taken for the instance's own until a later
+// session asks for a raised one.)
+// franz-go's OptValue reads the bounds without synchronisation; every
+// write to them (UpdateFetchMaxBytes) is made under f.mu, as this read is.
 func (f *fetchBound) attach(cl *kgo.Client, asked int32) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.cl = nil
+	if f.fixed {
+		return
+	}
 	maxBytes, _ := cl.OptValue(kgo.FetchMaxBytes).(int32)
 	if got, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); got != min(asked, maxBytes) {
+		f.fixed = true
 		return
 	}
 	f.cl, f.max = cl, maxBytes

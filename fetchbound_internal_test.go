@@ -69,35 +69,43 @@ func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 
 // An instance whose polls must hold several partitions (tasks in parallel,
 // several input topics) raises the input consumer's bound to the largest
-// batch read, rounded up to a power of two and at most the response's
-// bound; a new session starts where the last one got to; a bound set in
-// Options.ClientOpts stays as set; other instances keep the fixed bound.
+// batch read, rounded up to a power of two and at most 1 MiB and the
+// response's bound, and fetches without fetch sessions (which would keep
+// the old bound for partitions a response skipped); a new session starts
+// where the last one got to; a bound set in Options.ClientOpts stays as
+// set in every session; other instances keep the fixed bound.
 func TestFetchBoundFollowsTheBatches(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a", "b"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	batch := func(n int) kgo.FetchBatchMetrics { return kgo.FetchBatchMetrics{NumRecords: 1, CompressedBytes: n} }
 	for _, tc := range []struct {
-		name        string
-		parallelism int
-		prefetch    bool
-		topics      []string
-		opts        []kgo.Opt
-		read        []int // batch sizes read, in order
-		want        int32 // the session's bound after them
-		adapts      bool
+		name         string
+		parallelism  int
+		prefetch     bool
+		topics       []string
+		opts         []kgo.Opt
+		read, read2  []int // batch sizes read in the first session, and in the next
+		want, want2  int32 // the bound after them
+		adapts       bool
+		sessionsKept bool // fetch sessions stay on
 	}{
-		{"one task at a time", 1, false, []string{"a"}, nil, nil, 64 << 10, false},
-		{"parallel, small batches", 2, false, []string{"a"}, nil, []int{100 << 10}, 128 << 10, true},
-		{"parallel, 300 KB", 2, false, []string{"a"}, nil, []int{300_000}, 512 << 10, true},
-		{"a 64 KiB batch and its header", 1, false, []string{"a", "b"}, nil, []int{64 << 10}, 128 << 10, true},
-		{"never falls", 2, false, []string{"a"}, nil, []int{3 << 20, 300_000}, 4 << 20, true},
-		{"two topics", 1, false, []string{"a", "b"}, nil, []int{300_000}, 512 << 10, true},
-		{"a Prefetch job", 2, true, []string{"a"}, nil, []int{300_000}, 64 << 10, false},
-		{"capped at the response's bound", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxBytes(256 << 10)}, []int{300_000}, 256 << 10, true},
-		{"ClientOpts' own bound", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(32 << 10)}, []int{300_000}, 32 << 10, true},
+		{"one task at a time", 1, false, []string{"a"}, nil, nil, nil, 64 << 10, 64 << 10, false, true},
+		{"parallel, small batches", 2, false, []string{"a"}, nil, []int{100 << 10}, nil, 128 << 10, 128 << 10, true, false},
+		{"parallel, 300 KB", 2, false, []string{"a"}, nil, []int{300_000}, nil, 512 << 10, 512 << 10, true, false},
+		{"a 64 KiB batch and its header", 1, false, []string{"a", "b"}, nil, []int{64 << 10}, nil, 128 << 10, 128 << 10, true, false},
+		{"never falls", 2, false, []string{"a"}, nil, []int{900_000, 300_000}, []int{100_000}, 1 << 20, 1 << 20, true, false},
+		{"raised in the next session", 2, false, []string{"a"}, nil, []int{200_000}, []int{300_000}, 256 << 10, 512 << 10, true, false},
+		{"capped at 1 MiB", 2, false, []string{"a"}, nil, []int{3 << 20}, nil, 1 << 20, 1 << 20, true, false},
+		{"two topics", 1, false, []string{"a", "b"}, nil, []int{300_000}, nil, 512 << 10, 512 << 10, true, false},
+		{"a Prefetch job", 2, true, []string{"a"}, nil, []int{300_000}, nil, 64 << 10, 64 << 10, false, true},
+		{"capped at the response's bound", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxBytes(256 << 10)}, []int{300_000}, nil, 256 << 10, 256 << 10, true, false},
+		{"ClientOpts' own bound", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(32 << 10)}, []int{300_000}, nil, 32 << 10, 32 << 10, true, false},
+		// The first session's batch would have raised the bound to the
+		// one set, which the next session would then have taken for its
+		// own (found by review).
+		{"ClientOpts' own bound, reached", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(256 << 10)}, []int{200_000}, []int{300_000}, 256 << 10, 256 << 10, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			job := Job{Name: "noop", Process: func(Context, *Record) error { return nil }}
@@ -114,26 +122,27 @@ func TestFetchBoundFollowsTheBatches(t *testing.T) {
 				t.Fatalf("bound follows the batches: %t, want %t", in.fetchBound != nil, tc.adapts)
 			}
 			in.batchMax = 1 << 20
-			bound := func() int32 {
+			session := func(read []int, want int32) {
+				t.Helper()
 				s, err := in.newSession()
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer s.Close()
-				for _, n := range tc.read {
+				if off := s.Client().OptValue(kgo.DisableFetchSessions).(bool); off == tc.sessionsKept {
+					t.Fatalf("fetch sessions off: %t, want %t", off, !tc.sessionsKept)
+				}
+				for _, n := range read {
 					if in.fetchBound != nil {
-						in.fetchBound.OnFetchBatchRead(kgo.BrokerMetadata{}, "a", 0, batch(n))
+						in.fetchBound.OnFetchBatchRead(kgo.BrokerMetadata{}, "a", 0, kgo.FetchBatchMetrics{NumRecords: 1, CompressedBytes: n})
 					}
 				}
-				return s.Client().OptValue(kgo.FetchMaxPartitionBytes).(int32)
+				if got := s.Client().OptValue(kgo.FetchMaxPartitionBytes).(int32); got != want {
+					t.Fatalf("after batches of %v bytes the bound is %d, want %d", read, got, want)
+				}
 			}
-			if got := bound(); got != tc.want {
-				t.Fatalf("after batches of %v bytes the bound is %d, want %d", tc.read, got, tc.want)
-			}
-			tc.read = nil
-			if got := bound(); got != tc.want {
-				t.Fatalf("the next session's bound is %d, want %d", got, tc.want)
-			}
+			session(tc.read, tc.want)
+			session(tc.read2, tc.want2)
 		})
 	}
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/kstate"
@@ -43,11 +46,7 @@ func TestLargeBatchesOfTwoTopicsMergeInOrder(t *testing.T) {
 		for i := range perBatch {
 			n := k*perBatch + i
 			for j, topic := range []string{"a", "b"} {
-				v := make([]byte, 1000) // random: the batch stays 300 KB compressed
-				if _, err := rand.Read(v); err != nil {
-					t.Fatal(err)
-				}
-				p.Produce(ctx, &kgo.Record{Topic: topic, Value: v, Timestamp: base.Add(time.Duration(2*n+j) * time.Millisecond)}, nil)
+				p.Produce(ctx, &kgo.Record{Topic: topic, Value: randomValue(t), Timestamp: base.Add(time.Duration(2*n+j) * time.Millisecond)}, nil)
 			}
 		}
 		if err := p.Flush(ctx); err != nil {
@@ -89,4 +88,135 @@ func TestLargeBatchesOfTwoTopicsMergeInOrder(t *testing.T) {
 			read++
 		}
 	}
+}
+
+// Tasks in parallel over an input written in record batches of some
+// 300 KB: polls hold several tasks' records (sluice_poll_partitions). With
+// the fixed bound of 128 KiB a partition each fetch response held one
+// batch, so each poll one task, and the second worker had nothing to do;
+// with the bound raised but fetch sessions on, the broker kept the old
+// bound for the partitions a response had skipped, and the same held
+// (found by review). The records become readable once a fetch named every
+// partition, so that all are in the consumer's fetch session, if it keeps
+// one, before the first large batch is read.
+func TestLargeBatchesGiveParallelTasksSeveralPartitions(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	p, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytes(1<<20),
+		kgo.MaxBufferedRecords(1<<20), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("loader"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	const batches, perBatch = 8, 300
+	// In one transaction, so that every partition's batches become
+	// readable at once (the instance reads read_committed): the first
+	// response then holds one of them, and the others must learn the
+	// raised bound while their positions have not moved.
+	produce := func() {
+		if err := p.BeginTransaction(); err != nil {
+			t.Error(err)
+			return
+		}
+		for range batches {
+			for part := range int32(4) {
+				for range perBatch {
+					p.Produce(ctx, &kgo.Record{Topic: "in", Partition: part, Value: randomValue(t)}, nil)
+				}
+			}
+			if err := p.Flush(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		if err := p.EndTransaction(ctx, kgo.TryCommit); err != nil {
+			t.Error(err)
+		}
+	}
+	adm := kadm.NewClient(p)
+	topics, err := adm.ListTopics(ctx, "in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := topics["in"].ID
+	// Set once fetch requests have named all four partitions: they are
+	// then in the consumer's fetch session, if it keeps one. (Control
+	// functions run one at a time.)
+	var fetchedAll atomic.Bool
+	named := map[int32]bool{}
+	c.ControlKey(int16(kmsg.Fetch), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		for _, rt := range kr.(*kmsg.FetchRequest).Topics {
+			if rt.Topic == "in" || rt.TopicID == in {
+				for _, rp := range rt.Partitions {
+					named[rp.Partition] = true
+				}
+			}
+		}
+		fetchedAll.Store(len(named) == 4)
+		return nil, nil, false
+	})
+	job := sluice.Job{Name: "noop", Process: func(sluice.Context, *sluice.Record) error { return nil }}
+	o := testOptions(c.ListenAddrs(), "par", job, t.TempDir())
+	o.Backend, o.Parallelism = kstate.MemoryBackend, 2
+	// Each partition ends with the transaction's commit marker, which
+	// the committed offset may or may not be past.
+	done := func(*sluice.Instance) bool {
+		offs, err := adm.FetchOffsets(ctx, "par")
+		sum := int64(0)
+		offs.Each(func(o kadm.OffsetResponse) { sum += o.At })
+		return err == nil && sum >= 4*batches*perBatch
+	}
+	produced := false
+	runUntil(t, o, func(inst *sluice.Instance) bool {
+		if !produced {
+			if !inst.Ready() || !fetchedAll.Load() {
+				return false
+			}
+			produce()
+			produced = true
+		}
+		return done(inst)
+	})
+
+	polls, single := pollPartitions(t, o.Registry.(*prometheus.Registry))
+	if polls == single {
+		t.Fatalf("all %d polls held one partition's records", polls)
+	}
+}
+
+// pollPartitions reads the sluice_poll_partitions histogram of reg: how
+// many polls it observed, and how many of them held one partition.
+func pollPartitions(t *testing.T, reg *prometheus.Registry) (polls, single uint64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_poll_partitions" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		for _, b := range h.GetBucket() {
+			if b.GetUpperBound() == 1 {
+				return h.GetSampleCount(), b.GetCumulativeCount()
+			}
+		}
+	}
+	t.Fatal("no sluice_poll_partitions histogram with a bucket at 1")
+	return 0, 0
+}
+
+// randomValue is 1,000 random bytes: a batch of them stays as large
+// compressed.
+func randomValue(t *testing.T) []byte {
+	v := make([]byte, 1000)
+	if _, err := rand.Read(v); err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

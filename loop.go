@@ -408,6 +408,9 @@ func (l *loop) process(fs kgo.Fetches) error {
 		}
 		batches[i] = append(batches[i], ftp)
 	})
+	if len(batches) > 0 {
+		in.m.pollPartitions.Observe(float64(len(batches)))
+	}
 	down := false // a Prefetch found its service unavailable in this fetch
 	worked, err := l.eachTask(len(batches), rewind, func(i int, rewind offsets) (bool, error) {
 		t := l.tasks[batches[i][0].Partition]

@@ -24,6 +24,7 @@ type metrics struct {
 	timersFired                                  *prometheus.CounterVec
 	ttlExpired                                   prometheus.Counter
 	overlapped                                   prometheus.Counter
+	pollPartitions                               prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
@@ -51,6 +52,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 		timersFired:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_timers_fired_total", Help: "Timers fired (committed or not), per task."}, task),
 		ttlExpired:         prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_state_expired_total", Help: "State entries the background sweep removed because their TTL ran out (committed or not)."}),
 		overlapped:         prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_overlapped_records_total", Help: "Input records processed while the epoch before them committed (pipelined epochs)."}),
+		pollPartitions:     prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_poll_partitions", Help: "Input partitions of running tasks with records in a poll: tasks in parallel and merged input topics need more than 1.", Buckets: prometheus.ExponentialBuckets(1, 2, 8)}),
 		epoch:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_epoch", Help: "Last epoch the task committed and applied (the number its changelog marker carries)."}, task),
 	}
 	// Both results exist from the start, so that increase() in an alert
@@ -60,7 +62,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 	reg.MustRegister(m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
 		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
-		m.timers, m.watermarkLag, m.timersFired, m.ttlExpired, m.overlapped,
+		m.timers, m.watermarkLag, m.timersFired, m.ttlExpired, m.overlapped, m.pollPartitions,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_epochs_committed_total", Help: "Epochs this instance committed since it started."},
 			func() float64 { return float64(in.committedEpochs.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_open_transaction_age_seconds", Help: "Age of the open epoch's transaction, 0 when none is open."},

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -243,16 +242,7 @@ func sluiceOptions(brokers, group, in, out, job, backend string, g sluice.Guaran
 // or scoring would: each output is the SHA-256 of its input's value hashed
 // again 32 times (some 5 µs here). It shows what Options.Parallelism
 // gives a job whose processing, not the broker, is the bound.
-func hashJob() sluice.Job {
-	return sluice.Job{Name: "hash", Emits: true, Process: func(ctx sluice.Context, rec *sluice.Record) error {
-		sum := sha256.Sum256(rec.Value)
-		for range 32 {
-			sum = sha256.Sum256(sum[:])
-		}
-		ctx.Emit(rec.Key, sum[:])
-		return nil
-	}}
-}
+func hashJob() sluice.Job { return slowHashJob(32) }
 
 func sluiceLoopWith(ctx context.Context, o sluice.Options) error {
 	inst, err := sluice.New(o)
