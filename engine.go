@@ -561,11 +561,12 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	// the bound to the batches read (fetchBound). Before baseOpts, so
 	// that Options.ClientOpts may override it, as it may the linger.
 	asked := in.fetchPartitionBytes()
+	adapting := in.fetchBound != nil && in.fetchBound.adapting()
 	if in.fetchBound != nil {
 		asked = in.fetchBound.bound.Load()
 	}
 	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(asked), kgo.ProducerLinger(producerLinger)}, in.baseOpts()...)
-	if in.fetchBound != nil {
+	if adapting {
 		opts = append(opts, kgo.WithHooks(in.fetchBound), kgo.DisableFetchSessions())
 	}
 	opts = append(opts,
@@ -602,7 +603,7 @@ func (in *Instance) newSession() (txsink.Session, error) {
 		newSession = txsink.NewExactlyOnce
 	}
 	s, err := newSession(opts...)
-	if err == nil && in.fetchBound != nil {
+	if err == nil && adapting {
 		in.fetchBound.attach(s.Client(), asked)
 	}
 	return s, err

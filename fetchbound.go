@@ -71,18 +71,26 @@ func (o *Options) adaptsFetchBound() bool {
 // at what was learned. A bound set in Options.ClientOpts is left alone for
 // the instance's life.
 //
-// franz-go reads the bound for every fetch request, but a fetch session
-// (KIP-227) names only the partitions whose position moved, and the broker
-// keeps the bound it was first given for the others: a partition whose
-// batch a response skipped never learned the new bound, and responses
-// kept holding the one partition that did (found by review: 16 polls, none
-// of more than one partition). So an instance that adapts the bound fetches
-// without sessions (newSession), every request naming every partition with
-// the bound, as clients without KIP-227 do.
+// franz-go reads the bound for every fetch request, but in a fetch session
+// (KIP-227) a request names only the partitions whose position moved, and
+// the broker keeps the bound it was given before for the others. Kafka
+// moves a partition that returned records to the back of the session, so
+// one still at the old bound soon comes first, is returned alone, and
+// learns the new bound with its next position: a response or so per
+// partition. kfake (`processor broker`, the tests) keeps the session's
+// order, so a partition skipped once was skipped until the ones before it
+// ran dry (found by review: every poll held one partition). So an instance
+// that adapts the bound fetches without sessions (newSession), every
+// request naming every partition with the bound, on any broker, at the
+// cost of naming every partition in each request and response.
 type fetchBound struct {
 	// bound is what a new session asks for: the initial bound, or the
 	// largest batch read since, rounded up.
 	bound atomic.Int32
+	// ceiling is what the bound may not pass: maxFetchBound, or the
+	// client's bound on a whole response once one is attached; 0 once
+	// fixed. A batch read with the bound at its ceiling is left at once.
+	ceiling atomic.Int32
 
 	mu sync.Mutex
 	// fixed: Options.ClientOpts set the bound (the first session's client
@@ -103,7 +111,17 @@ const maxFetchBound = 1 << 20
 func newFetchBound(initial int32) *fetchBound {
 	f := &fetchBound{}
 	f.bound.Store(initial)
+	f.ceiling.Store(maxFetchBound)
 	return f
+}
+
+// adapting reports whether the bound may still rise: Options.ClientOpts
+// did not set it. A session of an instance whose bound is fixed keeps
+// franz-go's defaults (fetch sessions, no hook).
+func (f *fetchBound) adapting() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.fixed
 }
 
 // OnFetchBatchRead is franz-go's hook (kgo.HookFetchBatchRead), called on
@@ -111,7 +129,7 @@ func newFetchBound(initial int32) *fetchBound {
 // client or of one closing.
 func (f *fetchBound) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.FetchBatchMetrics) {
 	need := int64(m.CompressedBytes) + recordBatchOverhead
-	if need <= int64(f.bound.Load()) {
+	if b := f.bound.Load(); need <= int64(b) || b >= f.ceiling.Load() {
 		return
 	}
 	f.raise(need)
@@ -156,9 +174,11 @@ func (f *fetchBound) attach(cl *kgo.Client, asked int32) {
 	maxBytes, _ := cl.OptValue(kgo.FetchMaxBytes).(int32)
 	if got, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); got != min(asked, maxBytes) {
 		f.fixed = true
+		f.ceiling.Store(0)
 		return
 	}
 	f.cl, f.max = cl, maxBytes
+	f.ceiling.Store(min(maxBytes, maxFetchBound))
 	if b := min(f.bound.Load(), maxBytes); b > asked {
 		cl.UpdateFetchMaxBytes(maxBytes, b)
 	}

@@ -70,10 +70,11 @@ func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 // An instance whose polls must hold several partitions (tasks in parallel,
 // several input topics) raises the input consumer's bound to the largest
 // batch read, rounded up to a power of two and at most 1 MiB and the
-// response's bound, and fetches without fetch sessions (which would keep
-// the old bound for partitions a response skipped); a new session starts
-// where the last one got to; a bound set in Options.ClientOpts stays as
-// set in every session; other instances keep the fixed bound.
+// response's bound, and fetches without fetch sessions (in which kfake
+// keeps the old bound for partitions a response skipped); a new session
+// starts where the last one got to; a bound set in Options.ClientOpts
+// stays as set in every session, and the sessions after the first keep
+// franz-go's defaults; other instances keep the fixed bound.
 func TestFetchBoundFollowsTheBatches(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a", "b"))
 	if err != nil {
@@ -81,17 +82,17 @@ func TestFetchBoundFollowsTheBatches(t *testing.T) {
 	}
 	defer c.Close()
 	for _, tc := range []struct {
-		name         string
-		parallelism  int
-		prefetch     bool
-		topics       []string
-		opts         []kgo.Opt
-		read, read2  []int // batch sizes read in the first session, and in the next
-		want, want2  int32 // the bound after them
-		adapts       bool
-		sessionsKept bool // fetch sessions stay on
+		name        string
+		parallelism int
+		prefetch    bool
+		topics      []string
+		opts        []kgo.Opt
+		read, read2 []int // batch sizes read in the first session, and in the next
+		want, want2 int32 // the bound after them
+		adapts      bool
+		pinned      bool // ClientOpts set the bound: sessions after the first keep franz-go's defaults
 	}{
-		{"one task at a time", 1, false, []string{"a"}, nil, nil, nil, 64 << 10, 64 << 10, false, true},
+		{"one task at a time", 1, false, []string{"a"}, nil, nil, nil, 64 << 10, 64 << 10, false, false},
 		{"parallel, small batches", 2, false, []string{"a"}, nil, []int{100 << 10}, nil, 128 << 10, 128 << 10, true, false},
 		{"parallel, 300 KB", 2, false, []string{"a"}, nil, []int{300_000}, nil, 512 << 10, 512 << 10, true, false},
 		{"a 64 KiB batch and its header", 1, false, []string{"a", "b"}, nil, []int{64 << 10}, nil, 128 << 10, 128 << 10, true, false},
@@ -99,13 +100,13 @@ func TestFetchBoundFollowsTheBatches(t *testing.T) {
 		{"raised in the next session", 2, false, []string{"a"}, nil, []int{200_000}, []int{300_000}, 256 << 10, 512 << 10, true, false},
 		{"capped at 1 MiB", 2, false, []string{"a"}, nil, []int{3 << 20}, nil, 1 << 20, 1 << 20, true, false},
 		{"two topics", 1, false, []string{"a", "b"}, nil, []int{300_000}, nil, 512 << 10, 512 << 10, true, false},
-		{"a Prefetch job", 2, true, []string{"a"}, nil, []int{300_000}, nil, 64 << 10, 64 << 10, false, true},
+		{"a Prefetch job", 2, true, []string{"a"}, nil, []int{300_000}, nil, 64 << 10, 64 << 10, false, false},
 		{"capped at the response's bound", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxBytes(256 << 10)}, []int{300_000}, nil, 256 << 10, 256 << 10, true, false},
-		{"ClientOpts' own bound", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(32 << 10)}, []int{300_000}, nil, 32 << 10, 32 << 10, true, false},
+		{"ClientOpts' own bound", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(32 << 10)}, []int{300_000}, nil, 32 << 10, 32 << 10, true, true},
 		// The first session's batch would have raised the bound to the
 		// one set, which the next session would then have taken for its
 		// own (found by review).
-		{"ClientOpts' own bound, reached", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(256 << 10)}, []int{200_000}, []int{300_000}, 256 << 10, 256 << 10, true, false},
+		{"ClientOpts' own bound, reached", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(256 << 10)}, []int{200_000}, []int{300_000}, 256 << 10, 256 << 10, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			job := Job{Name: "noop", Process: func(Context, *Record) error { return nil }}
@@ -122,15 +123,15 @@ func TestFetchBoundFollowsTheBatches(t *testing.T) {
 				t.Fatalf("bound follows the batches: %t, want %t", in.fetchBound != nil, tc.adapts)
 			}
 			in.batchMax = 1 << 20
-			session := func(read []int, want int32) {
+			session := func(read []int, want int32, adapting bool) {
 				t.Helper()
 				s, err := in.newSession()
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer s.Close()
-				if off := s.Client().OptValue(kgo.DisableFetchSessions).(bool); off == tc.sessionsKept {
-					t.Fatalf("fetch sessions off: %t, want %t", off, !tc.sessionsKept)
+				if off := s.Client().OptValue(kgo.DisableFetchSessions).(bool); off != adapting {
+					t.Fatalf("fetch sessions off: %t, want %t", off, adapting)
 				}
 				for _, n := range read {
 					if in.fetchBound != nil {
@@ -141,8 +142,8 @@ func TestFetchBoundFollowsTheBatches(t *testing.T) {
 					t.Fatalf("after batches of %v bytes the bound is %d, want %d", read, got, want)
 				}
 			}
-			session(tc.read, tc.want)
-			session(tc.read2, tc.want2)
+			session(tc.read, tc.want, tc.adapts)
+			session(tc.read2, tc.want2, tc.adapts && !tc.pinned)
 		})
 	}
 }
