@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -41,14 +40,10 @@ func BenchmarkLargeBatches(b *testing.B) {
 					b.Fatal(err)
 				}
 				adm := kadm.NewClient(cl)
-				inst, err := sluice.New(sluice.Options{
-					Brokers: []string{brokers}, AppID: "bench", InstanceID: "bench", Job: slowHashJob(512),
-					InputTopics: []string{input}, OutputTopic: output, StateDir: b.TempDir(), Backend: kstate.MemoryBackend,
-					Parallelism:        par,
-					Checkpoint:         barrier.Config{Interval: 100 * time.Millisecond, Timeout: 30 * time.Second, TolerableFailures: 3},
-					TransactionTimeout: time.Minute, SessionTimeout: 45 * time.Second, RebalanceTimeout: 30 * time.Second,
-					Registry: prometheus.NewRegistry(), Logger: benchLogger(),
-				})
+				o := sluiceOptions(brokers, "bench", input, output, "echo", kstate.MemoryBackend, sluice.ExactlyOnce,
+					100*time.Millisecond, b.TempDir(), prometheus.NewRegistry())
+				o.Job, o.Parallelism = slowHashJob(512), par
+				inst, err := sluice.New(o)
 				if err != nil {
 					b.Fatal(err)
 				}
