@@ -42,11 +42,11 @@ type Options struct {
 	// 64 KiB times Parallelism, raised to the input's batches with
 	// Parallelism or several input topics, unless ClientOpts set it to
 	// exactly that first bound: docs/operations.md#fetch-size) and its
-	// producer's linger
-	// (kgo.ProducerLinger, 10 ms: docs/operations.md#producer-linger). A
-	// produce hook must not keep a *kgo.Record past its promise, nor
-	// replace its Context: the instance reuses its output and changelog
-	// records once produced, and reads their Context.
+	// producer's linger (kgo.ProducerLinger, 10 ms:
+	// docs/operations.md#producer-linger). A produce hook must not keep
+	// a *kgo.Record past its promise, nor replace its Context: the
+	// instance reuses its output and changelog records once produced, and
+	// reads their Context.
 	ClientOpts []kgo.Opt
 
 	// AppID is the consumer group id and the prefix of the transactional

@@ -93,8 +93,8 @@ type fetchBound struct {
 	ceiling atomic.Int32
 
 	mu sync.Mutex
-	// fixed: Options.ClientOpts set the bound (the first session's client
-	// did not have the one asked for); nothing is raised or applied.
+	// fixed: Options.ClientOpts set the bound (a session's client did not
+	// have the one asked for); nothing is raised or applied from then on.
 	fixed bool
 	cl    *kgo.Client // the session's client the bound is applied to; nil: none yet
 	max   int32       // cl's bound on a whole response
