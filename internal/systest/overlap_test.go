@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -20,15 +21,25 @@ import (
 // changelog, which the epoch's flush waits for) is held at the broker
 // until the instance fetched its input past where it stood when the hold
 // began, that is, until a poll during the commit gave it records, which it
-// processes before the commit can end. Once only; an overlap that came
-// by itself before does as well. release ends the hold (the held instance
-// may have crashed at an overlap of its own) and disarms it.
+// processes before the commit can end. Every epoch's is held so, until
+// release: a hold can also end without an overlap, when the fetch that
+// moves the input on was sent for a poll made before the hold began and
+// reached the broker after (a CI run on a busy machine waited 60 s for
+// the overlap, with one hold only). A hold lasts at most holdBound: an
+// instance that stops polling until the commit ends (the next epoch due
+// meanwhile, which does not overlap) would otherwise wait for it for
+// ever. That bound only keeps the instance going; the overlap itself is
+// still what the fetches show. release ends the hold in progress (the
+// held instance may have crashed at an overlap) and any to come.
 //
 // A feeder that produces in bursts every interval otherwise lines its
 // bursts up with the barriers: an epoch with no work does not end, so the
 // barrier follows each burst, and the next burst comes after the flush
 // (TestSinkCrashPoints' pipelined cases waited 60 s for an overlap that
 // never came, twice).
+// holdBound bounds each hold of holdForOverlap.
+const holdBound = time.Second
+
 func holdForOverlap(t *testing.T, c *kfake.Cluster, afterEpochs int32) (release func()) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
@@ -45,18 +56,13 @@ func holdForOverlap(t *testing.T, c *kfake.Cluster, afterEpochs int32) (release 
 	var (
 		mu      sync.Mutex
 		fetched = map[int32]int64{} // the instance's last fetch offset of each input partition
-		since   map[int32]int64     // fetched when the hold began
-		moved   = make(chan struct{})
+		since   map[int32]int64     // fetched when the hold in progress began; nil: none
+		moved   chan struct{}       // closed once the instance fetched past since
 		ended   atomic.Int32
-		armed   atomic.Bool
 	)
-	armed.Store(true)
 	done := make(chan struct{})
 	var once sync.Once
-	release = func() {
-		armed.Store(false)
-		once.Do(func() { close(done) })
-	}
+	release = func() { once.Do(func() { close(done) }) }
 	t.Cleanup(release)
 	c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
@@ -90,18 +96,35 @@ func holdForOverlap(t *testing.T, c *kfake.Cluster, afterEpochs int32) (release 
 				return nil, nil, false
 			}
 		}
-		if ended.Load() < afterEpochs || !armed.CompareAndSwap(true, false) {
+		if ended.Load() < afterEpochs {
 			return nil, nil, false
 		}
+		select {
+		case <-done:
+			return nil, nil, false
+		default:
+		}
 		mu.Lock()
+		if since != nil { // the epoch's other requests go by
+			mu.Unlock()
+			return nil, nil, false
+		}
 		since = maps.Clone(fetched)
+		held := make(chan struct{})
+		moved = held
 		mu.Unlock()
 		c.SleepControl(func() { // the epoch's flush waits
 			select {
-			case <-moved:
+			case <-held:
 			case <-done:
+			case <-time.After(holdBound):
 			}
 		})
+		mu.Lock()
+		if moved == held { // not ended by a fetch: no hold is in progress
+			since = nil
+		}
+		mu.Unlock()
 		return nil, nil, false
 	})
 	return release
