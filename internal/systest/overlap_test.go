@@ -14,22 +14,25 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
+// holdBound bounds each hold of holdForOverlap.
+const holdBound = time.Second
+
 // holdForOverlap makes a pipelined instance process records while an
-// epoch commits, without relying on timing: once the instance has ended
-// afterEpochs transactions, the next produce request that writes to
-// neither the input nor the output topic (the barrier's epoch markers and
-// changelog, which the epoch's flush waits for) is held at the broker
-// until the instance fetched its input past where it stood when the hold
-// began, that is, until a poll during the commit gave it records, which it
-// processes before the commit can end. Every epoch's is held so, until
-// release: a hold can also end without an overlap, when the fetch that
-// moves the input on was sent for a poll made before the hold began and
-// reached the broker after (a CI run on a busy machine waited 60 s for
-// the overlap, with one hold only). A hold lasts at most holdBound: an
-// instance that stops polling until the commit ends (the next epoch due
-// meanwhile, which does not overlap) would otherwise wait for it for
-// ever. That bound only keeps the instance going; the overlap itself is
-// still what the fetches show. release ends the hold in progress (the
+// epoch commits, without relying on timing for the overlap: once the
+// instance has ended afterEpochs transactions, a produce request that
+// writes to neither the input nor the output topic (the barrier's epoch
+// markers and changelog, which the epoch's flush waits for) is held at
+// the broker, one at a time, until the instance fetched its input past
+// where it stood when the hold began, that is, until a poll during the
+// commit gave it records, which it processes before the commit can end.
+// Every epoch is held so, until release, since a hold can also end
+// without an overlap: the fetch that moves the input on may have been
+// sent for a poll made before the hold began and reach the broker after
+// (a CI run on a busy machine waited 60 s for the overlap when only the
+// first epoch was held). A hold lasts at most holdBound: an instance that
+// stops polling until the commit ends (the next epoch due meanwhile,
+// which does not overlap) would otherwise wait for it for ever; the bound
+// only keeps the instance going. release ends the hold in progress (the
 // held instance may have crashed at an overlap) and any to come.
 //
 // A feeder that produces in bursts every interval otherwise lines its
@@ -37,9 +40,6 @@ import (
 // barrier follows each burst, and the next burst comes after the flush
 // (TestSinkCrashPoints' pipelined cases waited 60 s for an overlap that
 // never came, twice).
-// holdBound bounds each hold of holdForOverlap.
-const holdBound = time.Second
-
 func holdForOverlap(t *testing.T, c *kfake.Cluster, afterEpochs int32) (release func()) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
@@ -121,7 +121,7 @@ func holdForOverlap(t *testing.T, c *kfake.Cluster, afterEpochs int32) (release 
 			}
 		})
 		mu.Lock()
-		if moved == held { // not ended by a fetch: no hold is in progress
+		if moved == held { // no other hold began since this one ended
 			since = nil
 		}
 		mu.Unlock()
