@@ -560,10 +560,9 @@ func (in *Instance) newSession() (txsink.Session, error) {
 	// and an instance whose polls must hold several partitions raises
 	// the bound to the batches read (fetchBound). Before baseOpts, so
 	// that Options.ClientOpts may override it, as it may the linger.
-	asked := in.fetchPartitionBytes()
-	adapting := in.fetchBound != nil && in.fetchBound.adapting()
-	if in.fetchBound != nil {
-		asked = in.fetchBound.bound.Load()
+	asked, adapting := in.fetchPartitionBytes(), false
+	if f := in.fetchBound; f != nil {
+		asked, adapting = f.bound.Load(), f.adapting()
 	}
 	opts := append([]kgo.Opt{kgo.FetchMaxPartitionBytes(asked), kgo.ProducerLinger(producerLinger)}, in.baseOpts()...)
 	if adapting {

@@ -87,17 +87,15 @@ type fetchBound struct {
 	// bound is what a new session asks for: the initial bound, or the
 	// largest batch read since, rounded up.
 	bound atomic.Int32
-	// ceiling is what the bound may not pass: maxFetchBound, or the
-	// client's bound on a whole response once one is attached; 0 once
-	// fixed. A batch read with the bound at its ceiling is left at once.
+	// ceiling is what the bound may rise to: maxFetchBound, and at most
+	// the client's bound on a whole response once one is attached; 0 for
+	// good once Options.ClientOpts turn out to set the bound (a session's
+	// client did not have the one asked for). Written under mu.
 	ceiling atomic.Int32
 
-	mu sync.Mutex
-	// fixed: Options.ClientOpts set the bound (a session's client did not
-	// have the one asked for); nothing is raised or applied from then on.
-	fixed bool
-	cl    *kgo.Client // the session's client the bound is applied to; nil: none yet
-	max   int32       // cl's bound on a whole response
+	mu  sync.Mutex
+	cl  *kgo.Client // the session's client the bound is applied to; nil: none yet
+	max int32       // cl's bound on a whole response
 }
 
 // maxFetchBound caps what the bound is raised to: Kafka's and franz-go's
@@ -118,11 +116,7 @@ func newFetchBound(initial int32) *fetchBound {
 // adapting reports whether the bound may still rise: Options.ClientOpts
 // did not set it. A session of an instance whose bound is fixed keeps
 // franz-go's defaults (fetch sessions, no hook).
-func (f *fetchBound) adapting() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return !f.fixed
-}
+func (f *fetchBound) adapting() bool { return f.ceiling.Load() > 0 }
 
 // OnFetchBatchRead is franz-go's hook (kgo.HookFetchBatchRead), called on
 // its fetch goroutines for every batch read, of the current session's
@@ -138,15 +132,9 @@ func (f *fetchBound) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, _ int32, m
 // raise makes the bound at least need, rounded up to a power of two, and
 // applies it to the session's client.
 func (f *fetchBound) raise(need int64) {
-	next := int32(min(int64(1)<<bits.Len64(uint64(need-1)), maxFetchBound))
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.fixed {
-		return
-	}
-	if f.cl != nil {
-		next = min(next, f.max)
-	}
+	next := int32(min(int64(1)<<bits.Len64(uint64(need-1)), int64(f.ceiling.Load())))
 	if next <= f.bound.Load() {
 		return
 	}
@@ -168,12 +156,11 @@ func (f *fetchBound) attach(cl *kgo.Client, asked int32) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.cl = nil
-	if f.fixed {
+	if !f.adapting() {
 		return
 	}
 	maxBytes, _ := cl.OptValue(kgo.FetchMaxBytes).(int32)
 	if got, _ := cl.OptValue(kgo.FetchMaxPartitionBytes).(int32); got != min(asked, maxBytes) {
-		f.fixed = true
 		f.ceiling.Store(0)
 		return
 	}
