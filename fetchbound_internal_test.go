@@ -40,17 +40,7 @@ func TestInputFetchBoundYieldsToClientOpts(t *testing.T) {
 		{1, false, []kgo.Opt{kgo.FetchMaxPartitionBytes(1 << 20), kgo.ProducerLinger(0)}, 1 << 20, 0},
 		{2, false, []kgo.Opt{kgo.FetchMaxPartitionBytes(32 << 10)}, 32 << 10, producerLinger},
 	} {
-		job := Job{Name: "noop", Process: func(Context, *Record) error { return nil }}
-		if tc.prefetch {
-			job.Prefetch = func(PrefetchContext, []*Record) error { return nil }
-		}
-		in, err := New(Options{Brokers: c.ListenAddrs(), AppID: "fb", InstanceID: "i", InputTopics: []string{"in"},
-			Job: job, StateDir: t.TempDir(),
-			Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(), ClientOpts: tc.opts, Parallelism: tc.parallelism})
-		if err != nil {
-			t.Fatal(err)
-		}
-		in.batchMax = 1 << 20
+		in := fetchBoundInstance(t, c.ListenAddrs(), []string{"in"}, tc.parallelism, tc.prefetch, tc.opts)
 		s, err := in.newSession()
 		if err != nil {
 			t.Fatal(err)
@@ -109,20 +99,10 @@ func TestFetchBoundFollowsTheBatches(t *testing.T) {
 		{"ClientOpts' own bound, reached", 2, false, []string{"a"}, []kgo.Opt{kgo.FetchMaxPartitionBytes(256 << 10)}, []int{200_000}, []int{300_000}, 256 << 10, 256 << 10, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			job := Job{Name: "noop", Process: func(Context, *Record) error { return nil }}
-			if tc.prefetch {
-				job.Prefetch = func(PrefetchContext, []*Record) error { return nil }
-			}
-			in, err := New(Options{Brokers: c.ListenAddrs(), AppID: "fb", InstanceID: "i", InputTopics: tc.topics,
-				Job: job, StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(),
-				ClientOpts: tc.opts, Parallelism: tc.parallelism})
-			if err != nil {
-				t.Fatal(err)
-			}
+			in := fetchBoundInstance(t, c.ListenAddrs(), tc.topics, tc.parallelism, tc.prefetch, tc.opts)
 			if (in.fetchBound != nil) != tc.adapts {
 				t.Fatalf("bound follows the batches: %t, want %t", in.fetchBound != nil, tc.adapts)
 			}
-			in.batchMax = 1 << 20
 			session := func(read []int, want int32, adapting bool) {
 				t.Helper()
 				s, err := in.newSession()
@@ -146,4 +126,22 @@ func TestFetchBoundFollowsTheBatches(t *testing.T) {
 			session(tc.read2, tc.want2, tc.adapts && !tc.pinned)
 		})
 	}
+}
+
+// fetchBoundInstance is an instance of a job that does nothing, reading
+// topics, whose sessions can be built without starting it (newSession).
+func fetchBoundInstance(t *testing.T, brokers, topics []string, parallelism int, prefetch bool, opts []kgo.Opt) *Instance {
+	t.Helper()
+	job := Job{Name: "noop", Process: func(Context, *Record) error { return nil }}
+	if prefetch {
+		job.Prefetch = func(PrefetchContext, []*Record) error { return nil }
+	}
+	in, err := New(Options{Brokers: brokers, AppID: "fb", InstanceID: "i", InputTopics: topics,
+		Job: job, StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry(),
+		ClientOpts: opts, Parallelism: parallelism})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.batchMax = 1 << 20 // read from the topics at start, which these sessions skip
+	return in
 }

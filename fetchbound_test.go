@@ -27,19 +27,8 @@ import (
 // times, until it went on without the missing topic after maxTaskIdle and
 // out of order. The bound now rises to the batches read.
 func TestLargeBatchesOfTwoTopicsMergeInOrder(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a", "b", "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, p := batchCluster(t, 1, []string{"a", "b", "out"})
 	ctx := context.Background()
-	// Flushed by hand, every 300 records of a topic make one batch.
-	p, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ManualFlushing(),
-		kgo.ProducerBatchMaxBytes(1<<20), kgo.MaxBufferedRecords(1<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	const batches, perBatch = 4, 300
 	base := time.UnixMilli(1_700_000_000_000)
 	for k := range batches {
@@ -100,18 +89,8 @@ func TestLargeBatchesOfTwoTopicsMergeInOrder(t *testing.T) {
 // partition, so that all are in the consumer's fetch session, if it keeps
 // one, before the first large batch is read.
 func TestLargeBatchesGiveParallelTasksSeveralPartitions(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, p := batchCluster(t, 4, []string{"in"}, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("loader"))
 	ctx := context.Background()
-	p, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytes(1<<20),
-		kgo.MaxBufferedRecords(1<<20), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("loader"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	const batches, perBatch = 8, 300
 	// In one transaction, so that every partition's batches become
 	// readable at once (the instance reads read_committed): the first
@@ -209,6 +188,25 @@ func pollPartitions(t *testing.T, reg *prometheus.Registry) (polls, single uint6
 	}
 	t.Fatal("no sluice_poll_partitions histogram with a bucket at 1")
 	return 0, 0
+}
+
+// batchCluster starts a one-broker cluster with topics of partitions each,
+// and a producer to it flushed by hand (with extra options): the records
+// of a partition between two flushes make one batch, up to 1 MiB.
+func batchCluster(t *testing.T, partitions int32, topics []string, extra ...kgo.Opt) (*kfake.Cluster, *kgo.Client) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	p, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.ManualFlushing(),
+		kgo.ProducerBatchMaxBytes(1 << 20), kgo.MaxBufferedRecords(1 << 20)}, extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return c, p
 }
 
 // randomValue is 1,000 random bytes: a batch of them stays as large
