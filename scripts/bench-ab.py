@@ -61,10 +61,12 @@ def throughput(path):
 def summary(outdir):
     runs = {}  # binary -> [(run, rows)]
     for name in sorted(os.listdir(outdir)):
-        base, _, rest = name.rpartition("-")
-        if not name.endswith(".jsonl") or not rest[:-len(".jsonl")].isdigit():
+        if not name.endswith(".jsonl"):
             continue
-        runs.setdefault(base, []).append((int(rest[:-len(".jsonl")]), throughput(os.path.join(outdir, name))))
+        base, _, num = name[:-len(".jsonl")].rpartition("-")
+        if not num.isdigit():
+            continue
+        runs.setdefault(base, []).append((int(num), throughput(os.path.join(outdir, name))))
     medians = {}
     for b, rs in runs.items():
         ratios = {}
