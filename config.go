@@ -40,8 +40,9 @@ type Options struct {
 	// the instance makes, the changelog restore's included. They win
 	// over the input consumer's fetch bound (kgo.FetchMaxPartitionBytes,
 	// 64 KiB times Parallelism, raised to the input's batches with
-	// Parallelism or several input topics, unless ClientOpts set it to
-	// exactly that first bound: docs/operations.md#fetch-size) and its
+	// Parallelism or several input topics; one set to exactly that first
+	// bound counts as the instance's own until a later session asks for
+	// a raised one: docs/operations.md#fetch-size) and its
 	// producer's linger (kgo.ProducerLinger, 10 ms:
 	// docs/operations.md#producer-linger). A produce hook must not keep
 	// a *kgo.Record past its promise, nor replace its Context: the

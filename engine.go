@@ -541,8 +541,9 @@ func (in *Instance) newSession() (txsink.Session, error) {
 			in.evMu.Unlock()
 		}
 	}
-	// At most 64 KiB a partition in a fetch response, times Parallelism
-	// (fetchPartitionBytes; franz-go's and Kafka's default is 1 MiB):
+	// 64 KiB a partition in a fetch response to start with, times the
+	// tasks processed at once (fetchPartitionBytes; franz-go's and
+	// Kafka's default is 1 MiB), raised by fetchBound where it adapts:
 	// with a few partitions, the records a
 	// poll hands over were decoded shortly before and are still in the
 	// CPU's caches, and a poll of MaxPollRecords mostly takes the whole
