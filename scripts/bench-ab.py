@@ -14,7 +14,12 @@ and each contender divided by the raw loops of its own run.
 runs binary 1, binary 2, binary 1, ... (4 runs of each), writes each run's
 JSON lines to /tmp/ab/<binary>-<run>.jsonl and prints, per run and then as
 medians per binary, every contender × raw ALOS (echo contenders × raw EOS
-too, when raw-eos ran) and aggregate's checkpoint p99. BENCH_ONLY,
+too, when raw-eos ran) and aggregate's checkpoint p99; the medians also
+give every contender's CPU s / M records, its own and the broker's.
+To compare values of a setting the binary reads from the environment
+(GOGC, or a temporary hook) instead of versions, wrap one binary in a
+script per value, e.g. `#!/bin/sh` and `GOGC=400 exec /tmp/bench "$@"`:
+a run's child processes (the broker and every contender) inherit it. BENCH_ONLY,
 BENCH_RECORDS and the other BENCH_ variables pass through; BENCH_ROUNDS is
 1. A binary runs from internal/bench, as make bench does.
 
@@ -89,6 +94,11 @@ def summary(outdir):
                     cols.append(f"(× raw EOS {y:.2f})")
                 if c.startswith("aggregate") and r.get("checkpoint_p99_ms"):
                     ratios.setdefault(c + " checkpoint p99 ms", []).append(r["checkpoint_p99_ms"])
+            for c, r in rows.items():
+                for key, what in (("cpu_s_per_m_records", "CPU s / M"),
+                                  ("broker_cpu_s_per_m_records", "broker CPU s / M")):
+                    if r.get(key) is not None:
+                        ratios.setdefault(f"{c} {what}", []).append(r[key])
             print(f"{b} run {i}: " + ", ".join(cols))
         medians[b] = {k: statistics.median(v) for k, v in ratios.items()}
     print()
