@@ -29,6 +29,7 @@ import (
 type chaos struct {
 	t        *testing.T
 	brokers  string
+	app      string // the instances' app id, their group
 	feeder   *feeder
 	children []*child
 	states   []string
@@ -42,13 +43,13 @@ type chaos struct {
 // more of their environment.
 func newChaos(t *testing.T, job string, g sluice.Guarantee, proto string, seed uint64, extra ...string) *chaos {
 	brokers := newCluster(t, 6)
-	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed), pipelined: slices.Contains(extra, "SYSTEST_PIPELINED=true")}
+	ch := &chaos{t: t, brokers: brokers, app: "chaos-" + job, feeder: newFeeder(t, brokers, 200, seed), pipelined: slices.Contains(extra, "SYSTEST_PIPELINED=true")}
 	for i := range 3 {
 		state := filepath.Join(t.TempDir(), "state")
 		id := fmt.Sprintf("i%d", i+1)
 		ch.states = append(ch.states, state)
 		// 200ms checkpoints, as the acceptance runs use.
-		ch.children = append(ch.children, newChild(t, brokers, "chaos-"+job, id, state, job, g,
+		ch.children = append(ch.children, newChild(t, brokers, ch.app, id, state, job, g,
 			append([]string{"SYSTEST_INTERVAL=200ms", "SYSTEST_GROUP_PROTOCOL=" + proto}, extra...)...))
 	}
 	return ch
@@ -212,6 +213,22 @@ func (ch *chaos) dumpLogs() {
 	}
 }
 
+// dumpStuck is dumpLogs for a run whose outputs fell short: an instance
+// that holds partitions and processes nothing more logs nothing either,
+// so it says first who holds what in the group (dumpGroup), then ends each
+// running instance with SIGQUIT, whose goroutine dump says where it stood,
+// and shows its log at far greater length.
+func (ch *chaos) dumpStuck() {
+	dumpGroup(ch.t, ch.brokers, ch.app)
+	for _, c := range ch.children {
+		if c.running() {
+			c.dumpStuck()
+		} else {
+			c.dumpLog()
+		}
+	}
+}
+
 // The chaos tests cost about 35s each, most of the suite's time. The
 // exactly-once aggregate (state, changelog, dead letters: every part of the
 // engine) runs under both group protocols; of the echo tests, which add
@@ -243,8 +260,8 @@ func chaosAggregate(t *testing.T, proto string) {
 	ch.run(20*time.Second, 50, seed)
 	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
-		ch.dumpLogs()
 		dumpMarkers(t, ch.brokers, "chaos-aggregate")
+		ch.dumpStuck()
 		t.Fatalf("aggregate under chaos: %v", rep)
 	}
 	t.Logf("aggregate under chaos: %v", rep)
@@ -317,7 +334,7 @@ func TestChaosWordcountExactlyOnce(t *testing.T) {
 	}
 	rep := check.WordCount(ch.feeder.words, recs)
 	if !rep.OK() {
-		ch.dumpLogs()
+		ch.dumpStuck()
 		t.Fatalf("wordcount under chaos: %v", rep)
 	}
 	t.Logf("wordcount under chaos: %v (%d lines)", rep, ch.feeder.n)
@@ -335,8 +352,8 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
-		ch.dumpLogs()
 		dumpEchoGaps(t, ch.brokers, ch.feeder)
+		ch.dumpStuck()
 		t.Fatalf("echo under chaos: %v", rep)
 	}
 	t.Logf("echo under chaos: %v", rep)
@@ -350,9 +367,9 @@ func TestChaosEchoAtLeastOnce(t *testing.T) {
 	ch.run(20*time.Second, 0, seed)
 	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
 	if rep.Lost != 0 || rep.Wrong != 0 {
-		ch.dumpLogs()
 		dumpMarkers(t, ch.brokers, "chaos-echo")
 		dumpEchoGaps(t, ch.brokers, ch.feeder)
+		ch.dumpStuck()
 		t.Fatalf("at-least-once echo under chaos lost records: %v", rep)
 	}
 	t.Logf("at-least-once echo under chaos: %v", rep)

@@ -99,3 +99,61 @@ func dumpEchoGaps(t *testing.T, brokers string, f *feeder) {
 			p, len(missing), len(in), missing[:min(10, len(missing))], len(byPartition[p]), first, start.Offset)
 	}
 }
+
+// dumpGroup logs, for a run whose outputs fell short, who holds what: each
+// member of the group with its assignment (under KIP-848 its target too,
+// and its epoch), and how far the group's committed offsets are behind the
+// input's end. A partition assigned to a live member and not moving says
+// the member stopped processing it; one assigned to nobody, or only as a
+// target, says the group did not hand it over.
+func dumpGroup(t *testing.T, brokers, app string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Logf("group %s: %v", app, err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	name := func(id *string, member string) string {
+		if id != nil {
+			return *id
+		}
+		return member
+	}
+	if gs, err := adm.DescribeConsumerGroups(ctx, app); err == nil && gs[app].Err == nil && len(gs[app].Members) > 0 {
+		g := gs[app]
+		t.Logf("group %s (KIP-848): state %s, epoch %d, assignment epoch %d", app, g.State, g.Epoch, g.AssignmentEpoch)
+		for _, m := range g.Members {
+			t.Logf("  member %s epoch %d: assigned %v, target %v", name(m.InstanceID, m.MemberID), m.MemberEpoch, m.Assignment.Sorted(), m.TargetAssignment.Sorted())
+		}
+	} else if gs, err := adm.DescribeGroups(ctx, app); err == nil {
+		g := gs[app]
+		t.Logf("group %s (classic): state %s, protocol %s", app, g.State, g.Protocol)
+		for _, m := range g.Members {
+			var assigned any = "?"
+			if a, ok := m.Assigned.AsConsumer(); ok {
+				assigned = a.Topics
+			}
+			t.Logf("  member %s: assigned %v", name(m.InstanceID, m.MemberID), assigned)
+		}
+	} else {
+		t.Logf("group %s: describe: %v", app, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, input)
+	if err != nil {
+		t.Logf("group %s: end offsets of %s: %v", app, input, err)
+		return
+	}
+	offs, err := adm.FetchOffsets(ctx, app)
+	if err != nil {
+		t.Logf("group %s: committed offsets: %v", app, err)
+		return
+	}
+	ends.Each(func(e kadm.ListedOffset) {
+		o, _ := offs.Lookup(input, e.Partition)
+		t.Logf("  %s/%d: committed %d, end %d", input, e.Partition, o.At, e.Offset)
+	})
+}

@@ -87,7 +87,7 @@ func TestChaosPythonFunctionAggregate(t *testing.T) {
 	seed := chaosSeed(t, 24)
 	proto := chaosProtocol("classic")
 	brokers := newCluster(t, 6)
-	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed)}
+	ch := &chaos{t: t, brokers: brokers, app: "chaos-function", feeder: newFeeder(t, brokers, 200, seed)}
 	var fns []*pyFunction
 	for i := range 3 {
 		id := fmt.Sprintf("i%d", i+1)
@@ -96,11 +96,11 @@ func TestChaosPythonFunctionAggregate(t *testing.T) {
 		fns = append(fns, fn)
 		state := filepath.Join(t.TempDir(), "state")
 		ch.states = append(ch.states, state)
-		ch.children = append(ch.children, newChild(t, brokers, "chaos-function", id, state, "function", sluice.ExactlyOnce,
+		ch.children = append(ch.children, newChild(t, brokers, ch.app, id, state, "function", sluice.ExactlyOnce,
 			"SYSTEST_INTERVAL=200ms", "SYSTEST_GROUP_PROTOCOL="+proto, "SYSTEST_FUNCTION_URL="+fn.url()))
 	}
-	dump := func() {
-		ch.dumpLogs()
+	dump := func(chDump func()) {
+		chDump()
 		for _, fn := range fns {
 			fn.dumpLog()
 		}
@@ -143,13 +143,13 @@ func TestChaosPythonFunctionAggregate(t *testing.T) {
 	}
 	t.Logf("batches that waited for their function: %d", waited)
 	if waited == 0 {
-		dump()
+		dump(ch.dumpLogs)
 		t.Fatal("no instance ever found its function unavailable: the function kills were not exercised")
 	}
 
 	rep := awaitAggregate(t, brokers, ch.feeder, 45*time.Second)
 	if !rep.OK() {
-		dump()
+		dump(ch.dumpStuck)
 		t.Fatalf("aggregate through the Python function under chaos: %v", rep)
 	}
 	t.Logf("aggregate through the Python function under chaos: %v", rep)

@@ -39,12 +39,12 @@ func TestSoak(t *testing.T) {
 	}
 	defer c.Close()
 	brokers := c.ListenAddrs()[0]
-	ch := &chaos{t: t, brokers: brokers, feeder: newFeeder(t, brokers, 200, seed)}
+	ch := &chaos{t: t, brokers: brokers, app: "soak", feeder: newFeeder(t, brokers, 200, seed)}
 	for i := range 3 {
 		state := filepath.Join(t.TempDir(), "state")
 		id := fmt.Sprintf("i%d", i+1)
 		ch.states = append(ch.states, state)
-		ch.children = append(ch.children, newChild(t, brokers, "soak", id, state, "aggregate", sluice.ExactlyOnce, "SYSTEST_INTERVAL=200ms"))
+		ch.children = append(ch.children, newChild(t, brokers, ch.app, id, state, "aggregate", sluice.ExactlyOnce, "SYSTEST_INTERVAL=200ms"))
 	}
 
 	stop := make(chan struct{})
@@ -73,8 +73,8 @@ func TestSoak(t *testing.T) {
 	t.Logf("broker faults: %v", faults)
 	rep := awaitAggregate(t, brokers, ch.feeder, 90*time.Second)
 	if !rep.OK() {
-		ch.dumpLogs()
 		dumpMarkers(t, brokers, "soak")
+		ch.dumpStuck()
 		t.Fatalf("soak: %v", rep)
 	}
 	t.Logf("soak: %v over %v, %d broker faults", rep, d, len(faults))
