@@ -178,7 +178,7 @@ func (in *Instance) openTxnAge() float64 {
 func (in *Instance) baseOpts() []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(in.cfg.Brokers...),
-		kgo.WithLogger(kgoLogger{in.log}),
+		kgo.WithLogger(newKgoLogger(in.log)),
 		kgo.ClientID("sluice-" + in.cfg.AppID + "-" + in.cfg.InstanceID),
 		kgo.WithHooks(in.sasl),
 	}

@@ -2,16 +2,28 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// kgoLogger forwards franz-go's log lines to slog at warn level and above:
-// its info lines are per-request chatter.
-type kgoLogger struct{ l *slog.Logger }
+// kgoLogger forwards franz-go's log lines to slog: warn level and above as
+// they come; of its info lines, which are mostly per-request chatter, only
+// the one an operator needs (unstableOffsets).
+type kgoLogger struct {
+	l        *slog.Logger
+	unstable *unstableOffsets
+}
 
-func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+func newKgoLogger(l *slog.Logger) kgoLogger {
+	return kgoLogger{l: l, unstable: &unstableOffsets{last: map[partitionKey]unstableWait{}}}
+}
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
 
 func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	lvl := slog.LevelInfo
@@ -20,8 +32,81 @@ func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 		lvl = slog.LevelError
 	case kgo.LogLevelWarn:
 		lvl = slog.LevelWarn
+	case kgo.LogLevelInfo:
+		if msg == fetchOffsetsRetry {
+			k.unstable.note(k.l, keyvals)
+		}
+		return
 	case kgo.LogLevelDebug:
 		lvl = slog.LevelDebug
 	}
 	k.l.Log(context.Background(), lvl, msg, keyvals...)
+}
+
+// fetchOffsetsRetry is franz-go's info line for a partition newly assigned
+// whose committed offset it may not read yet.
+const fetchOffsetsRetry = "fetch offsets failed with retryable partition error, waiting 1s and retrying"
+
+// unstableOffsets reports newly assigned partitions whose offset fetch the
+// broker answers with UNSTABLE_OFFSET_COMMIT: a transaction that committed
+// offsets for the group is still open (KIP-447), usually the previous
+// owner's, which ends with its commit, its producer's fencing by a restart,
+// or the transaction timeout. franz-go asks again every second, without
+// end and at info level, naming the first partition refused; until it
+// gets an answer none of the partitions is fetched, although their tasks
+// are restored and /readyz says ready. So the first retry of a wait is
+// logged, and every tenth after it as a warning.
+type unstableOffsets struct {
+	mu   sync.Mutex
+	last map[partitionKey]unstableWait
+}
+
+type partitionKey struct {
+	topic     string
+	partition int32
+}
+
+type unstableWait struct {
+	since, seen time.Time
+	retries     int
+}
+
+// unstableGap is how long without a retry ends a wait: a retry after it
+// starts a new one.
+const unstableGap = 5 * time.Second
+
+func (u *unstableOffsets) note(l *slog.Logger, keyvals []any) {
+	var key partitionKey
+	var err error
+	for i := 0; i+1 < len(keyvals); i += 2 {
+		switch keyvals[i] {
+		case "topic":
+			key.topic, _ = keyvals[i+1].(string)
+		case "partition":
+			key.partition, _ = keyvals[i+1].(int32)
+		case "err":
+			err, _ = keyvals[i+1].(error)
+		}
+	}
+	if !errors.Is(err, kerr.UnstableOffsetCommit) {
+		return // an unknown topic id: retried three times, then reported
+	}
+	now := time.Now()
+	u.mu.Lock()
+	w := u.last[key]
+	if now.Sub(w.seen) > unstableGap {
+		w = unstableWait{since: now}
+	}
+	w.seen = now
+	w.retries++
+	u.last[key] = w
+	u.mu.Unlock()
+	switch {
+	case w.retries == 1:
+		l.Info("newly assigned partitions wait for an open transaction that committed offsets for the group (UNSTABLE_OFFSET_COMMIT); they are fetched once it ends",
+			"topic", key.topic, "partition", key.partition)
+	case w.retries%10 == 0:
+		l.Warn("newly assigned partitions still wait for an open transaction that committed offsets for the group (UNSTABLE_OFFSET_COMMIT); it ends by its commit, its producer's fencing or its timeout",
+			"topic", key.topic, "partition", key.partition, "waited", now.Sub(w.since).Round(time.Second).String())
+	}
 }

@@ -142,6 +142,14 @@ func dumpGroup(t *testing.T, brokers, app string) {
 	} else {
 		t.Logf("group %s: describe: %v", app, err)
 	}
+	dumpOffsets(t, ctx, adm, app)
+	dumpTransactions(t, ctx, adm)
+}
+
+// dumpOffsets logs how far the group's committed offsets are behind the
+// input's end.
+func dumpOffsets(t *testing.T, ctx context.Context, adm *kadm.Client, app string) {
+	t.Helper()
 	ends, err := adm.ListEndOffsets(ctx, input)
 	if err != nil {
 		t.Logf("group %s: end offsets of %s: %v", app, input, err)
@@ -156,4 +164,28 @@ func dumpGroup(t *testing.T, brokers, app string) {
 		o, _ := offs.Lookup(input, e.Partition)
 		t.Logf("  %s/%d: committed %d, end %d", input, e.Partition, o.At, e.Offset)
 	})
+}
+
+// dumpTransactions logs the transactions still open on the broker. One
+// holds back every read_committed reader of the partitions it wrote to,
+// and, if it committed offsets for the group, a new owner's offset fetch
+// (UNSTABLE_OFFSET_COMMIT; kfake answers it for the whole group while any
+// of its transactions has offsets pending).
+func dumpTransactions(t *testing.T, ctx context.Context, adm *kadm.Client) {
+	t.Helper()
+	txns, err := adm.DescribeTransactions(ctx)
+	if err != nil {
+		t.Logf("transactions: %v", err)
+		return
+	}
+	for _, d := range txns.Sorted() {
+		if d.State == "Empty" || d.State == "CompleteCommit" || d.State == "CompleteAbort" {
+			continue
+		}
+		open := "?"
+		if d.StartTimestamp > 0 {
+			open = time.Since(time.UnixMilli(d.StartTimestamp)).Round(time.Millisecond).String()
+		}
+		t.Logf("  transaction %s: %s for %s (timeout %d ms), partitions %v", d.TxnID, d.State, open, d.TimeoutMillis, d.Topics.Sorted())
+	}
 }
