@@ -379,11 +379,16 @@ func (l *loop) sinkShutdown() {
 }
 
 // sinkClaim starts a task's restore on the sink's side (rule 5): before
-// anything of the changelog is read.
+// anything of the changelog is read. Like sinkRecover it is bounded by the
+// checkpoint timeout, as every other call of the sink is: a sink that does
+// not answer fails the restore, which is logged and tried again, instead of
+// leaving the task restoring without a word.
 func (in *Instance) sinkClaim(ctx context.Context, p int32) (txsink.Claim, error) {
 	if in.cfg.Sink == nil {
 		return txsink.Claim{}, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, in.cfg.Checkpoint.Timeout)
+	defer cancel()
 	c, err := in.cfg.Sink.Claim(ctx, p)
 	if err != nil {
 		return c, fmt.Errorf("sink: task %d: %w", p, err)
@@ -399,6 +404,8 @@ func (in *Instance) sinkRecover(ctx context.Context, c txsink.Claim, meta kstate
 	if in.cfg.Sink == nil {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, in.cfg.Checkpoint.Timeout)
+	defer cancel()
 	if err := in.cfg.Sink.Recover(ctx, c, meta.SinkTxn); err != nil {
 		return fmt.Errorf("sink: recover task %d at epoch %d: %w", c.Task, meta.Epoch, err)
 	}
