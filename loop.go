@@ -83,6 +83,8 @@ type loop struct {
 	// joining the group and that, the instance is a member with nothing
 	// to restore, and not ready: it does not know its tasks yet.
 	assigned bool
+	// fetchErrs are the polls' errors logged lately (fetcherr.go).
+	fetchErrs map[fetchErrorKey]*fetchErrorSeen
 
 	// produceErr is the epoch's first failed produce (set from franz-go's
 	// promise goroutine); brokenErr says the session must be rebuilt once
@@ -206,6 +208,7 @@ func (l *loop) iterate() error {
 	if err := in.duplicateInGroup(fs, l.joined()); err != nil {
 		return err
 	}
+	l.logFetchErrors(fs)
 
 	// Rebalance callbacks ran inside the poll.
 	fs, err := l.handleEvents(in.takeEvents(), fs)
