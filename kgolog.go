@@ -12,8 +12,9 @@ import (
 )
 
 // kgoLogger forwards franz-go's log lines to slog: warn level and above as
-// they come; of its info lines, which are mostly per-request chatter, only
-// the one an operator needs (unstableOffsets).
+// they come; its info lines, which are mostly per-request chatter, at debug
+// level, but for the one an operator needs (unstableOffsets), which becomes
+// the engine's own.
 type kgoLogger struct {
 	l        *slog.Logger
 	unstable *unstableOffsets
@@ -36,7 +37,9 @@ func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 		if msg == fetchOffsetsRetry {
 			k.unstable.note(k.l, keyvals)
 		}
-		return
+		// The rest at debug level: assignments, transactions begun and
+		// ended, metadata updates.
+		lvl = slog.LevelDebug
 	case kgo.LogLevelDebug:
 		lvl = slog.LevelDebug
 	}
