@@ -21,7 +21,7 @@ type kgoLogger struct {
 }
 
 func newKgoLogger(l *slog.Logger) kgoLogger {
-	return kgoLogger{l: l, unstable: &unstableOffsets{last: map[partitionKey]unstableWait{}}}
+	return kgoLogger{l: l, unstable: &unstableOffsets{now: time.Now}}
 }
 
 func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
@@ -55,22 +55,17 @@ const fetchOffsetsRetry = "fetch offsets failed with retryable partition error, 
 // offsets for the group is still open (KIP-447), usually the previous
 // owner's, which ends with its commit, its producer's fencing by a restart,
 // or the transaction timeout. franz-go asks again every second, without
-// end and at info level, naming the first partition refused; until it
-// gets an answer none of the partitions is fetched, although their tasks
-// are restored and /readyz says ready. So the first retry of a wait is
-// logged, and every tenth after it as a warning.
+// end and at info level, naming the first partition refused (of a request
+// built from a map: with several input topics, the one named changes);
+// until it gets an answer none of the partitions is fetched, although
+// their tasks are restored and /readyz says ready. A client runs one such
+// fetch at a time, so its retries make one wait, whatever partition they
+// name: its first retry is logged, and every tenth after it as a warning.
 type unstableOffsets struct {
-	mu   sync.Mutex
-	last map[partitionKey]unstableWait
-}
+	now func() time.Time // time.Now; a test's clock
 
-type partitionKey struct {
-	topic     string
-	partition int32
-}
-
-type unstableWait struct {
-	since, seen time.Time
+	mu          sync.Mutex
+	since, seen time.Time // the wait's first retry and its last
 	retries     int
 }
 
@@ -79,14 +74,15 @@ type unstableWait struct {
 const unstableGap = 5 * time.Second
 
 func (u *unstableOffsets) note(l *slog.Logger, keyvals []any) {
-	var key partitionKey
+	var topic string
+	var partition int32
 	var err error
 	for i := 0; i+1 < len(keyvals); i += 2 {
 		switch keyvals[i] {
 		case "topic":
-			key.topic, _ = keyvals[i+1].(string)
+			topic, _ = keyvals[i+1].(string)
 		case "partition":
-			key.partition, _ = keyvals[i+1].(int32)
+			partition, _ = keyvals[i+1].(int32)
 		case "err":
 			err, _ = keyvals[i+1].(error)
 		}
@@ -94,22 +90,21 @@ func (u *unstableOffsets) note(l *slog.Logger, keyvals []any) {
 	if !errors.Is(err, kerr.UnstableOffsetCommit) {
 		return // an unknown topic id: retried three times, then reported
 	}
-	now := time.Now()
+	now := u.now()
 	u.mu.Lock()
-	w := u.last[key]
-	if now.Sub(w.seen) > unstableGap {
-		w = unstableWait{since: now}
+	if now.Sub(u.seen) > unstableGap {
+		u.since, u.retries = now, 0
 	}
-	w.seen = now
-	w.retries++
-	u.last[key] = w
+	u.seen = now
+	u.retries++
+	retries, since := u.retries, u.since
 	u.mu.Unlock()
 	switch {
-	case w.retries == 1:
+	case retries == 1:
 		l.Info("newly assigned partitions wait for an open transaction that committed offsets for the group (UNSTABLE_OFFSET_COMMIT); they are fetched once it ends",
-			"topic", key.topic, "partition", key.partition)
-	case w.retries%10 == 0:
+			"topic", topic, "partition", partition)
+	case retries%10 == 0:
 		l.Warn("newly assigned partitions still wait for an open transaction that committed offsets for the group (UNSTABLE_OFFSET_COMMIT); it ends by its commit, its producer's fencing or its timeout",
-			"topic", key.topic, "partition", key.partition, "waited", now.Sub(w.since).Round(time.Second).String())
+			"topic", topic, "partition", partition, "waited", now.Sub(since).Round(time.Second).String())
 	}
 }

@@ -2,11 +2,11 @@ package sluice
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -38,11 +38,13 @@ func (h *levels) take() []string {
 
 // franz-go's lines reach slog at their level, its info lines at debug;
 // its retry of an offset fetch refused as unstable becomes the engine's
-// info line at the first retry and a warning at every tenth, for that
-// error only.
+// info line at the first retry of a wait and a warning at every tenth, for
+// that error only.
 func TestKgoLoggerLevels(t *testing.T) {
 	h := &levels{}
 	k := newKgoLogger(slog.New(h))
+	now := time.Unix(0, 0)
+	k.unstable.now = func() time.Time { return now }
 	if k.Level() != kgo.LogLevelInfo {
 		t.Fatalf("level %v: franz-go would not send its info lines", k.Level())
 	}
@@ -64,6 +66,7 @@ func TestKgoLoggerLevels(t *testing.T) {
 	const waits = "INFO newly assigned partitions wait for an open transaction that committed offsets for the group (UNSTABLE_OFFSET_COMMIT); they are fetched once it ends"
 	const still = "WARN newly assigned partitions still wait for an open transaction that committed offsets for the group (UNSTABLE_OFFSET_COMMIT); it ends by its commit, its producer's fencing or its timeout"
 	for i := 1; i <= 20; i++ {
+		now = now.Add(time.Second)
 		retry(0, kerr.UnstableOffsetCommit)
 		got := h.take()
 		want := []string{raw}
@@ -77,9 +80,16 @@ func TestKgoLoggerLevels(t *testing.T) {
 			t.Fatalf("retry %d: logged %q, want %q", i, got, want)
 		}
 	}
-	// Another partition's wait is its own.
-	retry(1, errors.Join(kerr.UnstableOffsetCommit))
+	// A retry that names another partition (another input topic's, say)
+	// goes on with the same wait; one after a pause of over unstableGap
+	// starts a new wait.
+	retry(1, kerr.UnstableOffsetCommit)
+	if got, want := h.take(), []string{raw}; !slices.Equal(got, want) {
+		t.Fatalf("a retry naming another partition: logged %q, want %q", got, want)
+	}
+	now = now.Add(unstableGap + time.Second)
+	retry(1, kerr.UnstableOffsetCommit)
 	if got, want := h.take(), []string{waits, raw}; !slices.Equal(got, want) {
-		t.Fatalf("another partition's first retry: logged %q, want %q", got, want)
+		t.Fatalf("a retry after a pause: logged %q, want %q", got, want)
 	}
 }

@@ -380,9 +380,9 @@ func (l *loop) sinkShutdown() {
 
 // sinkClaim starts a task's restore on the sink's side (rule 5): before
 // anything of the changelog is read. Like sinkRecover it is bounded by the
-// checkpoint timeout, as every other call of the sink is: a sink that does
-// not answer fails the restore, which is logged and tried again, instead of
-// leaving the task restoring without a word.
+// checkpoint timeout, as the sink's calls in a checkpoint are: a sink that
+// does not answer fails the restore, which is logged and tried again,
+// instead of leaving the task restoring without a word.
 func (in *Instance) sinkClaim(ctx context.Context, p int32) (txsink.Claim, error) {
 	if in.cfg.Sink == nil {
 		return txsink.Claim{}, nil

@@ -41,7 +41,7 @@ func TestSinkThatDoesNotAnswerARestoreIsRetried(t *testing.T) {
 	produceAggregateInput(t, brokers)
 	state := filepath.Join(t.TempDir(), "s")
 	opts := aggregateOptions(brokers, app, state)
-	opts.Checkpoint.Timeout = 2 * time.Second // the stalled claim's bound
+	opts.Checkpoint.Timeout = 5 * time.Second // the stalled claim's bound
 	url := pg.Database(t, "claimstall")
 	withAggregateSink(t, &opts, url)
 	stall := &stallingClaim{EpochSink: opts.Sink}

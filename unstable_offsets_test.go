@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -29,8 +30,10 @@ func TestUnstableOffsetsAreLoggedAndWaitedFor(t *testing.T) {
 	// member's TxnOffsetCommit would (generation -1: an admin's commit).
 	// Pinned below TxnOffsetCommit v5, which adds the group to the
 	// transaction itself, so AddOffsetsToTxn does it as Kafka 3.0 did.
+	// Its timeout outlasts any wait of the test's: the broker must not end
+	// it first.
 	blocker, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(app+"-blocker"),
-		kgo.DefaultProduceTopic("out"), kgo.MaxVersions(kversion.V3_0_0()))
+		kgo.TransactionTimeout(5*time.Minute), kgo.DefaultProduceTopic("out"), kgo.MaxVersions(kversion.V3_0_0()))
 	if err != nil {
 		t.Fatal(err)
 	}

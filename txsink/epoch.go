@@ -62,10 +62,13 @@ type EpochSink interface {
 	// Begin starts a task's rows for one epoch, in memory.
 	Begin(task int32) EpochTxn
 	// Claim starts a restore of the task (rule 5): it reads the sink's
-	// clock.
+	// clock. The engine bounds ctx by its checkpoint timeout; a restore
+	// whose Claim or Recover fails is tried again from a new Claim.
 	Claim(ctx context.Context, task int32) (Claim, error)
 	// Recover ends the restore that made the claim: committed is the
-	// last marker's sink transaction ("" if it names none).
+	// last marker's sink transaction ("" if it names none). It may be
+	// cut short by ctx, so what it did must hold when it is called again
+	// after a new Claim.
 	Recover(ctx context.Context, c Claim, committed string) error
 	// Commit makes a prepared transaction visible. Committing one that is
 	// already committed succeeds; one that is neither prepared nor

@@ -179,7 +179,7 @@ func dumpTransactions(t *testing.T, ctx context.Context, adm *kadm.Client) {
 		return
 	}
 	for _, d := range txns.Sorted() {
-		if d.State == "Empty" || d.State == "CompleteCommit" || d.State == "CompleteAbort" {
+		if d.State == "Empty" || d.State == "CompleteCommit" || d.State == "CompleteAbort" || d.State == "Dead" {
 			continue
 		}
 		open := "?"
