@@ -306,7 +306,9 @@ func (ch *chaos) checkDeadLetters(topic string) {
 		uncommitted[r.Partition]++
 	}
 	ch.dumpLogs()
-	dumpMarkers(t, ch.brokers, strings.TrimSuffix(topic, "-dlq"))
+	app := strings.TrimSuffix(topic, "-dlq")
+	dumpMarkers(t, ch.brokers, app)
+	dumpGroup(t, ch.brokers, app)
 	t.Fatalf("dead letters: %d records (%d distinct), want %d; per partition read_committed %v, read_uncommitted %v",
 		len(dlq), len(seen), bad, committed, uncommitted)
 }

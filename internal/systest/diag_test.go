@@ -15,7 +15,8 @@ import (
 
 // dumpMarkers logs, as evidence for a failed exactly-once check, the last
 // epoch markers of every changelog partition as a read_committed reader
-// sees them, next to the group's committed offsets: the two must agree.
+// sees them; their offsets must agree with the group's committed ones,
+// which dumpGroup logs.
 func dumpMarkers(t *testing.T, brokers, app string) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ConsumeTopics(changelog.TopicName(app)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
@@ -43,9 +44,6 @@ func dumpMarkers(t *testing.T, brokers, app string) {
 		})
 	}
 	t.Logf("last markers per changelog partition: %v", last)
-	if offs, err := kadm.NewClient(cl).FetchOffsets(context.Background(), app); err == nil {
-		offs.Each(func(o kadm.OffsetResponse) { t.Logf("group offset %s/%d = %d", o.Topic, o.Partition, o.At) })
-	}
 }
 
 // dumpEchoGaps logs, for each partition whose echo output misses inputs,
@@ -147,22 +145,30 @@ func dumpGroup(t *testing.T, brokers, app string) {
 }
 
 // dumpOffsets logs how far the group's committed offsets are behind the
-// input's end.
+// end of each topic it consumes (the input; a pipeline's repartition topic
+// too), or that of the input where it has committed none.
 func dumpOffsets(t *testing.T, ctx context.Context, adm *kadm.Client, app string) {
 	t.Helper()
-	ends, err := adm.ListEndOffsets(ctx, input)
-	if err != nil {
-		t.Logf("group %s: end offsets of %s: %v", app, input, err)
-		return
-	}
 	offs, err := adm.FetchOffsets(ctx, app)
 	if err != nil {
 		t.Logf("group %s: committed offsets: %v", app, err)
 		return
 	}
+	topics := offs.Offsets().TopicsSet().Topics()
+	if len(topics) == 0 {
+		topics = []string{input}
+	}
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		t.Logf("group %s: end offsets of %v: %v", app, topics, err)
+		return
+	}
 	ends.Each(func(e kadm.ListedOffset) {
-		o, _ := offs.Lookup(input, e.Partition)
-		t.Logf("  %s/%d: committed %d, end %d", input, e.Partition, o.At, e.Offset)
+		committed := "none"
+		if o, ok := offs.Lookup(e.Topic, e.Partition); ok {
+			committed = fmt.Sprint(o.At)
+		}
+		t.Logf("  %s/%d: committed %s, end %d", e.Topic, e.Partition, committed, e.Offset)
 	})
 }
 
