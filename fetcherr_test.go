@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluicehq/sluice/internal/check"
 )
 
 // A partition's fetch error that franz-go does not retry by itself (here
@@ -43,19 +45,7 @@ func TestFetchErrorsAreLogged(t *testing.T) {
 			return nil, nil, false
 		}
 		c.KeepControl()
-		resp := req.ResponseKind().(*kmsg.FetchResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewFetchResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewFetchResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.UnknownServerError.Code
-				sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return check.FetchError(kreq, kerr.UnknownServerError), nil, true
 	})
 
 	state := filepath.Join(t.TempDir(), "s")

@@ -22,3 +22,22 @@ func TxnOffsetCommitError(kreq kmsg.Request, err *kerr.Error) kmsg.Response {
 	}
 	return resp
 }
+
+// FetchError answers a Fetch request with err for every partition in it,
+// with no records: what a kfake control function returns to fail a fetch.
+func FetchError(kreq kmsg.Request, err *kerr.Error) kmsg.Response {
+	req := kreq.(*kmsg.FetchRequest)
+	resp := req.ResponseKind().(*kmsg.FetchResponse)
+	for _, rt := range req.Topics {
+		st := kmsg.NewFetchResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewFetchResponseTopicPartition()
+			sp.Partition, sp.ErrorCode = rp.Partition, err.Code
+			sp.HighWatermark, sp.LastStableOffset, sp.LogStartOffset = -1, -1, -1
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}
