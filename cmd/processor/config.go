@@ -97,7 +97,7 @@ type FunctionConfig struct {
 	FunctionURL           string        `env:"SLUICE_FUNCTION_URL" docDefault:"required by function" expect:"http://host:port, https://host:port or unix:///path/to/socket" desc:"function: where the user's function listens (sidecar mode, see docs/sidecar.md): http://, https:// or unix:///path."`
 	FunctionProtocol      string        `env:"SLUICE_FUNCTION_PROTOCOL" envDefault:"json" desc:"function: json (Connect's unary protocol with JSON: a plain HTTP/1.1 POST), proto (the same with binary protobuf) or grpc."`
 	FunctionTimeout       time.Duration `env:"SLUICE_FUNCTION_TIMEOUT" envDefault:"1s" desc:"function: timeout of one call. A batch's calls with their retries take at most (SLUICE_FUNCTION_RETRIES + 2) × this plus the backoffs, which must stay below SLUICE_TRANSACTION_TIMEOUT minus the epoch."`
-	FunctionBatch         int           `env:"SLUICE_FUNCTION_BATCH" envDefault:"500" desc:"function: most records per call. Must be > 0."`
+	FunctionBatch         int           `env:"SLUICE_FUNCTION_BATCH" envDefault:"500" desc:"function: most events (records and timers) per call. Must be > 0."`
 	FunctionConcurrency   int           `env:"SLUICE_FUNCTION_CONCURRENCY" envDefault:"4" desc:"function: most calls in flight per task, each for other keys. Must be > 0."`
 	FunctionRetries       int           `env:"SLUICE_FUNCTION_RETRIES" envDefault:"3" desc:"function: retries of a key whose call timed out or failed, or that the function answered RETRY; then SLUICE_FUNCTION_ON_FAILURE applies. Must be >= 0."`
 	FunctionBackoff       time.Duration `env:"SLUICE_FUNCTION_BACKOFF" envDefault:"100ms" desc:"function: wait before the first retry, doubled at each (at most 5s). Must be > 0."`
@@ -120,7 +120,7 @@ func (f FunctionConfig) validate(v *validation, job string, txn, epoch time.Dura
 			"http://host:port, https://host:port or unix:///path/to/socket (the job function calls it)")
 	}
 	v.check("SLUICE_FUNCTION_PROTOCOL", slices.Contains(functionProtocols, f.FunctionProtocol), oneOf(functionProtocols))
-	v.check("SLUICE_FUNCTION_BATCH", f.FunctionBatch > 0, "a number of records greater than 0")
+	v.check("SLUICE_FUNCTION_BATCH", f.FunctionBatch > 0, "a number of events greater than 0")
 	v.check("SLUICE_FUNCTION_CONCURRENCY", f.FunctionConcurrency > 0, "a number of calls greater than 0")
 	v.check("SLUICE_FUNCTION_RETRIES", f.FunctionRetries >= 0, "a number of retries of 0 or more")
 	v.check("SLUICE_FUNCTION_BACKOFF", f.FunctionBackoff > 0, "a Go duration greater than 0 such as 100ms")
