@@ -61,7 +61,9 @@ type Options struct {
 	// Job is what the instance runs; New validates it (Job.Validate).
 	Job Job
 
-	// InputTopics are the topics the job reads; one for now. Required.
+	// InputTopics are the topics the job reads: one, or several
+	// co-partitioned ones (the same partition count; a task owns
+	// partition p of each, docs/topology.md). Required.
 	InputTopics []string
 	// OutputTopic is where Context.Emit writes; required when Job.Emits.
 	OutputTopic string
@@ -311,9 +313,9 @@ func DefaultCheckpointTimeout(transactionTimeout, epoch time.Duration) time.Dura
 // kfake's classic coordinator can wait for a member that died in JoinGroup
 // until the rebalance timeout, restarted by every new JoinGroup; a rebalance
 // timeout below the session timeout (with kgo.RequestTimeoutOverhead(5s))
-// was measured to keep such groups moving (DESIGN §10). Real Kafka is not
-// hurt by it: members only need the rebalance timeout to finish their final
-// epoch commit.
+// was measured to keep such groups moving (docs/architecture.md, "Design
+// choices"). Real Kafka is not hurt by it: members only need the rebalance
+// timeout to finish their final epoch commit.
 func DefaultRebalanceTimeout(session time.Duration) time.Duration {
 	return max(minRebalanceTimeout, session*2/3)
 }

@@ -56,8 +56,12 @@ type Instance struct {
 	// Read by /readyz and metrics from other goroutines.
 	ready           atomic.Bool
 	committedEpochs atomic.Uint64
-	txnOpenedAt     atomic.Int64 // unix nanoseconds; 0 when no transaction is open
-	commitTxnAge    atomic.Int64 // age of the transaction at the last commit, nanoseconds
+	// missingTopic is a topic a record of an epoch since the last commit
+	// was refused for with UNKNOWN_TOPIC_OR_PARTITION: the instance is
+	// not ready until an epoch commits (missingtopic.go).
+	missingTopic atomic.Pointer[string]
+	txnOpenedAt  atomic.Int64 // unix nanoseconds; 0 when no transaction is open
+	commitTxnAge atomic.Int64 // age of the transaction at the last commit, nanoseconds
 	// unreleasedSince is when the group first answered this member
 	// UNRELEASED_INSTANCE_ID without it joining since (see identity.go).
 	unreleasedSince time.Time

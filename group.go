@@ -70,7 +70,7 @@ func (in *Instance) groupOpts() []kgo.Opt {
 		// A KIP-848 member heartbeats at the interval the broker answers.
 		kgo.HeartbeatInterval(min(3*time.Second, in.cfg.SessionTimeout/3)),
 		kgo.RebalanceTimeout(in.cfg.RebalanceTimeout),
-		// DESIGN §10: with a rebalance timeout below the session timeout,
+		// With a rebalance timeout below the session timeout (docs/architecture.md),
 		// this keeps kfake's classic coordinator from stalling a group.
 		kgo.RequestTimeoutOverhead(5 * time.Second),
 		// Under KIP-848 the broker assigns; franz-go maps this balancer

@@ -47,10 +47,14 @@ type Context interface {
 	// the epoch's commit at the latest): do not modify or reuse them after
 	// the call. The same holds for EmitTo, EmitToPartition and Output.
 	Emit(key, value []byte, headers ...Header)
-	// EmitTo sends a record to another topic (a side output), partitioned
-	// by key with murmur2.
+	// EmitTo sends a record to another topic, partitioned by key with
+	// murmur2. The topic must exist: Sluice creates only the topics its
+	// options name. Until it does, every epoch with a record to it
+	// aborts and is replayed, the instance logs the topic at error level,
+	// and Instance.Ready is false.
 	EmitTo(topic string, key, value []byte, headers ...Header)
-	// EmitToPartition sends a record to an explicit partition of topic.
+	// EmitToPartition sends a record to an explicit partition of topic,
+	// which must exist, as for EmitTo.
 	EmitToPartition(topic string, partition int32, key, value []byte, headers ...Header)
 	// Output sends a record to the side output tag, which the job declares
 	// in Job.SideOutputs and the configuration binds to a topic
@@ -139,7 +143,9 @@ type ProcessFunc func(ctx Context, rec *Record) error
 type Job struct {
 	// Name identifies the job in logs, metrics and dead-letter headers.
 	Name string
-	// Process is called once per input record, in partition order.
+	// Process is called for each input record, in partition order; again
+	// for a record whose epoch aborted and is replayed (only the
+	// attempt that commits has effects).
 	Process ProcessFunc
 	// Emits reports whether the job writes to the output topic, which is
 	// then required.

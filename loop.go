@@ -186,7 +186,7 @@ func (l *loop) iterate() error {
 		return err
 	}
 	l.answerProbes()
-	in.ready.Store(l.assigned && len(l.restoring) == 0 && l.joined() && !l.unavailable)
+	in.ready.Store(l.assigned && len(l.restoring) == 0 && l.joined() && !l.unavailable && in.missingTopic.Load() == nil)
 	l.sweepStateFiles()
 	l.purge()
 	if err := l.sinkIdle(); err != nil {
@@ -796,6 +796,7 @@ func (l *loop) plainPromised(r *kgo.Record, err error) {
 // noteProduceErr keeps the epoch's first failed produce; the epoch then
 // cannot commit.
 func (l *loop) noteProduceErr(r *kgo.Record, err error) {
+	l.in.noteMissingTopic(r.Topic, err)
 	err = fmt.Errorf("%w: %s/%d: %w", txsink.ErrProduce, r.Topic, r.Partition, err)
 	l.produceErr.CompareAndSwap(nil, &err)
 }
@@ -860,6 +861,7 @@ func (l *loop) run(act barrier.Action) error {
 
 		case barrier.ActAbort:
 			in.log.Warn("epoch aborted", "epoch", act.Epoch, "reason", act.Reason, "err", act.Err)
+			in.logMissingTopic()
 			in.m.checkpointFailures.Inc()
 			if err := l.abort(); err != nil {
 				return err
@@ -876,6 +878,7 @@ func (l *loop) run(act barrier.Action) error {
 			// Flink's answer to too many failed checkpoints is a
 			// restart from the last completed one; ours is a new
 			// session over the local stores.
+			in.logMissingTopic()
 			in.m.checkpointFailures.Inc()
 			return fmt.Errorf("%w: %w", errSessionBroken, act.Err)
 
@@ -984,6 +987,7 @@ func (l *loop) endTxn(ctx context.Context, offsets offsets) barrier.Action {
 		return l.coord.CommitFailed(errAborted, time.Now())
 	}
 	in.m.transactions.WithLabelValues("commit").Inc()
+	in.missingTopic.Store(nil)
 	if in.log.Enabled(context.Background(), slog.LevelDebug) {
 		for p, t := range l.tasks {
 			if e := t.ending(); e.marker != nil {

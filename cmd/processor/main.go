@@ -276,7 +276,7 @@ func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready() {
-			http.Error(w, "not ready: joining the group, restoring tasks, the brokers or the function (SLUICE_JOB=function) unreachable", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: joining the group, restoring tasks, the brokers or the function (SLUICE_JOB=function) unreachable, or a topic the job writes to missing", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
