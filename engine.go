@@ -58,7 +58,8 @@ type Instance struct {
 	committedEpochs atomic.Uint64
 	// missingTopic is a topic a record of an epoch since the last commit
 	// was refused for with UNKNOWN_TOPIC_OR_PARTITION: the instance is
-	// not ready until an epoch commits (missingtopic.go).
+	// not ready until an epoch commits or tasks are released
+	// (missingtopic.go).
 	missingTopic atomic.Pointer[string]
 	txnOpenedAt  atomic.Int64 // unix nanoseconds; 0 when no transaction is open
 	commitTxnAge atomic.Int64 // age of the transaction at the last commit, nanoseconds

@@ -186,7 +186,7 @@ func (l *loop) iterate() error {
 		return err
 	}
 	l.answerProbes()
-	in.ready.Store(l.assigned && len(l.restoring) == 0 && l.joined() && !l.unavailable && in.missingTopic.Load() == nil)
+	in.setReady(l.assigned && len(l.restoring) == 0 && l.joined() && !l.unavailable)
 	l.sweepStateFiles()
 	l.purge()
 	if err := l.sinkIdle(); err != nil {
@@ -1160,6 +1160,9 @@ func (l *loop) abort() error {
 // offsets.
 func (l *loop) release(why string, gone []int32) error {
 	l.in.log.Info("partitions released", "tasks", gone, "why", why)
+	// The released tasks' records that failed for a missing topic are
+	// another owner's now; the kept tasks' note it again if theirs fail.
+	l.in.missingTopic.Store(nil)
 	act := barrier.Action{}
 	if l.coord.Phase() == barrier.Processing && l.inTxn.Load() {
 		act = l.coord.EpochFailed(errAborted, time.Now())

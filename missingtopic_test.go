@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,23 +34,30 @@ func TestMissingTopicIsLoggedAndWaitedFor(t *testing.T) {
 		ctx.EmitTo("audit", rec.Key, rec.Value)
 		return nil
 	}}
-	var mu sync.Mutex
-	var msgs []string
-	logged := messages{mu: &mu, msgs: &msgs}
+	logged := &missingTopicLines{}
 	opts := testOptions(brokers, app, job, t.TempDir())
 	opts.OutputTopic, opts.Logger = "out", slog.New(logged)
 	// A flush that waits for the topic's metadata ends here rather than
 	// at the tests' 9 s.
 	opts.Checkpoint.Timeout = 3 * time.Second
 	r := startInstance(t, opts)
+	logged.inst.Store(r.inst)
 
-	const missing = "a topic the job writes to does not exist; its epochs abort and are replayed until it is created"
-	waitUntil(t, "the missing topic logged", func() bool { return slices.Contains(logged.all(), missing) })
 	// Nothing can commit while the topic is missing: every record
-	// writes to it.
-	if r.inst.Ready() {
-		t.Fatal("ready while a topic the job writes to is missing")
+	// writes to it. The line is logged as an epoch aborts, on the loop
+	// that sets readiness, so the instance is not ready when it is.
+	waitUntil(t, "the missing topic logged", func() bool { return len(logged.all()) > 0 })
+	if line := logged.all()[0]; line.level != slog.LevelError || line.topic != "audit" || line.ready {
+		t.Fatalf("logged %+v; want an error naming topic audit, while not ready", line)
 	}
+	// And it stays not ready through the replay, until the next abort
+	// says so again.
+	waitUntil(t, "the missing topic logged again", func() bool {
+		if r.inst.Ready() {
+			t.Fatal("ready again while the topic is still missing")
+		}
+		return len(logged.all()) > 1
+	})
 
 	if _, err := adm.CreateTopic(context.Background(), 4, 1, nil, "audit"); err != nil {
 		t.Fatal(err)
@@ -84,4 +92,48 @@ func TestMissingTopicIsLoggedAndWaitedFor(t *testing.T) {
 			}
 		}
 	}
+}
+
+// missingTopicLines is a slog.Handler that keeps the missing-topic lines:
+// their level, their topic, and whether the instance was ready as each
+// was logged.
+type missingTopicLines struct {
+	inst  atomic.Pointer[sluice.Instance]
+	mu    sync.Mutex
+	lines []missingTopicLine
+}
+
+type missingTopicLine struct {
+	level slog.Level
+	topic string
+	ready bool
+}
+
+func (m *missingTopicLines) Enabled(context.Context, slog.Level) bool { return true }
+func (m *missingTopicLines) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "a topic the job writes to does not exist; its epochs abort and are replayed until it is created" {
+		return nil
+	}
+	line := missingTopicLine{level: r.Level}
+	if inst := m.inst.Load(); inst != nil {
+		line.ready = inst.Ready()
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "topic" {
+			line.topic = a.Value.String()
+		}
+		return true
+	})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lines = append(m.lines, line)
+	return nil
+}
+func (m *missingTopicLines) WithAttrs([]slog.Attr) slog.Handler { return m }
+func (m *missingTopicLines) WithGroup(string) slog.Handler      { return m }
+
+func (m *missingTopicLines) all() []missingTopicLine {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.lines)
 }

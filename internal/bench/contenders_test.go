@@ -320,6 +320,7 @@ func median(rs []row) row {
 	}
 	for _, f := range []func(r *row) *float64{
 		func(r *row) *float64 { return &r.RecordsPerS },
+		func(r *row) *float64 { return &r.RecordsPerSToCommit },
 		func(r *row) *float64 { return &r.CPUPerM },
 		func(r *row) *float64 { return &r.PeakRSS },
 		func(r *row) *float64 { return &r.AllocsPerRec },
@@ -389,7 +390,7 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, brokerPID int
 	broker := cpuSeconds(b, brokerPID)
 	busy, total := machineTicks(b)
 	res := stop()
-	first, last := outputSpan(b, adm, brokers, s.Out)
+	first, last := outputSpan(b, adm, brokers, s.Out, s.EOS)
 	elapsed := done.Sub(first)
 	r := s.row("throughput")
 	r.Records = n
@@ -415,7 +416,7 @@ func throughputRun(b *testing.B, adm *kadm.Client, brokers string, brokerPID int
 // contender started processing, whatever its start-up took before, and
 // when it produced its last output, before the commit that ended its last
 // interval.
-func outputSpan(b *testing.B, adm *kadm.Client, brokers, topic string) (first, last time.Time) {
+func outputSpan(b *testing.B, adm *kadm.Client, brokers, topic string, transactional bool) (first, last time.Time) {
 	ends, err := adm.ListEndOffsets(context.Background(), topic)
 	if err == nil {
 		err = ends.Error()
@@ -425,14 +426,19 @@ func outputSpan(b *testing.B, adm *kadm.Client, brokers, topic string) (first, l
 	}
 	starts := map[int32]kgo.Offset{}
 	tails := map[int32]kgo.Offset{}
-	// The last record of a partition is at its end - 1, or at its end -
-	// 2 before a transaction's commit marker, which the consumer skips.
+	// The last record of a partition is at its end - 1, or, written in
+	// transactions, at its end - 2, before the commit marker, which the
+	// consumer skips.
+	last1 := int64(1)
+	if transactional {
+		last1 = 2
+	}
 	lastAt := map[int32]int64{}
 	for p := range int32(partitions) {
 		end := ends[topic][p].Offset
 		starts[p] = kgo.NewOffset().AtStart()
 		tails[p] = kgo.NewOffset().At(max(0, end-64))
-		lastAt[p] = end - 2
+		lastAt[p] = end - last1
 	}
 	firsts := scanOutput(b, brokers, topic, starts, func(r *kgo.Record) bool { return true })
 	lasts := scanOutput(b, brokers, topic, tails, func(r *kgo.Record) bool { return r.Offset >= lastAt[r.Partition] })
