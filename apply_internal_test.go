@@ -76,7 +76,7 @@ func (c *racyClock) Now() time.Time { c.n++; return time.UnixMilli(1_700_000_000
 func applyFixture(t *testing.T, failing int32) (*loop, map[int32]kstate.Backend, *pairing) {
 	t.Helper()
 	in := &Instance{cfg: Options{InputTopics: []string{"in"}, Job: Job{Name: "j", EventTime: true}}, clock: &racyClock{}, batchMax: 1 << 20}
-	in.m = newMetrics(prometheus.NewRegistry(), in)
+	in.m, _ = newMetrics(prometheus.NewRegistry(), in)
 	l := &loop{in: in, tasks: map[int32]*task{}}
 	pair := &pairing{both: make(chan struct{})}
 	inner := map[int32]kstate.Backend{}

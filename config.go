@@ -243,7 +243,11 @@ type Options struct {
 	purgeInput   bool
 
 	// Registry receives the instance's metrics. Default a private
-	// registry: pass your own to export them.
+	// registry: pass your own to export them. The metrics stay registered
+	// after Run returns, and a registry takes one Instance's: New refuses
+	// a second with an error. Give each Instance (a restarted one too) a
+	// registry of its own, or wrap a shared one for each with
+	// prometheus.WrapRegistererWith and a label value of its own.
 	Registry prometheus.Registerer
 
 	// Sink, if set, is an outside system the job writes rows to

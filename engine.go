@@ -141,9 +141,14 @@ func New(cfg Options) (*Instance, error) {
 	if n, ok := in.clock.(interface{ NotifyAdvance(func()) }); ok {
 		n.NotifyAdvance(in.wakeLoop)
 	}
-	in.m = newMetrics(cfg.Registry, in)
+	var err error
+	if in.m, err = newMetrics(cfg.Registry, in); err != nil {
+		return nil, err
+	}
 	if cfg.Sink != nil {
-		in.sinkM = newSinkMetrics(cfg.Registry)
+		if in.sinkM, err = newSinkMetrics(cfg.Registry); err != nil {
+			return nil, err
+		}
 	}
 	return in, nil
 }

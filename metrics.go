@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +28,7 @@ type metrics struct {
 	pollPartitions                               prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
+func newMetrics(reg prometheus.Registerer, in *Instance) (*metrics, error) {
 	task := []string{"task"}
 	m := &metrics{
 		recordsIn:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_records_in_total", Help: "Input records processed, per task."}, task),
@@ -59,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 	// sees the first abort instead of a series that appears with it.
 	m.transactions.WithLabelValues("commit")
 	m.transactions.WithLabelValues("abort")
-	reg.MustRegister(m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
+	err := register(reg, m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
 		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
 		m.timers, m.watermarkLag, m.timersFired, m.ttlExpired, m.overlapped, m.pollPartitions,
@@ -75,7 +76,23 @@ func newMetrics(reg prometheus.Registerer, in *Instance) *metrics {
 				return 0
 			}),
 	)
-	return m
+	return m, err
+}
+
+// register registers every collector of cs in reg, or none: a collector
+// refused (its name already registered, as another Instance's metrics are
+// in a registry they share) unregisters those before it, and the error
+// says what to do.
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return fmt.Errorf("sluice: Options.Registry refused the instance's metrics (it holds another Instance's; give each Instance a registry of its own, or wrap the shared one for each Instance with prometheus.WrapRegistererWith and a label value of its own): %w", err)
+		}
+	}
+	return nil
 }
 
 func taskLabel(p int32) string { return strconv.Itoa(int(p)) }

@@ -61,7 +61,7 @@ type sinkMetrics struct {
 	pending   atomic.Int64 // commits and rollbacks waiting to be tried again
 }
 
-func newSinkMetrics(reg prometheus.Registerer) *sinkMetrics {
+func newSinkMetrics(reg prometheus.Registerer) (*sinkMetrics, error) {
 	m := &sinkMetrics{
 		txns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_sink_transactions_total",
 			Help: "Sink transactions of tasks' epochs by step: prepared, committed, rolled_back, or failed (a pre-commit that did not prepare)."}, []string{"result"}),
@@ -71,10 +71,10 @@ func newSinkMetrics(reg prometheus.Registerer) *sinkMetrics {
 	for _, r := range []string{"prepared", "committed", "rolled_back", "failed"} {
 		m.txns.WithLabelValues(r)
 	}
-	reg.MustRegister(m.txns, m.preCommit, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_sink_pending_transactions",
+	err := register(reg, m.txns, m.preCommit, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_sink_pending_transactions",
 		Help: "Sink transactions whose commit or rollback failed and waits to be tried again (the database unreachable)."},
 		func() float64 { return float64(m.pending.Load()) }))
-	return m
+	return m, err
 }
 
 // sinkState is the loop's side of the sink's epochs.
