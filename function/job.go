@@ -33,7 +33,10 @@ func New(ctx context.Context, o Options) (sluice.Job, error) {
 	if err != nil {
 		return sluice.Job{}, err
 	}
-	f := newFn(o, client, spec)
+	f, err := newFn(o, client, spec)
+	if err != nil {
+		return sluice.Job{}, err
+	}
 	job := sluice.Job{
 		Name:     JobName,
 		Emits:    true,
@@ -77,8 +80,12 @@ type recordPlan struct {
 	last bool
 }
 
-func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec) *fn {
-	f := &fn{o: o, client: client, m: newMetrics(o.Registry), index: map[string]int{}, tags: map[string]bool{}, batches: map[int32]map[recordID]*recordPlan{}}
+func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec) (*fn, error) {
+	m, err := newMetrics(o.Registry)
+	if err != nil {
+		return nil, err
+	}
+	f := &fn{o: o, client: client, m: m, index: map[string]int{}, tags: map[string]bool{}, batches: map[int32]map[recordID]*recordPlan{}}
 	for i, st := range spec.States {
 		var opts []kstate.Option
 		if st.TTL > 0 {
@@ -90,7 +97,7 @@ func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec)
 	for _, tag := range spec.SideOutputs {
 		f.tags[tag] = true
 	}
-	return f
+	return f, nil
 }
 
 // keyScope is read access to one key's state outside a record's Context.

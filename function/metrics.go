@@ -1,6 +1,10 @@
 package function
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the function job's series, on Options.Registry.
 type metrics struct {
@@ -18,7 +22,7 @@ const (
 	resultUnavailable = "unavailable" // the function could not be reached
 )
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_function_calls_total",
@@ -39,8 +43,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Keys sent again after a failed call or a RETRY answer.",
 		}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.calls, m.duration, m.records, m.retries)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	cs := []prometheus.Collector{m.calls, m.duration, m.records, m.retries}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return nil, fmt.Errorf("function: Options.Registry refused the function metrics (it holds another function job's; give each a registry of its own, or wrap a shared one for each with prometheus.WrapRegistererWith and a label value of its own): %w", err)
+		}
+	}
+	return m, nil
 }

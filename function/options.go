@@ -68,6 +68,8 @@ type Options struct {
 	// 1 MiB): a larger one fails the key, naming key and state.
 	MaxStateBytes int
 	// Registry receives the function metrics; nil keeps them unregistered.
+	// A registry takes one function job's: New refuses a second with an
+	// error.
 	Registry prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
