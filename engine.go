@@ -53,6 +53,10 @@ type Instance struct {
 	// offered by the brokers. Set by prepareGroup before any session.
 	kip848 bool
 
+	// running says Run is running: Run may be called again once it has
+	// returned, never twice at once.
+	running atomic.Bool
+
 	// Read by /readyz and metrics from other goroutines.
 	ready           atomic.Bool
 	committedEpochs atomic.Uint64
@@ -199,7 +203,15 @@ func (in *Instance) baseOpts() []kgo.Opt {
 // checkpoint and returns nil; it returns an error only for a condition a
 // restart cannot fix by itself (bad topics, a failed local apply, a missing
 // ACL: *PermissionError, refused credentials: *AuthError).
+//
+// Once Run has returned it may be called again (an in-process restart:
+// the instance rejoins its group over the same state directory, and its
+// metrics stay registered); a call while Run is running returns an error.
 func (in *Instance) Run(ctx context.Context) error {
+	if !in.running.CompareAndSwap(false, true) {
+		return errors.New("sluice: Run called while the instance's Run is running; an instance runs once at a time (another instance needs New)")
+	}
+	defer in.running.Store(false)
 	if err := in.checkStateDir(); err != nil {
 		return err
 	}
