@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/kstate"
@@ -76,7 +75,7 @@ func (c *racyClock) Now() time.Time { c.n++; return time.UnixMilli(1_700_000_000
 func applyFixture(t *testing.T, failing int32) (*loop, map[int32]kstate.Backend, *pairing) {
 	t.Helper()
 	in := &Instance{cfg: Options{InputTopics: []string{"in"}, Job: Job{Name: "j", EventTime: true}}, clock: &racyClock{}, batchMax: 1 << 20}
-	in.m, _ = newMetrics(prometheus.NewRegistry(), in)
+	in.m, _ = newMetrics(in)
 	l := &loop{in: in, tasks: map[int32]*task{}}
 	pair := &pairing{both: make(chan struct{})}
 	inner := map[int32]kstate.Backend{}

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -68,7 +67,7 @@ func TestMergedStopRefetchesWhatItDidNotTake(t *testing.T) {
 	}
 
 	in := &Instance{cfg: Options{InputTopics: []string{"a", "b"}}}
-	in.m, _ = newMetrics(prometheus.NewRegistry(), in)
+	in.m, _ = newMetrics(in)
 	l := &loop{in: in, sess: clientOnly{cl: cl}, tasks: map[int32]*task{}, coord: barrier.New(barrier.Config{Interval: time.Hour, Timeout: time.Second, TolerableFailures: 1}, time.Now(), 1)}
 	tk := &task{p: 0, committed: map[string]int64{"a": 0, "b": 0}, next: map[string]int64{"a": 0, "b": 0},
 		// the refused attempt ended at b@0 (and a@0): the replay stops there

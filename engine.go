@@ -145,14 +145,14 @@ func New(cfg Options) (*Instance, error) {
 	if n, ok := in.clock.(interface{ NotifyAdvance(func()) }); ok {
 		n.NotifyAdvance(in.wakeLoop)
 	}
-	var err error
-	if in.m, err = newMetrics(cfg.Registry, in); err != nil {
-		return nil, err
-	}
+	m, cs := newMetrics(in)
+	in.m = m
 	if cfg.Sink != nil {
-		if in.sinkM, err = newSinkMetrics(cfg.Registry); err != nil {
-			return nil, err
-		}
+		sm, scs := newSinkMetrics()
+		in.sinkM, cs = sm, append(cs, scs...)
+	}
+	if err := register(cfg.Registry, cs...); err != nil {
+		return nil, err
 	}
 	return in, nil
 }
@@ -212,6 +212,8 @@ func (in *Instance) Run(ctx context.Context) error {
 		return errors.New("sluice: Run called while the instance's Run is running; an instance runs once at a time (another instance needs New)")
 	}
 	defer in.running.Store(false)
+	// What a Run before this one left behind that is not this Run's.
+	in.unreleasedSince, in.sinkConflicts, in.kip848 = time.Time{}, nil, false
 	if err := in.checkStateDir(); err != nil {
 		return err
 	}

@@ -1335,6 +1335,7 @@ func (l *loop) close() error {
 			r.be.Close()
 		}
 		delete(l.restoring, p)
+		l.in.m.forgetTask(p, l.in.cfg.InputTopics)
 	}
 	// A rebalance held back by the last poll would make Close wait for
 	// it forever.
@@ -1361,7 +1362,11 @@ func (l *loop) close() error {
 		if err := t.store.Backend().Close(); err != nil {
 			l.in.log.Warn("closing task store", "task", p, "err", err)
 		}
+		// The next session, or Run, may not get the task back: no
+		// frozen lag or epoch of it should stay exported here.
+		l.in.m.forgetTask(p, l.in.cfg.InputTopics)
 	}
 	l.in.m.tasks.Reset()
+	l.in.txnOpenedAt.Store(0) // an open transaction died with the session
 	return applyErr
 }

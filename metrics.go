@@ -28,7 +28,9 @@ type metrics struct {
 	pollPartitions                               prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer, in *Instance) (*metrics, error) {
+// newMetrics makes the instance's metrics and returns them with the
+// collectors to register (register, in New).
+func newMetrics(in *Instance) (*metrics, []prometheus.Collector) {
 	task := []string{"task"}
 	m := &metrics{
 		recordsIn:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_records_in_total", Help: "Input records processed, per task."}, task),
@@ -60,7 +62,7 @@ func newMetrics(reg prometheus.Registerer, in *Instance) (*metrics, error) {
 	// sees the first abort instead of a series that appears with it.
 	m.transactions.WithLabelValues("commit")
 	m.transactions.WithLabelValues("abort")
-	err := register(reg, m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
+	cs := []prometheus.Collector{m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
 		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
 		m.timers, m.watermarkLag, m.timersFired, m.ttlExpired, m.overlapped, m.pollPartitions,
@@ -75,8 +77,8 @@ func newMetrics(reg prometheus.Registerer, in *Instance) (*metrics, error) {
 				}
 				return 0
 			}),
-	)
-	return m, err
+	}
+	return m, cs
 }
 
 // register registers every collector of cs in reg, or none: a collector
@@ -89,7 +91,7 @@ func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 			for _, done := range cs[:i] {
 				reg.Unregister(done)
 			}
-			return fmt.Errorf("sluice: Options.Registry refused the instance's metrics (it holds another Instance's; give each Instance a registry of its own, or wrap the shared one for each Instance with prometheus.WrapRegistererWith and a label value of its own): %w", err)
+			return fmt.Errorf("sluice: Options.Registry refused the instance's metrics (if it holds another Instance's: give each Instance a registry of its own, or wrap the shared one for every Instance, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
 		}
 	}
 	return nil

@@ -12,7 +12,7 @@ import (
 // abort.
 func TestTransactionSeriesExistFromStart(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	if _, err := newMetrics(reg, &Instance{}); err != nil {
+	if err := register(reg, instanceMetrics()...); err != nil {
 		t.Fatal(err)
 	}
 	mfs, err := reg.Gather()
@@ -37,34 +37,53 @@ func TestTransactionSeriesExistFromStart(t *testing.T) {
 	}
 }
 
+// instanceMetrics are the collectors of an instance's metrics and of a
+// sink's.
+func instanceMetrics() []prometheus.Collector {
+	_, cs := newMetrics(&Instance{})
+	_, scs := newSinkMetrics()
+	return append(cs, scs...)
+}
+
 // A registry that holds an Instance's metrics refuses a second Instance's
-// with an error that says what to do, not a panic, and keeps none of the
-// refused instance's metrics; one registry wrapped for each with a label
+// with an error that says what to do, not a panic. A refusal registers
+// nothing: here the last metric's name is taken, and none of the ones
+// before it stays. One registry wrapped for each instance with a label
 // value of its own takes both.
 func TestSharedRegistryIsRefusedClearly(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	if _, err := newMetrics(reg, &Instance{}); err != nil {
+	if err := register(reg, instanceMetrics()...); err != nil {
 		t.Fatal(err)
 	}
-	before, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = newMetrics(reg, &Instance{})
+	err := register(reg, instanceMetrics()...)
 	if err == nil || !strings.Contains(err.Error(), "give each Instance a registry of its own") {
 		t.Fatalf("second instance's metrics: %v, want the registry refused", err)
 	}
-	after, err := reg.Gather()
+
+	taken := prometheus.NewRegistry()
+	last := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_sink_pending_transactions", Help: "taken"})
+	if err := taken.Register(last); err != nil {
+		t.Fatal(err)
+	}
+	if err := register(taken, instanceMetrics()...); err == nil {
+		t.Fatal("registered over a taken name")
+	}
+	mfs, err := taken.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(after) != len(before) {
-		t.Fatalf("%d metric families after the refusal, want %d", len(after), len(before))
+	if len(mfs) != 1 || mfs[0].GetName() != "sluice_sink_pending_transactions" {
+		var names []string
+		for _, mf := range mfs {
+			names = append(names, mf.GetName())
+		}
+		t.Fatalf("after the refusal the registry holds %v, want only the name taken before", names)
 	}
+
 	shared := prometheus.NewRegistry()
 	for _, id := range []string{"a", "b"} {
 		wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"instance": id}, shared)
-		if _, err := newMetrics(wrapped, &Instance{}); err != nil {
+		if err := register(wrapped, instanceMetrics()...); err != nil {
 			t.Fatalf("instance %s in a wrapped registry: %v", id, err)
 		}
 	}

@@ -270,11 +270,12 @@ func (l *loop) purge() {
 	}
 	below.Each(l.purged.Add)
 	in.purging.Store(true)
+	adm := in.adm // a Run after this one replaces it
 	go func() {
 		defer in.purging.Store(false)
 		ctx, cancel := context.WithTimeout(l.ctx, 30*time.Second)
 		defer cancel()
-		resp, err := in.adm.DeleteRecords(ctx, below)
+		resp, err := adm.DeleteRecords(ctx, below)
 		if err == nil {
 			err = resp.Error()
 		}

@@ -30,15 +30,14 @@ func TestRunAgainAfterItReturned(t *testing.T) {
 	}
 
 	produceAggregateRange(t, brokers, half, applyKeys*applyPerKey)
+	// The same instance again, stopped by the test's cleanup if it fails.
 	ctx, cancel = context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.inst.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	again := &running{inst: r.inst, done: make(chan error, 1), cancel: cancel}
+	go func() { again.done <- r.inst.Run(ctx) }()
+	t.Cleanup(func() { again.stop() })
 	waitUntil(t, "every input consumed", func() bool { return consumedAll(adm, app, applyKeys*applyPerKey)(r.inst) })
-	cancel()
-	if err := <-done; err != nil {
+	if err := again.stop(); err != nil {
 		t.Fatal(err)
 	}
-	done <- nil // for the cleanup
 	checkAggregations(t, state, app)
 }

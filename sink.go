@@ -61,7 +61,9 @@ type sinkMetrics struct {
 	pending   atomic.Int64 // commits and rollbacks waiting to be tried again
 }
 
-func newSinkMetrics(reg prometheus.Registerer) (*sinkMetrics, error) {
+// newSinkMetrics makes the sink's metrics and returns them with the
+// collectors to register (register, in New).
+func newSinkMetrics() (*sinkMetrics, []prometheus.Collector) {
 	m := &sinkMetrics{
 		txns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_sink_transactions_total",
 			Help: "Sink transactions of tasks' epochs by step: prepared, committed, rolled_back, or failed (a pre-commit that did not prepare)."}, []string{"result"}),
@@ -71,10 +73,10 @@ func newSinkMetrics(reg prometheus.Registerer) (*sinkMetrics, error) {
 	for _, r := range []string{"prepared", "committed", "rolled_back", "failed"} {
 		m.txns.WithLabelValues(r)
 	}
-	err := register(reg, m.txns, m.preCommit, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_sink_pending_transactions",
+	cs := []prometheus.Collector{m.txns, m.preCommit, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_sink_pending_transactions",
 		Help: "Sink transactions whose commit or rollback failed and waits to be tried again (the database unreachable)."},
-		func() float64 { return float64(m.pending.Load()) }))
-	return m, err
+		func() float64 { return float64(m.pending.Load()) })}
+	return m, cs
 }
 
 // sinkState is the loop's side of the sink's epochs.

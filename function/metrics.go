@@ -52,7 +52,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			for _, done := range cs[:i] {
 				reg.Unregister(done)
 			}
-			return nil, fmt.Errorf("function: Options.Registry refused the function metrics (it holds another function job's; give each a registry of its own, or wrap a shared one for each with prometheus.WrapRegistererWith and a label value of its own): %w", err)
+			return nil, fmt.Errorf("function: Options.Registry refused the function metrics (if it holds another function job's: give each a registry of its own, or wrap the shared one for every job, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
 		}
 	}
 	return m, nil
