@@ -61,7 +61,8 @@ type Instance struct {
 	ready           atomic.Bool
 	committedEpochs atomic.Uint64
 	// missingTopic is a topic a record of an epoch since the last commit
-	// was refused for with UNKNOWN_TOPIC_OR_PARTITION: the instance is
+	// was refused for with UNKNOWN_TOPIC_OR_PARTITION (or
+	// UNKNOWN_TOPIC_ID): the instance is
 	// not ready until an epoch commits or tasks are released
 	// (missingtopic.go).
 	missingTopic atomic.Pointer[string]
@@ -214,6 +215,7 @@ func (in *Instance) Run(ctx context.Context) error {
 	defer in.running.Store(false)
 	// What a Run before this one left behind that is not this Run's.
 	in.unreleasedSince, in.sinkConflicts, in.kip848 = time.Time{}, nil, false
+	in.missingTopic.Store(nil)
 	if err := in.checkStateDir(); err != nil {
 		return err
 	}
