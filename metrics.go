@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/promreg"
 )
 
 // metrics are the instance's Prometheus series (DESIGN §8). They register
@@ -81,18 +83,11 @@ func newMetrics(in *Instance) (*metrics, []prometheus.Collector) {
 	return m, cs
 }
 
-// register registers every collector of cs in reg, or none: a collector
-// refused (its name already registered, as another Instance's metrics are
-// in a registry they share) unregisters those before it, and the error
-// says what to do.
+// register registers every collector of cs in reg, or none
+// (promreg.All), and says what to do when reg refuses one.
 func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return fmt.Errorf("sluice: Options.Registry refused the instance's metrics (if it holds another Instance's: give each Instance a registry of its own, or wrap the shared one for every Instance, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
-		}
+	if err := promreg.All(reg, cs...); err != nil {
+		return fmt.Errorf("sluice: Options.Registry refused the instance's metrics (if it holds another Instance's: give each Instance a registry of its own, or wrap the shared one for every Instance, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
 	}
 	return nil
 }

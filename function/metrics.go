@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/promreg"
 )
 
 // metrics are the function job's series, on Options.Registry.
@@ -46,14 +48,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	cs := []prometheus.Collector{m.calls, m.duration, m.records, m.retries}
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return nil, fmt.Errorf("function: Options.Registry refused the function metrics (if it holds another function job's: give each a registry of its own, or wrap the shared one for every job, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
-		}
+	if err := promreg.All(reg, m.calls, m.duration, m.records, m.retries); err != nil {
+		return nil, fmt.Errorf("function: Options.Registry refused the function metrics (if it holds another function job's: give each a registry of its own, or wrap the shared one for every job, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
 	}
 	return m, nil
 }
