@@ -41,3 +41,21 @@ func FetchError(kreq kmsg.Request, err *kerr.Error) kmsg.Response {
 	}
 	return resp
 }
+
+// ProduceError answers a Produce request with err for every partition in
+// it: what a kfake control function returns to fail a produce.
+func ProduceError(kreq kmsg.Request, err *kerr.Error) kmsg.Response {
+	req := kreq.(*kmsg.ProduceRequest)
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range req.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition, sp.ErrorCode = rp.Partition, err.Code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}

@@ -56,7 +56,7 @@ func TestBrokerFaults(t *testing.T) {
 			arm: func(c *kfake.Cluster, fired *atomic.Bool) {
 				c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 					fired.Store(true)
-					return produceError(kreq.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition), nil, true
+					return check.ProduceError(kreq, kerr.NotLeaderForPartition), nil, true
 				})
 			},
 		},
@@ -121,21 +121,4 @@ func failTxnOffsetCommit(c *kfake.Cluster, err *kerr.Error, fired *atomic.Bool) 
 		fired.Store(true)
 		return check.TxnOffsetCommitError(kreq, err), nil, true
 	})
-}
-
-// produceError answers a produce request with err for every partition in it.
-func produceError(req *kmsg.ProduceRequest, err *kerr.Error) kmsg.Response {
-	resp := req.ResponseKind().(*kmsg.ProduceResponse)
-	for _, rt := range req.Topics {
-		st := kmsg.NewProduceResponseTopic()
-		st.Topic, st.TopicID = rt.Topic, rt.TopicID
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewProduceResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = err.Code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }

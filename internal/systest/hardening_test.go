@@ -69,7 +69,7 @@ func failNextProduceTo(c *kfake.Cluster, topicID [16]byte, topic string, err *ke
 		if !hit {
 			return nil, nil, false // not handled: the control stays for the next request
 		}
-		return produceError(req, err), nil, true
+		return check.ProduceError(req, err), nil, true
 	})
 }
 

@@ -115,7 +115,7 @@ func injectFault(c *kfake.Cluster, rng *rand.Rand) string {
 		return "TxnOffsetCommit REBALANCE_IN_PROGRESS"
 	case 3:
 		once(kmsg.Produce, func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-			return produceError(kreq.(*kmsg.ProduceRequest), kerr.NotLeaderForPartition), nil, true
+			return check.ProduceError(kreq, kerr.NotLeaderForPartition), nil, true
 		})
 		return "produce NOT_LEADER_FOR_PARTITION"
 	case 4:
