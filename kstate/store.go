@@ -369,12 +369,14 @@ func (s *Store) DirtyLen() int {
 }
 
 // EpochMemory returns the bytes the epoch's write-set may keep alive: its
-// values' arena (whole chunks) and its keys' and nodes' slabs. When most
+// values' arena (whole chunks) and the slabs its keys and nodes took this
+// epoch (not the nodes an epoch before left for its hot keys, which are
+// bounded on their own: see writeSet.reset). When most
 // writes overwrite a few keys it is far above DirtyBytes, since a chunk
 // lives as long as any value in it; the engine ends an epoch early when
 // either reaches Options.EpochMaxBytes.
 func (s *Store) EpochMemory() int {
-	return s.values.held + s.epoch.keys.held + s.epoch.nodesHeld
+	return s.values.held + s.epoch.held()
 }
 
 // DirtyBytes returns the key and value bytes of the epoch's changes (by

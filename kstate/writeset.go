@@ -16,12 +16,14 @@ import (
 // value, which is also what the changelog needs to see.
 //
 // A node may also be unset: in the list, but not changed in the epoch (a
-// record that created it was rolled back). get, len and bytes leave unset
-// nodes out, and so must every walk over the list (see live).
+// record that created it was rolled back, or reset kept it from an epoch
+// before). get, len and bytes leave unset nodes out, and so must every
+// walk over the list (see live).
 //
-// Keys and nodes are carved from per-epoch slabs (the key bytes from an
-// arena, the nodes from a node slab), so a key new to the epoch costs no
-// allocation of its own; reset drops the slabs with the nodes.
+// Keys and nodes are carved from slabs (the key bytes from an arena, the
+// nodes from a node slab), so a key new to the epoch costs no allocation
+// of its own; reset keeps the slabs with the nodes, or drops them (see
+// reset).
 type writeSet struct {
 	index map[string]*wsNode
 	head  wsNode // sentinel; head.next has maxLevel entries
@@ -31,8 +33,11 @@ type writeSet struct {
 	rng   uint64 // xorshift state for node heights; fixed seed, so runs repeat
 	keys  arena
 	nodes []wsNode // the node slab's unused part
-	// nodesHeld counts the bytes of the node slabs allocated this epoch.
-	nodesHeld int
+	// nodesHeld counts the bytes of the node slabs allocated since the
+	// write-set was last emptied; heldBefore is what the keys' arena and
+	// the node slabs held when reset last kept the nodes (see held).
+	nodesHeld  int
+	heldBefore int
 	// last remembers the last key looked up and its node (nil: none), so
 	// that the write following a read of the same key, which is what
 	// keyed state does, does not search the index again. insert keeps it
@@ -73,6 +78,11 @@ const maxLevel = 20
 // clearing it: Go maps never shrink, and one huge epoch should not pin its
 // memory for the life of the task.
 const resetShrinkLen = 1 << 16
+
+// keepMaxNodes is the most nodes reset keeps for the next epoch, some
+// 2.5 MiB of nodes and keys of 30 bytes: a task's hot keys, not a bulk
+// load's.
+const keepMaxNodes = 1 << 14
 
 func newWriteSet() *writeSet {
 	ws := &writeSet{index: map[string]*wsNode{}}
@@ -231,7 +241,35 @@ func (n *wsNode) within(prefix string) bool {
 	return n != nil && strings.HasPrefix(n.key, prefix)
 }
 
+// reset empties the write-set for the next epoch. When at least three
+// quarters of its nodes were set this epoch, it keeps them, unset, with
+// their keys: a task whose hot keys are written epoch after epoch then finds each key's node
+// already in the index and the skip list at its first write of the next
+// epoch that uses this write-set, instead of copying the key, searching
+// the list and linking a node into it again on memory new each epoch
+// (BENCHMARKS.md, "What an epoch costs"). Any other write-set (keys that
+// come and go) is emptied: so a kept one holds at most a third more nodes
+// than the epoch that used it last set, which is what a walk over it
+// (Dirty, a scan's seek) may step over unset, and the nodes of keys no
+// longer written go at the first reset that finds a quarter of them
+// unset. Nor is one of more than keepMaxNodes nodes kept, so what reset
+// keeps alive for the next epoch stays small beside the epoch budget; one
+// that grew past resetShrinkLen lets its map's memory go too.
+//
+// Nothing outside the write-set holds a node (the epoch's mutations hold
+// key and value bytes, and a kept node's key bytes never change), so
+// keeping them is safe once the epoch was applied or discarded.
 func (ws *writeSet) reset() {
+	ws.last, ws.lastOK = nil, false
+	ws.shared = false
+	if n := len(ws.index); n <= keepMaxNodes && ws.live*4 >= n*3 {
+		for x := ws.head.next[0]; x != nil; x = x.next[0] {
+			x.unset, x.val, x.own = true, nil, false
+		}
+		ws.live, ws.bytes = 0, 0
+		ws.heldBefore = ws.keys.held + ws.nodesHeld
+		return
+	}
 	if len(ws.index) > resetShrinkLen {
 		ws.index = map[string]*wsNode{}
 	} else {
@@ -240,9 +278,12 @@ func (ws *writeSet) reset() {
 	clear(ws.head.next)
 	ws.level = 1
 	ws.live, ws.bytes = 0, 0
-	ws.last, ws.lastOK = nil, false
-	ws.shared = false
-	// The slabs' nodes and keys may still be referenced by the epoch's
-	// mutations (the changelog records in flight): start new ones.
-	ws.keys, ws.nodes, ws.nodesHeld = arena{}, nil, 0
+	// The nodes and keys go with their slabs (the epoch's mutations, the
+	// changelog records in flight, may still hold key bytes: the new
+	// arena never writes over them).
+	ws.keys, ws.nodes, ws.nodesHeld, ws.heldBefore = arena{}, nil, 0, 0
 }
+
+// held is the memory the write-set took for keys and nodes since its last
+// reset: what this epoch added to what it kept.
+func (ws *writeSet) held() int { return ws.keys.held + ws.nodesHeld - ws.heldBefore }

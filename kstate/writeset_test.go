@@ -55,3 +55,70 @@ func TestWriteSetOrderAndSeek(t *testing.T) {
 		t.Fatal("reset left entries")
 	}
 }
+
+// reset keeps the nodes of a write-set whose keys were mostly set, unset
+// and with their keys, so the next epoch's first write of a key finds its
+// node; a write-set whose nodes were mostly unset is emptied, so unset
+// nodes never outnumber set ones for long.
+func TestWriteSetResetKeepsNodesOfHotKeys(t *testing.T) {
+	ws := newWriteSet()
+	for i := range 100 {
+		ws.set(fmt.Sprintf("k%03d", i), []byte{byte(i)})
+	}
+	if ws.held() == 0 {
+		t.Fatal("held = 0 after 100 new keys")
+	}
+	ws.reset()
+	if len(ws.index) != 100 || ws.len() != 0 || ws.bytes != 0 || ws.first() != nil || ws.seek([]byte("k05")) != nil {
+		t.Fatalf("after reset: %d nodes kept, len %d, bytes %d, first %v", len(ws.index), ws.len(), ws.bytes, ws.first())
+	}
+	if ws.held() != 0 {
+		t.Fatalf("held = %d after reset: the memory kept is not this epoch's", ws.held())
+	}
+	for n := ws.head.next[0]; n != nil; n = n.next[0] {
+		if !n.unset || n.val != nil || n.own {
+			t.Fatalf("kept node %q: unset %v, val %v, own %v", n.key, n.unset, n.val, n.own)
+		}
+	}
+
+	// The next epoch writes 90 of the keys again, each into its kept node
+	// with no new memory, and 10 new ones; walks see only what this epoch
+	// set, in order.
+	n0 := ws.index["k000"]
+	for i := range 90 {
+		ws.set(fmt.Sprintf("k%03d", i), []byte{1, byte(i)})
+	}
+	if ws.index["k000"] != n0 || ws.held() != 0 {
+		t.Fatalf("a kept key's write took a new node (%v) or memory (%d)", ws.index["k000"] != n0, ws.held())
+	}
+	for i := range 10 {
+		ws.set(fmt.Sprintf("n%03d", i), nil)
+	}
+	var got []string
+	for n := ws.first(); n != nil; n = n.after() {
+		got = append(got, n.key)
+	}
+	if len(got) != 100 || got[0] != "k000" || got[89] != "k089" || got[90] != "n000" || ws.len() != 100 {
+		t.Fatalf("walk after reset = %d keys (len %d): %v", len(got), ws.len(), got)
+	}
+	if n := ws.seek([]byte("k0895")); n == nil || n.key != "n000" {
+		t.Fatalf("seek(k0895) = %v, want n000", n)
+	}
+	if ws.get([]byte("k095")) != nil || ws.get([]byte("k005")) == nil {
+		t.Fatal("get sees a kept node that is unset, or misses one set again")
+	}
+
+	// 100 set of 110: kept again. Then an epoch sets 80 of them (under
+	// three quarters): emptied.
+	ws.reset()
+	if len(ws.index) != 110 {
+		t.Fatalf("second reset kept %d nodes, want 110", len(ws.index))
+	}
+	for i := range 80 {
+		ws.set(fmt.Sprintf("k%03d", i), []byte{2})
+	}
+	ws.reset()
+	if len(ws.index) != 0 || ws.head.next[0] != nil || ws.held() != 0 {
+		t.Fatalf("a write-set with 80 of 110 nodes set kept %d nodes", len(ws.index))
+	}
+}
