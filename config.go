@@ -224,6 +224,8 @@ type Options struct {
 	// count (docs/savepoints.md). Tasks that already have a marker ignore
 	// it, so it may stay set. Run refuses (*RestoreError) a savepoint of
 	// another job, or with state the job does not declare in Job.States.
+	// An s3:// location needs package savepoint/s3 in the program
+	// (import _ "github.com/sluicehq/sluice/savepoint/s3").
 	RestoreFrom string
 	// AllowNonRestoredState restores from RestoreFrom even when it holds
 	// state the job does not declare (or timers for a job without OnTimer,

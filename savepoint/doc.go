@@ -11,7 +11,14 @@
 // A location is a path, a file://path (both through the os package, every
 // file fsynced) or s3://bucket/prefix with the query parameters of
 // gocloud.dev/blob/s3blob (endpoint, region, use_path_style, ...);
-// credentials come from the AWS SDK's default chain.
+// credentials come from the AWS SDK's default chain. s3:// locations need
+// package savepoint/s3, imported for its side effect:
+//
+//	import _ "github.com/sluicehq/sluice/savepoint/s3"
+//
+// Without it they fail with ErrLocation and a message that names it; this
+// package does not import it, so that a program with no use for S3 (the
+// engine's, which imports this one) is not built with the AWS SDK.
 //
 // Writing, one task at a time so that memory stays bounded by the largest
 // entry, not by the state; each data file is streamed to its file or upload

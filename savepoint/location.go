@@ -109,5 +109,5 @@ func CheckLocation(ctx context.Context, location string) error {
 	if err != nil {
 		return err
 	}
-	return st.close()
+	return st.Close()
 }

@@ -92,21 +92,21 @@ func (t Task) WatermarkTime() time.Time {
 	return time.UnixMilli(*t.Watermark)
 }
 
-// writeManifest writes m as the manifest, atomically (store.putAtomic),
+// writeManifest writes m as the manifest, atomically (store.PutAtomic),
 // so that after a crash the manifest either is whole or is not there.
 func writeManifest(ctx context.Context, st store, m Manifest) error {
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("savepoint: encode manifest: %w", err)
 	}
-	if err := st.putAtomic(ctx, ManifestName, append(b, '\n')); err != nil {
+	if err := st.PutAtomic(ctx, ManifestName, append(b, '\n')); err != nil {
 		return fmt.Errorf("savepoint: write manifest: %w", err)
 	}
 	return nil
 }
 
 func readManifest(ctx context.Context, st store, where string) (Manifest, error) {
-	r, err := st.open(ctx, ManifestName)
+	r, err := st.Open(ctx, ManifestName)
 	if errors.Is(err, errNotFound) {
 		return Manifest{}, fmt.Errorf("%w: %s", ErrIncomplete, where)
 	}

@@ -47,14 +47,14 @@ func Open(ctx context.Context, location string) (*Savepoint, error) {
 	}
 	m, err := readManifest(ctx, st, l.String())
 	if err != nil {
-		st.close()
+		st.Close()
 		return nil, err
 	}
 	return &Savepoint{Location: l.String(), Manifest: m, st: st}, nil
 }
 
 // Close releases the savepoint's storage client.
-func (s *Savepoint) Close() error { return s.st.close() }
+func (s *Savepoint) Close() error { return s.st.Close() }
 
 // Verify checks every data file's size and SHA-256 against the manifest,
 // and returns an error wrapping ErrChecksum for the first that differs.
@@ -62,7 +62,7 @@ func (s *Savepoint) Close() error { return s.st.close() }
 // damaged savepoint verifies it before scanning.
 func (s *Savepoint) Verify(ctx context.Context) error {
 	for _, t := range s.Manifest.Tasks {
-		f, err := s.st.open(ctx, t.File)
+		f, err := s.st.Open(ctx, t.File)
 		if err != nil {
 			return fmt.Errorf("savepoint: task %d: %w", t.Partition, err)
 		}
@@ -96,7 +96,7 @@ func (t Task) check(size int64, sum []byte) error {
 // first (Verify) where that matters. An error from fn ends the scan and is
 // returned.
 func (s *Savepoint) Scan(ctx context.Context, t Task, fn func(k, v []byte) error) error {
-	f, err := s.st.open(ctx, t.File)
+	f, err := s.st.Open(ctx, t.File)
 	if err != nil {
 		return fmt.Errorf("savepoint: task %d: %w", t.Partition, err)
 	}

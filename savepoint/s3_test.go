@@ -14,6 +14,8 @@ import (
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/s3blob"
+
+	_ "github.com/sluicehq/sluice/savepoint/s3"
 )
 
 // s3Root starts an in-process S3 server (gofakes3, memory backend) on

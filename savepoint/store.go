@@ -5,77 +5,48 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 
-	"gocloud.dev/blob"
-	"gocloud.dev/blob/s3blob"
-	"gocloud.dev/gcerrors"
+	"github.com/sluicehq/sluice/savepoint/internal/objstore"
 )
 
-// errNotFound is returned (wrapped) by store.open for a file that is not
+// errNotFound is returned (wrapped) by store.Open for a file that is not
 // there.
-var errNotFound = errors.New("not found")
+var errNotFound = objstore.ErrNotFound
 
-// store holds the files of one savepoint. Local directories go through the
-// os package rather than gocloud's fileblob, which does not fsync: a
-// savepoint on local disk must survive a power cut once Commit returned.
-type store interface {
-	// prepare makes the location ready for a new savepoint, refusing one
-	// that already holds files: a savepoint is never written over another.
-	prepare(ctx context.Context) error
-	// create starts writing file name; nothing is visible under that
-	// name as a complete file until commit.
-	create(ctx context.Context, name string) (file, error)
-	open(ctx context.Context, name string) (io.ReadCloser, error)
-	// putAtomic writes file name whole or not at all, even across a
-	// crash: the manifest.
-	putAtomic(ctx context.Context, name string, b []byte) error
-	// removeAll deletes what the savepoint's files are, for a writer
-	// that gives up.
-	removeAll(ctx context.Context) error
-	close() error
-}
+// store holds the files of one savepoint: a local directory (dirStore), or
+// an object store's, from the package that registered its URL scheme
+// (savepoint/s3). Local directories go through the os package rather than
+// gocloud's fileblob, which does not fsync: a savepoint on local disk must
+// survive a power cut once Commit returned.
+type store = objstore.Store
 
 // file is a data file being written.
-type file interface {
-	io.Writer
-	// commit makes the file durable (synced to disk, or the upload
-	// completed).
-	commit() error
-	// abort drops the file.
-	abort()
-}
+type file = objstore.File
+
+// s3Package is the package whose import lets s3:// locations open.
+const s3Package = "github.com/sluicehq/sluice/savepoint/s3"
 
 func openStore(ctx context.Context, l location) (store, error) {
 	if l.local != "" {
 		return dirStore(l.local), nil
 	}
-	// The bucket is opened without the prefix, so the query parameters
-	// are all s3blob's, and the prefix is applied by PrefixedBucket.
-	u := "s3://" + l.bucket
-	if l.rawQuery != "" {
-		u += "?" + l.rawQuery
+	open := objstore.Lookup("s3")
+	if open == nil {
+		return nil, fmt.Errorf("%w: %s: s3:// locations need the S3 driver, which this program does not import (import _ %q; the processor binary has it)", ErrLocation, l, s3Package)
 	}
-	bu, err := url.Parse(u)
+	st, err := open(ctx, objstore.Location{Bucket: l.bucket, Prefix: l.prefix, RawQuery: l.rawQuery, String: l.String()})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrLocation, l, err)
 	}
-	b, err := (&s3blob.URLOpener{}).OpenBucketURL(ctx, bu)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrLocation, l, err)
-	}
-	if l.prefix != "" {
-		b = blob.PrefixedBucket(b, l.prefix+"/")
-	}
-	return &blobStore{b: b, where: l.String()}, nil
+	return st, nil
 }
 
 // dirStore is a savepoint in a local directory.
 type dirStore string
 
-func (d dirStore) prepare(context.Context) error {
+func (d dirStore) Prepare(context.Context) error {
 	if err := os.MkdirAll(filepath.Dir(string(d)), 0o755); err != nil {
 		return fmt.Errorf("savepoint: %w", err)
 	}
@@ -86,7 +57,7 @@ func (d dirStore) prepare(context.Context) error {
 	return nil
 }
 
-func (d dirStore) create(_ context.Context, name string) (file, error) {
+func (d dirStore) Create(_ context.Context, name string) (file, error) {
 	f, err := os.Create(filepath.Join(string(d), name))
 	if err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
@@ -96,7 +67,7 @@ func (d dirStore) create(_ context.Context, name string) (file, error) {
 
 type osFile struct{ *os.File }
 
-func (f osFile) commit() error {
+func (f osFile) Commit() error {
 	err := f.Sync()
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -104,12 +75,12 @@ func (f osFile) commit() error {
 	return err
 }
 
-func (f osFile) abort() {
+func (f osFile) Abort() {
 	f.Close()
 	os.Remove(f.Name())
 }
 
-func (d dirStore) open(_ context.Context, name string) (io.ReadCloser, error) {
+func (d dirStore) Open(_ context.Context, name string) (io.ReadCloser, error) {
 	f, err := os.Open(filepath.Join(string(d), name))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %v", errNotFound, err)
@@ -117,10 +88,10 @@ func (d dirStore) open(_ context.Context, name string) (io.ReadCloser, error) {
 	return f, err
 }
 
-// putAtomic writes to a temporary file, syncs it, renames it and syncs the
+// PutAtomic writes to a temporary file, syncs it, renames it and syncs the
 // directory, so that after a crash the file either is whole or is not
 // there.
-func (d dirStore) putAtomic(_ context.Context, name string, b []byte) error {
+func (d dirStore) PutAtomic(_ context.Context, name string, b []byte) error {
 	dir := string(d)
 	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.Create(tmp)
@@ -146,9 +117,9 @@ func (d dirStore) putAtomic(_ context.Context, name string, b []byte) error {
 	return err
 }
 
-func (d dirStore) removeAll(context.Context) error { return os.RemoveAll(string(d)) }
+func (d dirStore) RemoveAll(context.Context) error { return os.RemoveAll(string(d)) }
 
-func (d dirStore) close() error { return nil }
+func (d dirStore) Close() error { return nil }
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
@@ -158,101 +129,3 @@ func syncDir(dir string) error {
 	defer d.Close()
 	return d.Sync()
 }
-
-const (
-	uploadPartSize    = 8 << 20
-	uploadConcurrency = 4
-)
-
-// blobStore is a savepoint under a key prefix of an object store bucket.
-type blobStore struct {
-	b     *blob.Bucket
-	where string
-}
-
-func (s *blobStore) prepare(ctx context.Context) error {
-	// An object store has no directories to create; refusing a prefix
-	// that holds objects is the same rule as Mkdir's. Two writers racing
-	// on one prefix are not excluded (S3 has no create-if-absent for a
-	// prefix); `processor savepoint` names each savepoint by the time in
-	// milliseconds.
-	objs, _, err := s.b.ListPage(ctx, blob.FirstPageToken, 1, nil)
-	if err != nil {
-		return fmt.Errorf("savepoint: list %s: %w", s.where, err)
-	}
-	if len(objs) > 0 {
-		return fmt.Errorf("savepoint: %s already holds objects (%s)", s.where, objs[0].Key)
-	}
-	return nil
-}
-
-func (s *blobStore) create(ctx context.Context, name string) (file, error) {
-	// Cancelling the writer's context before Close aborts the upload, so
-	// a failed data file leaves no object behind.
-	ctx, cancel := context.WithCancel(ctx)
-	w, err := s.b.NewWriter(ctx, name, &blob.WriterOptions{
-		ContentType: "application/octet-stream",
-		// Parts of 8 MiB, at most 4 uploading: the upload buffers stay
-		// around 40 MiB whatever the file's size.
-		BufferSize:     uploadPartSize,
-		MaxConcurrency: uploadConcurrency,
-	})
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("savepoint: %s/%s: %w", s.where, name, err)
-	}
-	return &blobFile{w: w, cancel: cancel}, nil
-}
-
-type blobFile struct {
-	w      *blob.Writer
-	cancel context.CancelFunc
-}
-
-func (f *blobFile) Write(p []byte) (int, error) { return f.w.Write(p) }
-
-func (f *blobFile) commit() error {
-	defer f.cancel()
-	return f.w.Close()
-}
-
-func (f *blobFile) abort() {
-	f.cancel()
-	f.w.Close()
-}
-
-func (s *blobStore) open(ctx context.Context, name string) (io.ReadCloser, error) {
-	r, err := s.b.NewReader(ctx, name, nil)
-	if gcerrors.Code(err) == gcerrors.NotFound {
-		return nil, fmt.Errorf("%w: %s/%s", errNotFound, s.where, name)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%s/%s: %w", s.where, name, err)
-	}
-	return r, nil
-}
-
-// putAtomic is one PUT: an object store makes an object visible whole or
-// not at all.
-func (s *blobStore) putAtomic(ctx context.Context, name string, b []byte) error {
-	return s.b.WriteAll(ctx, name, b, &blob.WriterOptions{ContentType: "application/json"})
-}
-
-func (s *blobStore) removeAll(ctx context.Context) error {
-	it := s.b.List(nil)
-	var first error
-	for {
-		obj, err := it.Next(ctx)
-		if err == io.EOF {
-			return first
-		}
-		if err != nil {
-			return err
-		}
-		if err := s.b.Delete(ctx, obj.Key); err != nil && first == nil {
-			first = err
-		}
-	}
-}
-
-func (s *blobStore) close() error { return s.b.Close() }

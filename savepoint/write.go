@@ -71,8 +71,8 @@ func Create(ctx context.Context, location string, m Manifest) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := st.prepare(ctx); err != nil {
-		st.close()
+	if err := st.Prepare(ctx); err != nil {
+		st.Close()
 		return nil, err
 	}
 	m.Format, m.States, m.Tasks = FormatVersion, nil, nil
@@ -113,17 +113,17 @@ func (w *Writer) WriteTask(ctx context.Context, cut Cut, src Source) (Task, erro
 		wm := cut.Watermark.UnixMilli()
 		t.Watermark = &wm
 	}
-	f, err := w.st.create(ctx, t.File)
+	f, err := w.st.Create(ctx, t.File)
 	if err != nil {
 		return Task{}, err
 	}
 	h := sha256.New()
 	out := &counter{w: io.MultiWriter(f, h)}
 	if err := writeEntries(ctx, out, src, &t, w.states); err != nil {
-		f.abort()
+		f.Abort()
 		return Task{}, fmt.Errorf("savepoint: task %d: %w", cut.Partition, err)
 	}
-	if err := f.commit(); err != nil {
+	if err := f.Commit(); err != nil {
 		return Task{}, fmt.Errorf("savepoint: task %d: %s: %w", cut.Partition, t.File, err)
 	}
 	t.Bytes, t.SHA256 = out.n, hex.EncodeToString(h.Sum(nil))
@@ -183,7 +183,7 @@ func (w *Writer) Commit(ctx context.Context) (Manifest, error) {
 		return Manifest{}, errors.New("savepoint: Commit after Commit or Abort")
 	}
 	w.done = true
-	defer w.st.close()
+	defer w.st.Close()
 	sort.Slice(w.m.Tasks, func(i, j int) bool { return w.m.Tasks[i].Partition < w.m.Tasks[j].Partition })
 	w.m.States = make([]State, 0, len(w.states))
 	for s := range w.states {
@@ -217,8 +217,8 @@ func (w *Writer) Abort(ctx context.Context) error {
 		return nil
 	}
 	w.done = true
-	defer w.st.close()
-	if err := w.st.removeAll(ctx); err != nil {
+	defer w.st.Close()
+	if err := w.st.RemoveAll(ctx); err != nil {
 		return fmt.Errorf("savepoint: remove %s: %w", w.where, err)
 	}
 	return nil

@@ -35,6 +35,8 @@ import (
 	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/internal/gctune"
 	"github.com/sluicehq/sluice/jobs"
+	// s3:// savepoint locations (SLUICE_SAVEPOINT, SLUICE_SAVEPOINT_DIR).
+	_ "github.com/sluicehq/sluice/savepoint/s3"
 )
 
 const usage = `usage: processor [command]
