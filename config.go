@@ -130,9 +130,11 @@ type Options struct {
 	// that changes more keys, or more key and value bytes, ends early
 	// (barrier.ReasonBudget), so memory and the size of one transaction
 	// stay bounded whatever the input rate. EpochMaxBytes also bounds the
-	// memory the write-set holds (kstate.Store.EpochMemory), which can
-	// exceed the bytes changed when most writes overwrite a few keys.
-	// Defaults 100,000 and 64 MiB.
+	// memory the write-set takes in the epoch (kstate.Store.EpochMemory),
+	// which can exceed the bytes changed when most writes overwrite a few
+	// keys; a write-set also keeps the nodes of its hot keys from one
+	// epoch to the next, at most 4 MiB beside the budget. Defaults
+	// 100,000 and 64 MiB.
 	EpochMaxKeys  int
 	EpochMaxBytes int
 

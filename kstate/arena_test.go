@@ -167,3 +167,28 @@ func TestApplyAndRewriteRefuseARecordInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A hot key's value is written over in place in the epochs after the
+// first too, once its node was kept (writeSet.reset) and its first write
+// of the epoch made it its own again: the epoch takes no new memory for
+// the writes that follow.
+func TestOverwriteInPlaceAfterAnEpochKeptTheNode(t *testing.T) {
+	st := NewStore(NewMemory())
+	k := []byte("hot")
+	val := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 64) }
+	for epoch := range 3 {
+		st.Put(k, val(0))
+		st.CommitRecord()
+		m := st.EpochMemory()
+		for i := range 2000 {
+			st.Put(k, val(i))
+			st.CommitRecord()
+		}
+		if st.EpochMemory() != m {
+			t.Fatalf("epoch %d: EpochMemory %d → %d over 2,000 writes of the same length", epoch, m, st.EpochMemory())
+		}
+		if err := st.Apply(st.Dirty(), Meta{Epoch: uint64(epoch + 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -370,8 +370,8 @@ func (s *Store) DirtyLen() int {
 
 // EpochMemory returns the bytes the epoch's write-set may keep alive: its
 // values' arena (whole chunks) and the slabs its keys and nodes took this
-// epoch (not the nodes an epoch before left for its hot keys, which are
-// bounded on their own: see writeSet.reset). When most
+// epoch (not the nodes an epoch before left for its hot keys, at most 4
+// MiB: see writeSet.reset). When most
 // writes overwrite a few keys it is far above DirtyBytes, since a chunk
 // lives as long as any value in it; the engine ends an epoch early when
 // either reaches Options.EpochMaxBytes.
@@ -680,9 +680,9 @@ func (s *Store) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error
 	// while a scan runs writes go to the record write-set, not the epoch's
 	// skip list: see write), so fn's own writes do not disturb the merge:
 	// the scan goes on over the state as it was when it started.
-	ov := overlay{prefix: string(prefix), records: s.recordRange(prefix, from), node: s.epoch.seek(from)}
+	ov := overlay{prefix: string(prefix), records: s.recordRange(prefix, from), node: s.epoch.seek(from, string(prefix))}
 	if s.sealed != nil {
-		ov.sealed = s.sealed.seek(from)
+		ov.sealed = s.sealed.seek(from, string(prefix))
 	}
 	s.scanning++
 	defer func() { s.scanning-- }()
@@ -797,9 +797,9 @@ func (o *overlay) advance() {
 		o.records = o.records[1:]
 	}
 	if o.node.within(o.prefix) && o.node.key == e.key {
-		o.node = o.node.after()
+		o.node = o.node.afterWithin(o.prefix)
 	}
 	if o.sealed.within(o.prefix) && o.sealed.key == e.key {
-		o.sealed = o.sealed.after()
+		o.sealed = o.sealed.afterWithin(o.prefix)
 	}
 }

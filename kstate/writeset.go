@@ -79,10 +79,13 @@ const maxLevel = 20
 // memory for the life of the task.
 const resetShrinkLen = 1 << 16
 
-// keepMaxNodes is the most nodes reset keeps for the next epoch, some
-// 2.5 MiB of nodes and keys of 30 bytes: a task's hot keys, not a bulk
-// load's.
-const keepMaxNodes = 1 << 14
+// keepMaxNodes and keepMaxBytes bound the write-sets reset keeps for the
+// next epoch (their nodes and keys' memory): a task's hot keys, not a bulk
+// load's, nor large keys.
+const (
+	keepMaxNodes = 1 << 14
+	keepMaxBytes = 4 << 20
+)
 
 func newWriteSet() *writeSet {
 	ws := &writeSet{index: map[string]*wsNode{}}
@@ -211,15 +214,19 @@ func (ws *writeSet) randomHeight() int {
 	return h
 }
 
-// seek returns the first set node whose key is >= prefix, or nil.
-func (ws *writeSet) seek(prefix []byte) *wsNode {
+// seek returns the first set node whose key is >= from and has the prefix
+// (from is at or after the prefix: see scanStart), or nil. The
+// unset nodes it steps over are the prefix's only: at an epoch's start
+// every node a reset kept is unset, and a scan of a range the epoch has
+// not written must not walk the list to its end.
+func (ws *writeSet) seek(from []byte, prefix string) *wsNode {
 	x := &ws.head
 	for i := ws.level - 1; i >= 0; i-- {
-		for x.next[i] != nil && x.next[i].key < string(prefix) {
+		for x.next[i] != nil && x.next[i].key < string(from) {
 			x = x.next[i]
 		}
 	}
-	return live(x.next[0])
+	return liveWithin(x.next[0], prefix)
 }
 
 // first returns the set node with the smallest key, or nil.
@@ -233,8 +240,22 @@ func live(n *wsNode) *wsNode {
 	return n
 }
 
+// liveWithin is live for the nodes with the prefix: nil at the first node
+// without it.
+func liveWithin(n *wsNode, prefix string) *wsNode {
+	for ; n.within(prefix); n = n.next[0] {
+		if !n.unset {
+			return n
+		}
+	}
+	return nil
+}
+
 // after returns the set node following n, or nil.
 func (n *wsNode) after() *wsNode { return live(n.next[0]) }
+
+// afterWithin returns the set node with the prefix that follows n, or nil.
+func (n *wsNode) afterWithin(prefix string) *wsNode { return liveWithin(n.next[0], prefix) }
 
 // within reports whether n is non-nil and its key has the prefix.
 func (n *wsNode) within(prefix string) bool {
@@ -242,19 +263,22 @@ func (n *wsNode) within(prefix string) bool {
 }
 
 // reset empties the write-set for the next epoch. When at least three
-// quarters of its nodes were set this epoch, it keeps them, unset, with
-// their keys: a task whose hot keys are written epoch after epoch then finds each key's node
-// already in the index and the skip list at its first write of the next
-// epoch that uses this write-set, instead of copying the key, searching
-// the list and linking a node into it again on memory new each epoch
-// (BENCHMARKS.md, "What an epoch costs"). Any other write-set (keys that
-// come and go) is emptied: so a kept one holds at most a third more nodes
-// than the epoch that used it last set, which is what a walk over it
-// (Dirty, a scan's seek) may step over unset, and the nodes of keys no
-// longer written go at the first reset that finds a quarter of them
-// unset. Nor is one of more than keepMaxNodes nodes kept, so what reset
-// keeps alive for the next epoch stays small beside the epoch budget; one
-// that grew past resetShrinkLen lets its map's memory go too.
+// quarters of its nodes were set this epoch, and there are at most
+// keepMaxNodes of them holding at most keepMaxBytes, it keeps them,
+// unset, with their keys: a task whose hot keys are written epoch after
+// epoch then finds each key's node already in the index and the skip
+// list at its first write of the next epoch that uses this write-set,
+// instead of copying the key, searching the list and linking a node into
+// it again on memory new each epoch (BENCHMARKS.md, "What an epoch
+// costs"). Any other write-set (keys that come and go, or many, or
+// large) is emptied. So a kept one holds at most a third more nodes than
+// the epoch that used it last set, the nodes of keys no longer written go
+// at the first reset that finds a quarter of them unset, and what is kept
+// beyond the epoch budget (Store.EpochMemory counts only what an epoch
+// adds) is bounded by keepMaxBytes a write-set. Walks step over unset
+// nodes: a scan only over those in its range (seek, afterWithin); Dirty
+// and fold over all of them, once an epoch. One that grew past
+// resetShrinkLen lets its map's memory go too.
 //
 // Nothing outside the write-set holds a node (the epoch's mutations hold
 // key and value bytes, and a kept node's key bytes never change), so
@@ -262,7 +286,7 @@ func (n *wsNode) within(prefix string) bool {
 func (ws *writeSet) reset() {
 	ws.last, ws.lastOK = nil, false
 	ws.shared = false
-	if n := len(ws.index); n <= keepMaxNodes && ws.live*4 >= n*3 {
+	if n := len(ws.index); n <= keepMaxNodes && ws.keys.held+ws.nodesHeld <= keepMaxBytes && ws.live*4 >= n*3 {
 		for x := ws.head.next[0]; x != nil; x = x.next[0] {
 			x.unset, x.val, x.own = true, nil, false
 		}

@@ -42,7 +42,7 @@ func TestWriteSetOrderAndSeek(t *testing.T) {
 	}
 	for _, seek := range []string{"", "k0", "k01", "k01500", "k015005", "k3", "l"} {
 		i, _ := slices.BinarySearch(keys, seek)
-		n := ws.seek([]byte(seek))
+		n := ws.seek([]byte(seek), "")
 		switch {
 		case i == len(keys) && n != nil:
 			t.Errorf("seek(%q) = %q, want nil", seek, n.key)
@@ -51,7 +51,7 @@ func TestWriteSetOrderAndSeek(t *testing.T) {
 		}
 	}
 	ws.reset()
-	if ws.len() != 0 || ws.first() != nil || ws.seek(nil) != nil {
+	if ws.len() != 0 || ws.first() != nil || ws.seek(nil, "") != nil {
 		t.Fatal("reset left entries")
 	}
 }
@@ -69,7 +69,7 @@ func TestWriteSetResetKeepsNodesOfHotKeys(t *testing.T) {
 		t.Fatal("held = 0 after 100 new keys")
 	}
 	ws.reset()
-	if len(ws.index) != 100 || ws.len() != 0 || ws.bytes != 0 || ws.first() != nil || ws.seek([]byte("k05")) != nil {
+	if len(ws.index) != 100 || ws.len() != 0 || ws.bytes != 0 || ws.first() != nil || ws.seek([]byte("k05"), "") != nil {
 		t.Fatalf("after reset: %d nodes kept, len %d, bytes %d, first %v", len(ws.index), ws.len(), ws.bytes, ws.first())
 	}
 	if ws.held() != 0 {
@@ -101,7 +101,7 @@ func TestWriteSetResetKeepsNodesOfHotKeys(t *testing.T) {
 	if len(got) != 100 || got[0] != "k000" || got[89] != "k089" || got[90] != "n000" || ws.len() != 100 {
 		t.Fatalf("walk after reset = %d keys (len %d): %v", len(got), ws.len(), got)
 	}
-	if n := ws.seek([]byte("k0895")); n == nil || n.key != "n000" {
+	if n := ws.seek([]byte("k0895"), ""); n == nil || n.key != "n000" {
 		t.Fatalf("seek(k0895) = %v, want n000", n)
 	}
 	if ws.get([]byte("k095")) != nil || ws.get([]byte("k005")) == nil {
@@ -120,5 +120,54 @@ func TestWriteSetResetKeepsNodesOfHotKeys(t *testing.T) {
 	ws.reset()
 	if len(ws.index) != 0 || ws.head.next[0] != nil || ws.held() != 0 {
 		t.Fatalf("a write-set with 80 of 110 nodes set kept %d nodes", len(ws.index))
+	}
+}
+
+// seek and afterWithin step over the unset nodes of the prefix only: a
+// scan of a range the epoch has not written stops at the range's end,
+// not at the next set node after it.
+func TestWriteSetSeekStopsAtThePrefix(t *testing.T) {
+	ws := newWriteSet()
+	for _, k := range []string{"a1", "a2", "b1", "b2", "c1"} {
+		ws.set(k, []byte(k))
+	}
+	ws.reset()
+	ws.set("a1", []byte("x"))
+	ws.set("c1", []byte("y"))
+	if n := ws.seek([]byte("b"), "b"); n != nil {
+		t.Fatalf("seek(b) under b = %q, want nil (b1 and b2 are unset)", n.key)
+	}
+	if n := ws.seek([]byte("a"), "a"); n == nil || n.key != "a1" {
+		t.Fatalf("seek(a) under a = %v, want a1", n)
+	}
+	if n := ws.index["a1"].afterWithin("a"); n != nil {
+		t.Fatalf("after a1 under a = %q, want nil (a2 is unset)", n.key)
+	}
+	if n := ws.seek([]byte("a2"), ""); n == nil || n.key != "c1" {
+		t.Fatalf("seek(a2) = %v, want c1", n)
+	}
+}
+
+// A write-set of more than keepMaxNodes nodes, or whose keys and nodes
+// took more than keepMaxBytes, is emptied even when every node was set.
+func TestWriteSetResetDropsLargeOnes(t *testing.T) {
+	ws := newWriteSet()
+	for i := range keepMaxNodes + 1 {
+		ws.set(fmt.Sprintf("k%06d", i), []byte{1})
+	}
+	ws.reset()
+	if len(ws.index) != 0 {
+		t.Fatalf("a write-set of %d set nodes kept %d", keepMaxNodes+1, len(ws.index))
+	}
+	big := make([]byte, 2048)
+	for i := range keepMaxBytes / len(big) {
+		ws.set(fmt.Sprintf("%06d%s", i, big), []byte{1})
+	}
+	if len(ws.index) > keepMaxNodes || ws.keys.held+ws.nodesHeld <= keepMaxBytes {
+		t.Fatalf("the test's keys: %d nodes, %d bytes", len(ws.index), ws.keys.held+ws.nodesHeld)
+	}
+	ws.reset()
+	if len(ws.index) != 0 {
+		t.Fatalf("a write-set of %d bytes of keys and nodes kept %d nodes", keepMaxBytes, len(ws.index))
 	}
 }
