@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/savepoint"
+	_ "github.com/sluicehq/sluice/savepoint/s3" // s3:// locations
 )
 
 type entry struct{ k, v []byte }

@@ -35,7 +35,7 @@ import (
 	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/internal/gctune"
 	"github.com/sluicehq/sluice/jobs"
-	// s3:// savepoint locations (SLUICE_SAVEPOINT, SLUICE_SAVEPOINT_DIR).
+	// s3:// savepoint locations (SLUICE_SAVEPOINT_DIR, SLUICE_RESTORE_FROM).
 	_ "github.com/sluicehq/sluice/savepoint/s3"
 )
 

@@ -1,6 +1,6 @@
 // Package s3 lets package savepoint (and so the engine's
-// Options.Savepoint, `processor savepoint` and `processor inspect`) read
-// and write savepoints at s3://bucket/prefix locations, through
+// Options.RestoreFrom and `processor savepoint`) read and write
+// savepoints at s3://bucket/prefix locations, through
 // gocloud.dev/blob/s3blob: the URL's query parameters are s3blob's
 // (endpoint, region, use_path_style, ...), and credentials come from the
 // AWS SDK's default chain. Import it for its side effect:
