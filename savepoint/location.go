@@ -12,7 +12,8 @@ import (
 
 // ErrLocation is returned (wrapped) for a location this package cannot
 // write to or read from: an unknown URL scheme, an empty path, an s3 URL
-// without a bucket or with query parameters gocloud's s3blob does not know.
+// without a bucket or with query parameters gocloud's s3blob does not know,
+// or any s3 URL in a program that does not import savepoint/s3.
 var ErrLocation = errors.New("savepoint: bad location")
 
 // A location is where a savepoint's files are: a local directory (a path
