@@ -248,9 +248,10 @@ type Options struct {
 
 	// Registry receives the instance's metrics. Default a private
 	// registry: pass your own to export them. The metrics stay registered
-	// after Run returns (Run may be called again), and a registry takes
-	// one Instance's: New refuses a second with an error. Give each
-	// Instance a registry of its own, or wrap a shared one for each with
+	// after Run returns (Run may be called again) until Instance.Close,
+	// and a registry takes one Instance's: New refuses a second with an
+	// error. Close the one before, give each Instance a registry of its
+	// own, or wrap a shared one for each with
 	// prometheus.WrapRegistererWith and a label value of its own.
 	Registry prometheus.Registerer
 

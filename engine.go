@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -54,8 +55,14 @@ type Instance struct {
 	kip848 bool
 
 	// running says Run is running: Run may be called again once it has
-	// returned, never twice at once.
+	// returned, never twice at once. Close takes it for good, and sets
+	// closed; closeMu orders two Closes.
 	running atomic.Bool
+	closed  atomic.Bool
+	closeMu sync.Mutex
+	// collectors are the metrics New registered in cfg.Registry, for
+	// Close to unregister.
+	collectors []prometheus.Collector
 
 	// Read by /readyz and metrics from other goroutines.
 	ready           atomic.Bool
@@ -155,7 +162,31 @@ func New(cfg Options) (*Instance, error) {
 	if err := register(cfg.Registry, cs...); err != nil {
 		return nil, err
 	}
+	in.collectors = cs
 	return in, nil
+}
+
+// Close unregisters the instance's metrics from Options.Registry, so that
+// another Instance can register its own there: a new configuration in the
+// same process, with the same registry. It does not stop Run (cancel
+// Run's context for that, and wait for it to return): while Run runs,
+// Close returns an error and does nothing. After Close, Run returns an
+// error; a second Close does nothing. Run already closed the clients and
+// state files it opened when it returned.
+func (in *Instance) Close() error {
+	in.closeMu.Lock()
+	defer in.closeMu.Unlock()
+	if in.closed.Load() {
+		return nil
+	}
+	if !in.running.CompareAndSwap(false, true) {
+		return errors.New("sluice: Close called while Run is running: cancel Run's context and wait for it to return first")
+	}
+	in.closed.Store(true)
+	for _, c := range in.collectors {
+		in.cfg.Registry.Unregister(c)
+	}
+	return nil
 }
 
 // Ready reports whether the instance is in its group, has received the
@@ -207,9 +238,13 @@ func (in *Instance) baseOpts() []kgo.Opt {
 //
 // Once Run has returned it may be called again (an in-process restart:
 // the instance rejoins its group over the same state directory, and its
-// metrics stay registered); a call while Run is running returns an error.
+// metrics stay registered until Close); a call while Run is running, or
+// after Close, returns an error.
 func (in *Instance) Run(ctx context.Context) error {
 	if !in.running.CompareAndSwap(false, true) {
+		if in.closed.Load() {
+			return errors.New("sluice: Run called after Close")
+		}
 		return errors.New("sluice: Run called while the instance's Run is running; an instance runs once at a time (another instance needs New)")
 	}
 	defer in.running.Store(false)

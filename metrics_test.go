@@ -1,10 +1,13 @@
 package sluice
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // The transaction results exist before the first epoch ends, so an alert
@@ -87,4 +90,53 @@ func TestSharedRegistryIsRefusedClearly(t *testing.T) {
 			t.Fatalf("instance %s in a wrapped registry: %v", id, err)
 		}
 	}
+}
+
+// Close unregisters an Instance's metrics, so a new Instance can take the
+// same registry; it refuses while Run runs, Run refuses after it, and a
+// second Close does nothing.
+func TestCloseUnregistersMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	opts := func() Options {
+		return Options{Brokers: []string{"127.0.0.1:1"}, AppID: "close", InstanceID: "i", InputTopics: []string{"in"},
+			Job:      Job{Name: "noop", Process: func(Context, *Record) error { return nil }},
+			StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: reg}
+	}
+	first, err := New(opts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(opts()); err == nil || !strings.Contains(err.Error(), "Close that Instance") {
+		t.Fatalf("a second Instance on the registry: %v, want refused", err)
+	}
+
+	first.running.Store(true) // as while Run runs
+	if err := first.Close(); err == nil || !strings.Contains(err.Error(), "while Run is running") {
+		t.Fatalf("Close while Run runs: %v", err)
+	}
+	if mfs, _ := reg.Gather(); len(mfs) == 0 {
+		t.Fatal("a refused Close unregistered the metrics")
+	}
+	first.running.Store(false)
+
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if mfs, _ := reg.Gather(); len(mfs) != 0 {
+		t.Fatalf("after Close the registry holds %d metric families", len(mfs))
+	}
+	if err := first.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := first.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "after Close") {
+		t.Fatalf("Run after Close: %v", err)
+	}
+	second, err := New(opts())
+	if err != nil {
+		t.Fatalf("New on the registry after Close: %v", err)
+	}
+	if mfs, _ := reg.Gather(); len(mfs) == 0 {
+		t.Fatal("the new Instance registered nothing")
+	}
+	_ = second.Close()
 }
