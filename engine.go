@@ -183,8 +183,14 @@ func (in *Instance) Close() error {
 		return errors.New("sluice: Close called while Run is running: cancel Run's context and wait for it to return first")
 	}
 	in.closed.Store(true)
+	left := 0
 	for _, c := range in.collectors {
-		in.cfg.Registry.Unregister(c)
+		if !in.cfg.Registry.Unregister(c) {
+			left++
+		}
+	}
+	if left > 0 {
+		return fmt.Errorf("sluice: Close: Options.Registry did not unregister %d of the instance's %d metric collectors", left, len(in.collectors))
 	}
 	return nil
 }
@@ -242,7 +248,10 @@ func (in *Instance) baseOpts() []kgo.Opt {
 // after Close, returns an error.
 func (in *Instance) Run(ctx context.Context) error {
 	if !in.running.CompareAndSwap(false, true) {
-		if in.closed.Load() {
+		in.closeMu.Lock() // a Close under way has set closed once it lets go
+		closed := in.closed.Load()
+		in.closeMu.Unlock()
+		if closed {
 			return errors.New("sluice: Run called after Close")
 		}
 		return errors.New("sluice: Run called while the instance's Run is running; an instance runs once at a time (another instance needs New)")

@@ -87,7 +87,7 @@ func newMetrics(in *Instance) (*metrics, []prometheus.Collector) {
 // (promreg.All), and says what to do when reg refuses one.
 func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	if err := promreg.All(reg, cs...); err != nil {
-		return fmt.Errorf("sluice: Options.Registry refused the instance's metrics (if it holds another Instance's: Close that Instance if it is done, give each Instance a registry of its own, or wrap the shared one for every Instance, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
+		return fmt.Errorf("sluice: Options.Registry refused the instance's metrics (if it holds another Instance's: Close that Instance, or its Pipeline, if it is done; give each Instance a registry of its own, or wrap the shared one for every Instance, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/txsink"
 )
 
 // The transaction results exist before the first epoch ends, so an alert
@@ -92,51 +93,111 @@ func TestSharedRegistryIsRefusedClearly(t *testing.T) {
 	}
 }
 
-// Close unregisters an Instance's metrics, so a new Instance can take the
-// same registry; it refuses while Run runs, Run refuses after it, and a
-// second Close does nothing.
+// Close unregisters an Instance's metrics, the sink's too, from a plain
+// or a wrapped registry, so a new Instance can take it; it refuses while
+// Run runs, Run refuses after it, and a second Close does nothing. The
+// proof that nothing stayed is the next New on the registry: vectors
+// without series do not show in a Gather.
 func TestCloseUnregistersMetrics(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	opts := func() Options {
-		return Options{Brokers: []string{"127.0.0.1:1"}, AppID: "close", InstanceID: "i", InputTopics: []string{"in"},
-			Job:      Job{Name: "noop", Process: func(Context, *Record) error { return nil }},
-			StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: reg}
-	}
-	first, err := New(opts())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := New(opts()); err == nil || !strings.Contains(err.Error(), "Close that Instance") {
-		t.Fatalf("a second Instance on the registry: %v, want refused", err)
-	}
+	for _, tc := range []struct {
+		name string
+		reg  func(prometheus.Registerer) prometheus.Registerer
+		sink bool
+	}{
+		{"plain", func(r prometheus.Registerer) prometheus.Registerer { return r }, false},
+		{"sink", func(r prometheus.Registerer) prometheus.Registerer { return r }, true},
+		{"wrapped", func(r prometheus.Registerer) prometheus.Registerer {
+			return prometheus.WrapRegistererWith(prometheus.Labels{"instance": "a"}, r)
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shared := prometheus.NewRegistry()
+			opts := func() Options {
+				o := Options{Brokers: []string{"127.0.0.1:1"}, AppID: "close", InstanceID: "i", InputTopics: []string{"in"},
+					Job:      Job{Name: "noop", Process: func(Context, *Record) error { return nil }},
+					StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: tc.reg(shared)}
+				if tc.sink {
+					o.Sink = nopSink{}
+				}
+				return o
+			}
+			first, err := New(opts())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := New(opts()); err == nil || !strings.Contains(err.Error(), "Close that Instance") {
+				t.Fatalf("a second Instance on the registry: %v, want refused", err)
+			}
 
-	first.running.Store(true) // as while Run runs
-	if err := first.Close(); err == nil || !strings.Contains(err.Error(), "while Run is running") {
-		t.Fatalf("Close while Run runs: %v", err)
-	}
-	if mfs, _ := reg.Gather(); len(mfs) == 0 {
-		t.Fatal("a refused Close unregistered the metrics")
-	}
-	first.running.Store(false)
+			first.running.Store(true) // as while Run runs
+			if err := first.Close(); err == nil || !strings.Contains(err.Error(), "while Run is running") {
+				t.Fatalf("Close while Run runs: %v", err)
+			}
+			if _, err := New(opts()); err == nil {
+				t.Fatal("a refused Close unregistered the metrics")
+			}
+			first.running.Store(false)
 
-	if err := first.Close(); err != nil {
-		t.Fatal(err)
+			// A Run that returned (here at once: its context is done)
+			// leaves the instance to Close.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if err := first.Run(ctx); err != nil {
+				t.Fatalf("Run with its context done: %v", err)
+			}
+			if err := first.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Close(); err != nil {
+				t.Fatalf("second Close: %v", err)
+			}
+			if err := first.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "after Close") {
+				t.Fatalf("Run after Close: %v", err)
+			}
+			second, err := New(opts())
+			if err != nil {
+				t.Fatalf("New on the registry after Close: %v", err)
+			}
+			if err := second.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
-	if mfs, _ := reg.Gather(); len(mfs) != 0 {
-		t.Fatalf("after Close the registry holds %d metric families", len(mfs))
-	}
-	if err := first.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	if err := first.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "after Close") {
-		t.Fatalf("Run after Close: %v", err)
-	}
-	second, err := New(opts())
-	if err != nil {
-		t.Fatalf("New on the registry after Close: %v", err)
-	}
-	if mfs, _ := reg.Gather(); len(mfs) == 0 {
-		t.Fatal("the new Instance registered nothing")
-	}
-	_ = second.Close()
 }
+
+// A NewPipeline that refuses a stage lets go of the metrics of the stages
+// it built before it, so the same registry takes the pipeline once fixed;
+// Pipeline.Close lets go of every stage's.
+func TestPipelineRefusalAndCloseLetGoOfMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	opts := Options{Brokers: []string{"127.0.0.1:1"}, AppID: "pclose", InstanceID: "i", InputTopics: []string{"in"},
+		StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: reg}
+	ok := Job{Name: "noop", Process: func(Context, *Record) error { return nil }}
+	if _, err := NewPipeline(opts, Stage{Name: "a", Job: ok}, Stage{Name: "b", Job: Job{Name: "broken"}}); err == nil {
+		t.Fatal("a stage without Process was taken")
+	}
+	p, err := NewPipeline(opts, Stage{Name: "a", Job: ok}, Stage{Name: "b", Job: ok})
+	if err != nil {
+		t.Fatalf("the fixed pipeline on the same registry: %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p, err = NewPipeline(opts, Stage{Name: "a", Job: ok}, Stage{Name: "b", Job: ok})
+	if err != nil {
+		t.Fatalf("a pipeline after Close: %v", err)
+	}
+	_ = p.Close()
+}
+
+// nopSink is a txsink.EpochSink for tests that never run the instance.
+type nopSink struct{}
+
+func (nopSink) Setup(context.Context) error                         { return nil }
+func (nopSink) Check([]any) error                                   { return nil }
+func (nopSink) Begin(int32) txsink.EpochTxn                         { panic("not run") }
+func (nopSink) Claim(context.Context, int32) (txsink.Claim, error)  { panic("not run") }
+func (nopSink) Recover(context.Context, txsink.Claim, string) error { panic("not run") }
+func (nopSink) Commit(context.Context, txsink.TxnID) error          { panic("not run") }
+func (nopSink) Abort(context.Context, txsink.TxnID) error           { panic("not run") }
+func (nopSink) Close()                                              {}

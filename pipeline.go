@@ -83,10 +83,21 @@ func NewPipeline(opts Options, stages ...Stage) (*Pipeline, error) {
 		opts.DLQTopic = opts.AppID + "-dlq"
 	}
 	p := &Pipeline{opts: opts}
+	if err := p.build(opts, reg, stages); err != nil {
+		// The stages built before the one refused let go of their
+		// metrics, so that the caller can try again on the same registry.
+		_ = p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// build makes an Instance of each stage in p.
+func (p *Pipeline) build(opts Options, reg prometheus.Registerer, stages []Stage) error {
 	seen := map[string]bool{}
 	for i, s := range stages {
 		if !stageName.MatchString(s.Name) || seen[s.Name] {
-			return nil, fmt.Errorf("sluice: stage %d: name %q: want 1 to 100 of a-z A-Z 0-9 . _ -, unique in the pipeline", i, s.Name)
+			return fmt.Errorf("sluice: stage %d: name %q: want 1 to 100 of a-z A-Z 0-9 . _ -, unique in the pipeline", i, s.Name)
 		}
 		seen[s.Name] = true
 		o := opts
@@ -106,13 +117,26 @@ func NewPipeline(opts Options, stages ...Stage) (*Pipeline, error) {
 		}
 		in, err := New(o)
 		if err != nil {
-			return nil, fmt.Errorf("sluice: stage %s: %w", s.Name, err)
+			return fmt.Errorf("sluice: stage %s: %w", s.Name, err)
 		}
 		p.stages = append(p.stages, in)
 		p.names = append(p.names, s.Name)
 		p.parts = append(p.parts, s.Partitions)
 	}
-	return p, nil
+	return nil
+}
+
+// Close unregisters every stage's metrics (Instance.Close), so that
+// another Pipeline or Instance can take the registry. While Run runs it
+// returns an error, and the stages keep their metrics.
+func (p *Pipeline) Close() error {
+	var errs []error
+	for i, in := range p.stages {
+		if err := in.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("stage %s: %w", p.names[i], err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // RepartitionTopic is the repartition topic that feeds stage of app.
