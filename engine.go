@@ -55,11 +55,11 @@ type Instance struct {
 	kip848 bool
 
 	// running says Run is running: Run may be called again once it has
-	// returned, never twice at once. Close takes it for good, and sets
-	// closed; closeMu orders two Closes.
+	// returned, never twice at once. Close takes it for good and sets
+	// closed, under closeMu.
 	running atomic.Bool
-	closed  atomic.Bool
 	closeMu sync.Mutex
+	closed  bool
 	// collectors are the metrics New registered in cfg.Registry, for
 	// Close to unregister.
 	collectors []prometheus.Collector
@@ -69,9 +69,8 @@ type Instance struct {
 	committedEpochs atomic.Uint64
 	// missingTopic is a topic a record of an epoch since the last commit
 	// was refused for with UNKNOWN_TOPIC_OR_PARTITION (or
-	// UNKNOWN_TOPIC_ID): the instance is
-	// not ready until an epoch commits or tasks are released
-	// (missingtopic.go).
+	// UNKNOWN_TOPIC_ID): the instance is not ready until an epoch commits
+	// or tasks are released (missingtopic.go).
 	missingTopic atomic.Pointer[string]
 	txnOpenedAt  atomic.Int64 // unix nanoseconds; 0 when no transaction is open
 	commitTxnAge atomic.Int64 // age of the transaction at the last commit, nanoseconds
@@ -176,13 +175,13 @@ func New(cfg Options) (*Instance, error) {
 func (in *Instance) Close() error {
 	in.closeMu.Lock()
 	defer in.closeMu.Unlock()
-	if in.closed.Load() {
+	if in.closed {
 		return nil
 	}
 	if !in.running.CompareAndSwap(false, true) {
 		return errors.New("sluice: Close called while Run is running: cancel Run's context and wait for it to return first")
 	}
-	in.closed.Store(true)
+	in.closed = true
 	left := 0
 	for _, c := range in.collectors {
 		if !in.cfg.Registry.Unregister(c) {
@@ -249,7 +248,7 @@ func (in *Instance) baseOpts() []kgo.Opt {
 func (in *Instance) Run(ctx context.Context) error {
 	if !in.running.CompareAndSwap(false, true) {
 		in.closeMu.Lock() // a Close under way has set closed once it lets go
-		closed := in.closed.Load()
+		closed := in.closed
 		in.closeMu.Unlock()
 		if closed {
 			return errors.New("sluice: Run called after Close")

@@ -233,12 +233,7 @@ func (ws *writeSet) seek(from []byte, prefix string) *wsNode {
 func (ws *writeSet) first() *wsNode { return live(ws.head.next[0]) }
 
 // live returns n, or the first set node after it, or nil.
-func live(n *wsNode) *wsNode {
-	for n != nil && n.unset {
-		n = n.next[0]
-	}
-	return n
-}
+func live(n *wsNode) *wsNode { return liveWithin(n, "") }
 
 // liveWithin is live for the nodes with the prefix: nil at the first node
 // without it.
@@ -284,24 +279,25 @@ func (n *wsNode) within(prefix string) bool {
 // key and value bytes, and a kept node's key bytes never change), so
 // keeping them is safe once the epoch was applied or discarded.
 func (ws *writeSet) reset() {
+	n := len(ws.index)
+	keep := n <= keepMaxNodes && ws.keys.held+ws.nodesHeld <= keepMaxBytes && ws.live*4 >= n*3
 	ws.last, ws.lastOK = nil, false
 	ws.shared = false
-	if n := len(ws.index); n <= keepMaxNodes && ws.keys.held+ws.nodesHeld <= keepMaxBytes && ws.live*4 >= n*3 {
+	ws.live, ws.bytes = 0, 0
+	if keep {
 		for x := ws.head.next[0]; x != nil; x = x.next[0] {
 			x.unset, x.val, x.own = true, nil, false
 		}
-		ws.live, ws.bytes = 0, 0
 		ws.heldBefore = ws.keys.held + ws.nodesHeld
 		return
 	}
-	if len(ws.index) > resetShrinkLen {
+	if n > resetShrinkLen {
 		ws.index = map[string]*wsNode{}
 	} else {
 		clear(ws.index)
 	}
 	clear(ws.head.next)
 	ws.level = 1
-	ws.live, ws.bytes = 0, 0
 	// The nodes and keys go with their slabs (the epoch's mutations, the
 	// changelog records in flight, may still hold key bytes: the new
 	// arena never writes over them).
