@@ -162,9 +162,9 @@ func TestPythonAggregateKeepsState(t *testing.T) {
 // stuckAggregate counts values per key but never answers for the key
 // "stuck": the call hangs until the test ends, so the processor's timeout
 // ends each of its attempts. (Waiting on the call's own context raced
-// with that timeout: the context carries the deadline the client sends
-// in its timeout header, and an answer sent when it passed could reach
-// the client before its own deadline did.)
+// with that timeout: the context ends at the deadline the client sends in
+// its timeout header, the client's own, and on a busy machine an answer
+// sent then could be read before the client's timer fired.)
 func stuckAggregate(t *testing.T) sdk.Func {
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
