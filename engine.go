@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/internal/control"
+	"github.com/sluicehq/sluice/internal/promreg"
 	"github.com/sluicehq/sluice/txsink"
 )
 
@@ -182,13 +183,7 @@ func (in *Instance) Close() error {
 		return errors.New("sluice: Close called while Run is running: cancel Run's context and wait for it to return first")
 	}
 	in.closed = true
-	left := 0
-	for _, c := range in.collectors {
-		if !in.cfg.Registry.Unregister(c) {
-			left++
-		}
-	}
-	if left > 0 {
+	if left := promreg.Unregister(in.cfg.Registry, in.collectors...); left > 0 {
 		return fmt.Errorf("sluice: Close: Options.Registry did not unregister %d of the instance's %d metric collectors", left, len(in.collectors))
 	}
 	return nil

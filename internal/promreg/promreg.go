@@ -1,5 +1,6 @@
 // Package promreg registers a component's Prometheus collectors all or
-// none, for the engine's metrics and the function job's alike.
+// none, and unregisters them, for the engine's metrics and the function
+// job's alike.
 package promreg
 
 import "github.com/prometheus/client_golang/prometheus"
@@ -11,11 +12,20 @@ import "github.com/prometheus/client_golang/prometheus"
 func All(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
+			Unregister(reg, cs[:i]...)
 			return err
 		}
 	}
 	return nil
+}
+
+// Unregister unregisters every collector of cs from reg and returns how
+// many of them reg did not let go of.
+func Unregister(reg prometheus.Registerer, cs ...prometheus.Collector) (left int) {
+	for _, c := range cs {
+		if !reg.Unregister(c) {
+			left++
+		}
+	}
+	return left
 }
