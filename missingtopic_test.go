@@ -68,7 +68,7 @@ func TestMissingTopicIsLoggedAndWaitedFor(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, topic := range []string{"out", "audit"} {
-		got, err := check.ReadCommitted(context.Background(), brokers, topic, time.Second, check.Settled(inputs))
+		got, err := check.ReadCommitted(context.Background(), brokers, topic, 30*time.Second, check.Settled(inputs))
 		if err != nil {
 			t.Fatal(err)
 		}

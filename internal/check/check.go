@@ -65,6 +65,83 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, idle tim
 	}
 }
 
+// ReadToEnd reads topic from the start to where its partitions end when it
+// is called, at isolation level level: their high-water marks reading
+// uncommitted, their last stable offsets reading committed. It returns the
+// data records below those ends. Unlike a reader that stops once nothing
+// new arrives for a while, it cannot stop early on a busy machine: it reads
+// control records too (the commit and abort markers, which it drops), so it
+// knows when it reached each partition's end. Reading committed, that needs
+// the offset below each end to be readable: a marker, or a record outside
+// transactions. It is when the partition's transactions do not interleave
+// (one transactional producer writes it, as an instance writes its
+// outputs); ctx bounds the read otherwise.
+func ReadToEnd(ctx context.Context, brokers []string, topic string, level kgo.IsolationLevel) ([]*kgo.Record, error) {
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, err
+	}
+	defer admCl.Close()
+	adm := kadm.NewClient(admCl)
+	list := adm.ListEndOffsets
+	if level == kgo.ReadCommitted() {
+		list = adm.ListCommittedOffsets
+	}
+	ends, err := list(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the ends of %s: %w", topic, err)
+	}
+	next := map[int32]int64{} // the offset read next, in partitions not at their end
+	from := map[int32]kgo.Offset{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			next[o.Partition] = 0
+			from[o.Partition] = kgo.NewOffset().AtStart()
+		}
+	})
+	if len(from) == 0 {
+		return nil, nil
+	}
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
+		kgo.FetchIsolationLevel(level),
+		kgo.KeepControlRecords(),
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	for len(next) > 0 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return out, fmt.Errorf("read %s to its end: %w", topic, err)
+		}
+		if err := fs.Err(); err != nil {
+			return out, fmt.Errorf("read %s to its end: %w", topic, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if _, ok := next[r.Partition]; !ok || r.Offset >= ends[topic][r.Partition].Offset {
+				return // read to its end already, or past it
+			}
+			next[r.Partition] = r.Offset + 1
+			if !r.Attrs.IsControl() {
+				out = append(out, r)
+			}
+		})
+		for p, n := range next {
+			if n >= ends[topic][p].Offset {
+				delete(next, p)
+			}
+		}
+	}
+	return out, nil
+}
+
 // Aggregation mirrors the aggregate job's output value.
 type Aggregation struct {
 	Count int64 `json:"count"`

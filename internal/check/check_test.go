@@ -1,10 +1,14 @@
 package check
 
 import (
+	"context"
 	"encoding/json"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -71,5 +75,73 @@ func TestMetricSumByLabel(t *testing.T) {
 		if got, err := MetricSum(reg, "tasks", c.labels...); err != nil || got != c.want {
 			t.Errorf("MetricSum(%v) = %v, %v; want %v", c.labels, got, err, c.want)
 		}
+	}
+}
+
+// ReadToEnd reads to where the partitions end when it is called: reading
+// committed, the records of committed transactions before the open one
+// (not the aborted ones, nor the open one's); reading uncommitted, every
+// record written so far.
+func TestReadToEnd(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID("w"), kgo.DefaultProduceTopic("out"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	// txn writes values in a transaction, then commits it, aborts it
+	// or leaves it open.
+	txn := func(end string, values ...string) {
+		t.Helper()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range values {
+			if err := cl.ProduceSync(ctx, &kgo.Record{Partition: int32(i % 2), Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if end != "open" {
+			if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(end == "commit")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	txn("commit", "c1", "c2", "c3")
+	txn("abort", "a1", "a2")
+	txn("commit", "c4")
+	txn("open", "o1", "o2")
+	values := func(level kgo.IsolationLevel) []string {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		recs, err := ReadToEnd(rctx, brokers, "out", level)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vs []string
+		for _, r := range recs {
+			vs = append(vs, string(r.Value))
+		}
+		slices.Sort(vs)
+		return vs
+	}
+	if got, want := values(kgo.ReadCommitted()), []string{"c1", "c2", "c3", "c4"}; !slices.Equal(got, want) {
+		t.Errorf("read committed: %q, want %q", got, want)
+	}
+	if got, want := values(kgo.ReadUncommitted()), []string{"a1", "a2", "c1", "c2", "c3", "c4", "o1", "o2"}; !slices.Equal(got, want) {
+		t.Errorf("read uncommitted: %q, want %q", got, want)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := values(kgo.ReadCommitted()), []string{"c1", "c2", "c3", "c4", "o1", "o2"}; !slices.Equal(got, want) {
+		t.Errorf("read committed after the commit: %q, want %q", got, want)
 	}
 }

@@ -180,17 +180,22 @@ func (ch *chaos) shutdown() {
 	if err := cl.ProduceSync(context.Background(), sentinels...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, output, 3*time.Second, nil)
+	// Read until every sentinel is seen; a fresh reader that stopped
+	// after a few idle seconds could miss some on a busy machine.
+	sentinelsIn := func(recs []*kgo.Record) (n int) {
+		for _, r := range recs {
+			if string(r.Key) == "sentinel" {
+				n++
+			}
+		}
+		return n
+	}
+	recs, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, output, 30*time.Second,
+		func(recs []*kgo.Record) bool { return sentinelsIn(recs) == len(sentinels) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := 0
-	for _, r := range recs {
-		if string(r.Key) == "sentinel" {
-			seen++
-		}
-	}
-	if seen != len(sentinels) {
+	if seen := sentinelsIn(recs); seen != len(sentinels) {
 		t.Fatalf("read_committed sees %d of %d sentinels: a transaction was left open", seen, len(sentinels))
 	}
 	if ch.pipelined {

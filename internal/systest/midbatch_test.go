@@ -71,7 +71,7 @@ func TestMidBatchAbort(t *testing.T) {
 	if err := cl.ProduceSync(context.Background(), batch...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 5*time.Second, check.Settled(11))
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 30*time.Second, check.Settled(11))
 	var got []string
 	for _, r := range recs {
 		got = append(got, string(r.Value))
