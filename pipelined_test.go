@@ -61,6 +61,7 @@ func TestPipelinedEpochs(t *testing.T) {
 			opts := aggregateOptions(brokers, app, state)
 			opts.PipelinedEpochs = true
 			opts.Checkpoint.Timeout = 40 * time.Second // the test holds a flush
+			opts.ClientOpts = holdableProduce
 			var url string
 			if tt.sink {
 				url = pg.Database(t, "pipelined"+strconv.Itoa(i))
@@ -290,6 +291,12 @@ func (h *flushHold) arm(t *testing.T, c *kfake.Cluster, adm *kadm.Client) {
 	h.watching.Store(true)
 }
 
+// holdableProduce are client options for an instance whose produce a
+// flushHold holds: the client gives up on a produce request after its
+// timeout (10 s by default, plus the engine's 5 s overhead) and sends it
+// again, unheld, which would end the hold early on a slow machine.
+var holdableProduce = []kgo.Opt{kgo.ProduceRequestTimeout(2 * time.Minute)}
+
 // holding reports whether an epoch's barrier passed and its flush is held.
 func (h *flushHold) holding() bool { return h.barriers.Load() > 0 && h.sleeping.Load() }
 
@@ -326,6 +333,7 @@ func TestPipelinedEpochsFireTimersDuringTheOverlap(t *testing.T) {
 	opts := testOptions(brokers, "pipelined-timers", job, t.TempDir())
 	opts.OutputTopic, opts.PipelinedEpochs = "out", true
 	opts.Checkpoint.Timeout = 40 * time.Second // the test holds a flush
+	opts.ClientOpts = holdableProduce
 	h := &flushHold{}
 	opts.Hook = h.hook
 	reg := opts.Registry.(*prometheus.Registry)
@@ -341,8 +349,8 @@ func TestPipelinedEpochsFireTimersDuringTheOverlap(t *testing.T) {
 		return metricOf(t, reg, "sluice_timers_fired_total") >= fired+n-1
 	})
 	// During the overlap, not after it: the held epoch has not committed
-	// (the client gives up on the held request after some seconds and
-	// sends it again, which would end the overlap).
+	// (holdableProduce keeps the client from giving up on the held
+	// request and sending it again, which would end the overlap).
 	if now := metricOf(t, reg, "sluice_epochs_committed_total"); now != committed {
 		t.Fatalf("%v epochs committed before the timers fired, want none: they waited for the held epoch", now-committed)
 	}

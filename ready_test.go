@@ -44,6 +44,10 @@ func TestNotReadyBeforeTheAssignment(t *testing.T) {
 
 	opts := testOptions(c.ListenAddrs(), "ready", jobs.Echo(), t.TempDir())
 	opts.OutputTopic = "out"
+	// The client gives up on a SyncGroup after the rebalance timeout (4 s
+	// of the tests' 6 s session) and sends another, which the broker
+	// answers: on a slow machine the probes below could outlast it.
+	opts.SessionTimeout = 90 * time.Second // and so a rebalance timeout of a minute
 	r := startInstance(t, opts)
 	select {
 	case <-held:

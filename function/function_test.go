@@ -192,7 +192,7 @@ func TestKeyNeverAnsweredGoesToTheDeadLetterTopic(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	// Batch 1: each key is a call of its own, so the other keys' answers
 	// do not wait for the stuck key's first call to time out.
-	job := newJob(t, function.Options{URL: url, Timeout: 500 * time.Millisecond, Retries: 2, Backoff: 10 * time.Millisecond, Batch: 1, Registry: reg})
+	job := newJob(t, function.Options{URL: url, Timeout: time.Second, Retries: 2, Backoff: 10 * time.Millisecond, Batch: 1, Registry: reg})
 	h := sluicetest.New(t, job, sluicetest.Options{})
 	for _, k := range []string{"a", "stuck", "b", "stuck", "a"} {
 		h.Send([]byte(k), []byte("1"), time.Time{})

@@ -72,7 +72,7 @@ func TestService(t *testing.T) {
 	}
 	defer c.Close()
 	cfg, err := parseFlags([]string{"-brokers", c.ListenAddrs()[0], "-instance", "test-1",
-		"-state-dir", t.TempDir(), "-drain-delay", "1s"}, io.Discard)
+		"-state-dir", t.TempDir(), "-drain-delay", "5s"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
