@@ -163,6 +163,13 @@ type Options struct {
 	// for tasks that read more than one input topic. Default 0: an input
 	// holds event time back until it has data.
 	IdleTimeout time.Duration
+	// MaxTaskIdle bounds how long a task that reads several input topics
+	// holds the other topics' records back while one topic's next records
+	// are on the broker but not fetched yet, so that it takes the records
+	// in timestamp order (Kafka Streams' max.task.idle.ms). Past it the
+	// task goes on without them, and they may come out of order. Default
+	// DefaultMaxTaskIdle; a negative value never holds records back.
+	MaxTaskIdle time.Duration
 
 	// TTLSweepEntries bounds the background removal of expired state
 	// (kstate.WithTTL): each task examines at most this many entries with
@@ -296,6 +303,7 @@ const (
 	DefaultCheckpointInterval = 100 * time.Millisecond
 	DefaultSessionTimeout     = 45 * time.Second
 	DefaultTolerableFailures  = 3
+	DefaultMaxTaskIdle        = time.Second
 	minTransactionTimeout     = 10 * time.Second
 	minRebalanceTimeout       = time.Second
 )
@@ -352,6 +360,9 @@ func (c *Options) fillTiming() {
 	}
 	if c.RebalanceTimeout == 0 {
 		c.RebalanceTimeout = DefaultRebalanceTimeout(c.SessionTimeout)
+	}
+	if c.MaxTaskIdle == 0 {
+		c.MaxTaskIdle = DefaultMaxTaskIdle
 	}
 }
 

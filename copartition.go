@@ -28,12 +28,8 @@ import (
 //     whose records run out in a poll while it still has records on the
 //     broker (the task has not read up to its last known high-water mark)
 //     holds the others back: their remaining records are fetched again,
-//     for at most maxTaskIdle, after which the task goes on without it
-//     (Kafka Streams' max.task.idle.ms idea, bounded).
-
-// maxTaskIdle bounds how long a task waits for the records of one input
-// topic before processing the others without them.
-const maxTaskIdle = time.Second
+//     for at most Options.MaxTaskIdle, after which the task goes on without
+//     it (Kafka Streams' max.task.idle.ms idea, bounded).
 
 // noteOwned records which partitions the group gave or took.
 func (l *loop) noteOwned(ev event) {
@@ -112,7 +108,7 @@ func (l *loop) learnEnds(ts []*task) {
 // One offset short is not behind: a transactional producer's input ends
 // with its commit marker, which takes an offset no record has (found by
 // review: such an input looked behind for good, and held the others back
-// for maxTaskIdle every time it went quiet).
+// for Options.MaxTaskIdle every time it went quiet).
 func (t *task) behind(topic string) bool {
 	ci := t.co[topic]
 	if ci == nil || ci.hwm <= 0 {
@@ -139,7 +135,7 @@ func (l *loop) merged(t *task, byTopic map[string][]*kgo.Record) ([]*kgo.Record,
 		if ci.waitingSince.IsZero() {
 			ci.waitingSince = now
 		}
-		return now.Sub(ci.waitingSince) < maxTaskIdle
+		return now.Sub(ci.waitingSince) < l.in.cfg.MaxTaskIdle
 	}
 	var out []*kgo.Record
 	heads := map[string]int{}

@@ -2,6 +2,9 @@ package sluice
 
 import (
 	"context"
+	"maps"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -54,19 +57,18 @@ func TestMergedStopRefetchesWhatItDidNotTake(t *testing.T) {
 	defer cl.Close()
 	got := map[string][]*kgo.Record{}
 	var fs kgo.Fetches
+	joinCtx, cancelJoin := context.WithTimeout(ctx, time.Minute) // the group's join included
+	defer cancelJoin()
 	for len(got["a"]) < 5 || len(got["b"]) < 2 {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		f := cl.PollFetches(pctx)
-		timedOut := pctx.Err() != nil
-		cancel()
-		if timedOut {
-			t.Fatal("poll timed out")
+		f := cl.PollFetches(joinCtx)
+		if joinCtx.Err() != nil {
+			t.Fatal("not every record polled within a minute")
 		}
 		f.EachRecord(func(r *kgo.Record) { got[r.Topic] = append(got[r.Topic], r) })
 		fs = append(fs, f...)
 	}
 
-	in := &Instance{cfg: Options{InputTopics: []string{"a", "b"}}}
+	in := &Instance{cfg: Options{InputTopics: []string{"a", "b"}, MaxTaskIdle: DefaultMaxTaskIdle}}
 	in.m, _ = newMetrics(in)
 	l := &loop{in: in, sess: clientOnly{cl: cl}, tasks: map[int32]*task{}, coord: barrier.New(barrier.Config{Interval: time.Hour, Timeout: time.Second, TolerableFailures: 1}, time.Now(), 1)}
 	tk := &task{p: 0, committed: map[string]int64{"a": 0, "b": 0}, next: map[string]int64{"a": 0, "b": 0},
@@ -77,16 +79,65 @@ func TestMergedStopRefetchesWhatItDidNotTake(t *testing.T) {
 	if err := l.processMerged(fs); err != nil {
 		t.Fatal(err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	next := cl.PollFetches(pctx)
 	first := map[string]int64{}
-	next.EachRecord(func(r *kgo.Record) {
-		if _, ok := first[r.Topic]; !ok {
-			first[r.Topic] = r.Offset
+	for _, ok := first["a"]; !ok; _, ok = first["a"] {
+		next := cl.PollFetches(pctx)
+		if pctx.Err() != nil {
+			t.Fatal("topic a not fetched again within a minute")
 		}
-	})
+		next.EachRecord(func(r *kgo.Record) {
+			if _, ok := first[r.Topic]; !ok {
+				first[r.Topic] = r.Offset
+			}
+		})
+	}
 	if first["a"] != 0 {
 		t.Errorf("topic a refetched from %d, task's next is 0: records a@0..a@%d skipped", first["a"], first["a"]-1)
+	}
+}
+
+// merged holds the other topics back while one that ran out in the poll
+// still has records on the broker, for at most Options.MaxTaskIdle; a
+// negative MaxTaskIdle never holds them back.
+func TestMergedHoldsBackForMaxTaskIdle(t *testing.T) {
+	rec := func(topic string, offset, ts int64) *kgo.Record {
+		return &kgo.Record{Topic: topic, Offset: offset, Timestamp: time.UnixMilli(ts)}
+	}
+	for _, tt := range []struct {
+		name    string
+		idle    time.Duration
+		waiting time.Duration // how long topic a has been waited for, when the poll has none of it
+		taken   []string
+		rest    map[string]int64
+	}{
+		{"a lagging topic holds the other back", DefaultMaxTaskIdle, 0, []string{"a0", "b0", "a1"}, map[string]int64{"b": 1}},
+		{"until it passed", DefaultMaxTaskIdle, 2 * time.Second, []string{"b0", "b1", "b2"}, map[string]int64{}},
+		{"a longer MaxTaskIdle", time.Minute, 2 * time.Second, nil, map[string]int64{"b": 0}},
+		{"a negative MaxTaskIdle never holds back", -1, 0, []string{"a0", "b0", "a1", "b1", "b2"}, map[string]int64{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &loop{in: &Instance{cfg: Options{InputTopics: []string{"a", "b"}, MaxTaskIdle: tt.idle}}}
+			// a: 10 records on the broker, b: 3; neither read yet.
+			tk := &task{next: map[string]int64{"a": -1, "b": -1}, co: map[string]*coInput{"a": {hwm: 10}, "b": {hwm: 3}}}
+			byTopic := map[string][]*kgo.Record{"b": {rec("b", 0, 2), rec("b", 1, 4), rec("b", 2, 6)}}
+			if tt.waiting > 0 {
+				tk.co["a"].waitingSince = time.Now().Add(-tt.waiting)
+			} else {
+				byTopic["a"] = []*kgo.Record{rec("a", 0, 1), rec("a", 1, 3)}
+			}
+			out, rest := l.merged(tk, byTopic)
+			var taken []string
+			for _, r := range out {
+				taken = append(taken, r.Topic+strconv.FormatInt(r.Offset, 10))
+			}
+			if !slices.Equal(taken, tt.taken) {
+				t.Errorf("took %v, want %v", taken, tt.taken)
+			}
+			if !maps.Equal(rest, tt.rest) {
+				t.Errorf("fetched again from %v, want %v", rest, tt.rest)
+			}
+		})
 	}
 }

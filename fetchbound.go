@@ -58,9 +58,9 @@ func (o *Options) adaptsFetchBound() bool {
 // partition, a response. Tasks in parallel then have one task a poll to
 // process; and a task merging two topics finds one of them missing from
 // every poll, holds the other's records back for it (copartition.go), and
-// fetches them again, until maxTaskIdle lets it go on without: two topics
-// written in batches of 300 KB had each batch read some 90 times and the
-// task stalled for a second before the bound followed the batches. Both
+// fetches them again, until Options.MaxTaskIdle lets it go on without: two
+// topics written in batches of 300 KB had each batch read some 90 times and
+// the task stalled for a second before the bound followed the batches. Both
 // happen with franz-go's producer, which writes batches of up to 1 MiB
 // under load.
 //

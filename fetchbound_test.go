@@ -24,8 +24,12 @@ import (
 // A batch over the bound is returned only as the first of a fetch response
 // (KIP-74), so each response held one topic: the merge held the other
 // topic's records back for it and fetched them again, each batch some 90
-// times, until it went on without the missing topic after maxTaskIdle and
-// out of order. The bound now rises to the batches read.
+// times, until it went on without the missing topic after MaxTaskIdle and
+// out of order. The bound now rises to the batches read. The test sets
+// MaxTaskIdle to a minute: with the default second, a machine too busy to
+// poll again within it would take the topics out of order by design.
+// Without the raised bound, the task then stalls and the test fails at its
+// minute.
 func TestLargeBatchesOfTwoTopicsMergeInOrder(t *testing.T) {
 	c, p := batchCluster(t, 1, []string{"a", "b", "out"})
 	ctx := context.Background()
@@ -52,6 +56,7 @@ func TestLargeBatchesOfTwoTopicsMergeInOrder(t *testing.T) {
 	}}
 	o := testOptions(c.ListenAddrs(), "merge", job, t.TempDir())
 	o.InputTopics, o.OutputTopic, o.Backend = []string{"a", "b"}, "out", kstate.MemoryBackend
+	o.MaxTaskIdle = time.Minute
 	runUntil(t, o, consumedAll(kadm.NewClient(p), "merge", total))
 
 	reader, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("out"),

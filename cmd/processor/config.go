@@ -68,6 +68,7 @@ type Config struct {
 	Window                time.Duration `env:"SLUICE_WINDOW" envDefault:"1m" desc:"window-average: length of the tumbling event-time windows, each aligned on the Unix epoch (see docs/windows.md). Must be at least 1ms."`
 	MaxOutOfOrderness     time.Duration `env:"SLUICE_MAX_OUT_OF_ORDERNESS" envDefault:"0s" desc:"Event time: watermark = highest record time seen minus this, so records this much out of order are not late. Must be >= 0."`
 	IdleTimeout           time.Duration `env:"SLUICE_IDLE_TIMEOUT" envDefault:"0s" desc:"Event time: an input that has had no record for this long stops holding the watermark back (Flink's withIdleness). Matters only for a task reading several input topics; 0 = never idle. Must be >= 0."`
+	MaxTaskIdle           time.Duration `env:"SLUICE_MAX_TASK_IDLE" envDefault:"1s" desc:"A task reading several input topics takes their records in timestamp order: when one topic's next records are on the broker but not fetched yet, it holds the others back for at most this long, then goes on without them, out of order (Kafka Streams' max.task.idle.ms). 0 = never hold back. Must be >= 0."`
 	SideOutputTopic       string        `env:"SLUICE_SIDE_OUTPUT_TOPIC" docDefault:"required by temperature-split" expect:"a Kafka topic name" desc:"temperature-split: topic for readings below 30 (the rest go to SLUICE_OUTPUT_TOPIC). rising-temperature with SLUICE_TIME=event: when set, readings behind the watermark go here (the late side output) instead of being processed. window-average: when set, readings whose window has already fired go here instead of being dropped."`
 	LeaveOnShutdown       bool          `env:"SLUICE_LEAVE_ON_SHUTDOWN" envDefault:"true" desc:"On SIGTERM, after the final checkpoint, leave the consumer group so the partitions move at once. false keeps them reserved for this SLUICE_INSTANCE_ID until the session times out (a quick restart then gets them back without a rebalance)."`
 	CreateTopics          bool          `env:"SLUICE_CREATE_TOPICS" envDefault:"true" desc:"Create missing output, DLQ and changelog topics at startup. Existing topics are never altered; a changelog with the wrong partition count or cleanup policy stops the instance."`
@@ -484,6 +485,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_WINDOW", c.Window >= time.Millisecond, "a Go duration of at least 1ms such as 1m")
 	v.check("SLUICE_MAX_OUT_OF_ORDERNESS", c.MaxOutOfOrderness >= 0, "a Go duration of 0 or more")
 	v.check("SLUICE_IDLE_TIMEOUT", c.IdleTimeout >= 0, "a Go duration of 0 or more")
+	v.check("SLUICE_MAX_TASK_IDLE", c.MaxTaskIdle >= 0, "a Go duration of 0 or more")
 	if c.RestoreFrom != "" {
 		err := savepoint.CheckLocation(context.Background(), c.RestoreFrom)
 		v.check("SLUICE_RESTORE_FROM", err == nil, because("a savepoint location as processor savepoint prints it: a directory path, file://path or s3://bucket/prefix?…", err))

@@ -108,6 +108,7 @@ func TestConfigDefaults(t *testing.T) {
 		EpochMaxKeys:       100000,
 		EpochMaxBytes:      64 << 20,
 		Parallelism:        1,
+		MaxTaskIdle:        time.Second,
 		FunctionConfig: FunctionConfig{
 			FunctionProtocol:      "json",
 			FunctionTimeout:       time.Second,
@@ -174,6 +175,33 @@ func TestConfigDerived(t *testing.T) {
 				t.Errorf("DLQTopic() = %q, want %q", got, tt.dlq)
 			}
 		})
+	}
+}
+
+// SLUICE_MAX_TASK_IDLE reaches the engine as Options.MaxTaskIdle, where 0
+// is the default: the variable's 0, never holding records back, becomes a
+// negative value.
+func TestConfigMaxTaskIdle(t *testing.T) {
+	for _, tt := range []struct {
+		value string // "" leaves it unset
+		want  time.Duration
+	}{
+		{"", time.Second},
+		{"30s", 30 * time.Second},
+		{"0", -1},
+		{"0s", -1},
+	} {
+		env := baseEnv()
+		if tt.value != "" {
+			env = envWith(env, "SLUICE_MAX_TASK_IDLE", tt.value)
+		}
+		c, err := loadConfig(env, testJobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := engineOptions(c, nil, nil).MaxTaskIdle; got != tt.want {
+			t.Errorf("SLUICE_MAX_TASK_IDLE=%q: Options.MaxTaskIdle = %v, want %v", tt.value, got, tt.want)
+		}
 	}
 }
 
@@ -284,6 +312,8 @@ var configErrorTests = []configErrorTest{
 	{"negative max out of orderness", envWith(baseEnv(), "SLUICE_MAX_OUT_OF_ORDERNESS", "-1ms"), "SLUICE_MAX_OUT_OF_ORDERNESS", ""},
 	{"idle timeout not a duration", envWith(baseEnv(), "SLUICE_IDLE_TIMEOUT", "soon"), "SLUICE_IDLE_TIMEOUT", ""},
 	{"negative idle timeout", envWith(baseEnv(), "SLUICE_IDLE_TIMEOUT", "-1s"), "SLUICE_IDLE_TIMEOUT", ""},
+	{"max task idle not a duration", envWith(baseEnv(), "SLUICE_MAX_TASK_IDLE", "1"), "SLUICE_MAX_TASK_IDLE", ""},
+	{"negative max task idle", envWith(baseEnv(), "SLUICE_MAX_TASK_IDLE", "-1s"), "SLUICE_MAX_TASK_IDLE", ""},
 	{"missing side output for temperature-split", envWith(baseEnv(), "SLUICE_JOB", "temperature-split"), "SLUICE_SIDE_OUTPUT_TOPIC",
 		"SLUICE_SIDE_OUTPUT_TOPIC is required: expected a Kafka topic name: 1 to 249 of the characters a-z A-Z 0-9 . _ - (job temperature-split writes to it)"},
 	{"bad side output topic", envWith(baseEnv(), "SLUICE_SIDE_OUTPUT_TOPIC", "a:b"), "SLUICE_SIDE_OUTPUT_TOPIC", ""},

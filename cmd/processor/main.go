@@ -325,6 +325,15 @@ func bindFunction(ctx context.Context, cfg Config, opts *sluice.Options) error {
 	return nil
 }
 
+// maxTaskIdle is SLUICE_MAX_TASK_IDLE as the engine takes it: there 0 is
+// the default and a negative value never holds records back.
+func maxTaskIdle(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
 func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) sluice.Options {
 	var job sluice.Job // the function job is bound in serve (bindFunction)
 	if mk, ok := builtins[cfg.Job]; ok {
@@ -340,6 +349,7 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		SideOutputTopics:  side,
 		MaxOutOfOrderness: cfg.MaxOutOfOrderness,
 		IdleTimeout:       cfg.IdleTimeout,
+		MaxTaskIdle:       maxTaskIdle(cfg.MaxTaskIdle),
 		Brokers:           cfg.Brokers,
 		AppID:             cfg.AppID,
 		InstanceID:        cfg.InstanceID,

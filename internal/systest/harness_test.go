@@ -185,8 +185,13 @@ func options(brokers, app, id, state, job string, g sluice.Guarantee) sluice.Opt
 		TransactionTimeout: 10 * time.Second,
 		SessionTimeout:     6 * time.Second,
 		RebalanceTimeout:   4 * time.Second,
-		Registry:           prometheus.NewRegistry(),
-		Logger:             testLogger(),
+		// The history job's tests want its two inputs in timestamp
+		// order whatever the machine's load: with the default second,
+		// a task that could not fetch a lagging input within it goes on
+		// without it, by design.
+		MaxTaskIdle: 30 * time.Second,
+		Registry:    prometheus.NewRegistry(),
+		Logger:      testLogger(),
 	}
 }
 
