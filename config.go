@@ -166,7 +166,8 @@ type Options struct {
 	// MaxTaskIdle bounds how long a task that reads several input topics
 	// holds the other topics' records back while one topic's next records
 	// are on the broker but not fetched yet, so that it takes the records
-	// in timestamp order (Kafka Streams' max.task.idle.ms). Past it the
+	// in timestamp order (Kafka Streams' max.task.idle.ms idea, bounded:
+	// there 0 still waits for records on the broker). Past it the
 	// task goes on without them, and they may come out of order. Default
 	// DefaultMaxTaskIdle; a negative value never holds records back.
 	MaxTaskIdle time.Duration

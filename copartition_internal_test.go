@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -139,5 +140,28 @@ func TestMergedHoldsBackForMaxTaskIdle(t *testing.T) {
 				t.Errorf("fetched again from %v, want %v", rest, tt.rest)
 			}
 		})
+	}
+}
+
+// New fills in MaxTaskIdle's default: a zero value holds a lagging topic's
+// partners back for DefaultMaxTaskIdle, not never.
+func TestNewFillsMaxTaskIdle(t *testing.T) {
+	job := Job{Name: "j", Process: func(Context, *Record) error { return nil }}
+	for _, tt := range []struct{ set, want time.Duration }{
+		{0, DefaultMaxTaskIdle},
+		{-1, -1},
+		{time.Minute, time.Minute},
+	} {
+		in, err := New(Options{Brokers: []string{"127.0.0.1:1"}, AppID: "a", InstanceID: "i", Job: job,
+			InputTopics: []string{"a", "b"}, StateDir: t.TempDir(), MaxTaskIdle: tt.set, Registry: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.cfg.MaxTaskIdle != tt.want {
+			t.Errorf("Options.MaxTaskIdle %v: the instance holds topics back for %v, want %v", tt.set, in.cfg.MaxTaskIdle, tt.want)
+		}
+		if err := in.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -294,7 +294,9 @@ func (h *flushHold) arm(t *testing.T, c *kfake.Cluster, adm *kadm.Client) {
 // holdableProduce are client options for an instance whose produce a
 // flushHold holds: the client gives up on a produce request after its
 // timeout (10 s by default, plus the engine's 5 s overhead) and sends it
-// again, unheld, which would end the hold early on a slow machine.
+// again, unheld, which would end the hold early on a slow machine. The
+// hold's limit is then the flush's, Checkpoint.Timeout (40 s in these
+// tests).
 var holdableProduce = []kgo.Opt{kgo.ProduceRequestTimeout(2 * time.Minute)}
 
 // holding reports whether an epoch's barrier passed and its flush is held.

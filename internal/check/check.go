@@ -71,11 +71,12 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, idle tim
 // data records below those ends. Unlike a reader that stops once nothing
 // new arrives for a while, it cannot stop early on a busy machine: it reads
 // control records too (the commit and abort markers, which it drops), so it
-// knows when it reached each partition's end. Reading committed, that needs
-// the offset below each end to be readable: a marker, or a record outside
-// transactions. It is when the partition's transactions do not interleave
-// (one transactional producer writes it, as an instance writes its
-// outputs); ctx bounds the read otherwise.
+// knows when it reached each partition's end. That needs the offset below
+// each end to be readable: reading committed, a marker or a record outside
+// transactions, which holds when the partition's transactions do not
+// interleave (one transactional producer writes it, as an instance writes
+// its outputs); and in the log, not removed by retention or compaction.
+// Otherwise the read lasts until ctx ends.
 func ReadToEnd(ctx context.Context, brokers []string, topic string, level kgo.IsolationLevel) ([]*kgo.Record, error) {
 	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
