@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 
-	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
 )
 
 // Output returns the records committed to the job's output topic so far.
@@ -56,64 +56,18 @@ func (h *Harness) Records(topic string) []sluice.Record {
 }
 
 // read consumes every partition of topic up to its last stable offset, the
-// end of what is committed. Control records (transaction markers) are kept
-// so that the reader's position is known even when a partition ends with
-// one; they are not returned.
+// end of what is committed (check.ReadToEnd).
 func (h *Harness) read(ctx context.Context, topic string) ([]sluice.Record, error) {
-	ends, err := h.adm.ListCommittedOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
+	recs, err := check.ReadToEnd(ctx, h.brokers, topic, kgo.ReadCommitted())
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		err = fmt.Errorf("%w (Options.Topics creates more topics)", err)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("end offsets: %w (Options.Topics creates more topics)", err)
-	}
-	want := map[int32]int64{} // partitions not read to their end yet
-	end := map[int32]int64{}
-	start := map[int32]kgo.Offset{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			want[o.Partition] = o.Offset
-			end[o.Partition] = o.Offset
-			start[o.Partition] = kgo.NewOffset().AtStart()
-		}
-	})
-	if len(want) == 0 {
-		return nil, nil
-	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(h.brokers...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: start}),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-	)
 	if err != nil {
 		return nil, err
 	}
-	defer cl.Close()
-	byPartition := map[int32][]sluice.Record{}
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("%w: partitions %v not read to their end", err, want)
-		}
-		var ferr error
-		fs.EachError(func(_ string, p int32, err error) { ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err)) })
-		if ferr != nil {
-			return nil, ferr
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset+1 >= end[r.Partition] {
-				delete(want, r.Partition)
-			}
-			if r.Attrs.IsControl() || r.Offset >= end[r.Partition] {
-				return // a marker, or committed after the ends were listed
-			}
-			byPartition[r.Partition] = append(byPartition[r.Partition], record(r))
-		})
-	}
-	var out []sluice.Record
-	for _, p := range slices.Sorted(maps.Keys(byPartition)) {
-		out = append(out, byPartition[p]...)
+	out := make([]sluice.Record, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, record(r))
 	}
 	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -68,15 +69,16 @@ func ReadCommitted(ctx context.Context, brokers []string, topic string, idle tim
 // ReadToEnd reads topic from the start to where its partitions end when it
 // is called, at isolation level level: their high-water marks reading
 // uncommitted, their last stable offsets reading committed. It returns the
-// data records below those ends. Unlike a reader that stops once nothing
-// new arrives for a while, it cannot stop early on a busy machine: it reads
-// control records too (the commit and abort markers, which it drops), so it
-// knows when it reached each partition's end. That needs the offset below
-// each end to be readable: reading committed, a marker or a record outside
-// transactions, which holds when the partition's transactions do not
-// interleave (one transactional producer writes it, as an instance writes
-// its outputs); and in the log, not removed by retention or compaction.
-// Otherwise the read lasts until ctx ends.
+// data records below those ends, in partition order, then offset order.
+// Unlike a reader that stops once nothing new arrives for a while, it
+// cannot stop early on a busy machine: it reads control records too (the
+// commit and abort markers, which it drops), so it knows when it reached
+// each partition's end. That needs the offset below each end to be
+// readable: reading committed, a marker or a record outside transactions,
+// which holds when the partition's transactions do not interleave (one
+// transactional producer writes it, as an instance writes its outputs);
+// and in the log, not removed by retention or compaction. Otherwise the
+// read lasts until ctx ends.
 func ReadToEnd(ctx context.Context, brokers []string, topic string, level kgo.IsolationLevel) ([]*kgo.Record, error) {
 	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
@@ -95,11 +97,11 @@ func ReadToEnd(ctx context.Context, brokers []string, topic string, level kgo.Is
 	if err != nil {
 		return nil, fmt.Errorf("list the ends of %s: %w", topic, err)
 	}
-	next := map[int32]int64{} // the offset read next, in partitions not at their end
+	end := map[int32]int64{}
 	from := map[int32]kgo.Offset{}
 	ends.Each(func(o kadm.ListedOffset) {
 		if o.Offset > 0 {
-			next[o.Partition] = 0
+			end[o.Partition] = o.Offset
 			from[o.Partition] = kgo.NewOffset().AtStart()
 		}
 	})
@@ -116,30 +118,29 @@ func ReadToEnd(ctx context.Context, brokers []string, topic string, level kgo.Is
 		return nil, err
 	}
 	defer cl.Close()
+	left := maps.Clone(end) // the partitions not read to their end yet
 	var out []*kgo.Record
-	for len(next) > 0 {
+	for len(left) > 0 {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return out, fmt.Errorf("read %s to its end: %w", topic, err)
+			return nil, fmt.Errorf("read %s: %w: partitions %v not read to their end", topic, err, slices.Sorted(maps.Keys(left)))
 		}
-		if err := fs.Err(); err != nil {
-			return out, fmt.Errorf("read %s to its end: %w", topic, err)
+		var ferr error
+		fs.EachError(func(_ string, p int32, err error) { ferr = errors.Join(ferr, fmt.Errorf("partition %d: %w", p, err)) })
+		if ferr != nil {
+			return nil, fmt.Errorf("read %s: %w", topic, ferr)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			if _, ok := next[r.Partition]; !ok || r.Offset >= ends[topic][r.Partition].Offset {
-				return // read to its end already, or past it
+			if r.Offset+1 >= end[r.Partition] {
+				delete(left, r.Partition)
 			}
-			next[r.Partition] = r.Offset + 1
-			if !r.Attrs.IsControl() {
-				out = append(out, r)
+			if r.Attrs.IsControl() || r.Offset >= end[r.Partition] {
+				return // a marker, or written after the ends were listed
 			}
+			out = append(out, r)
 		})
-		for p, n := range next {
-			if n >= ends[topic][p].Offset {
-				delete(next, p)
-			}
-		}
 	}
+	slices.SortStableFunc(out, func(a, b *kgo.Record) int { return int(a.Partition - b.Partition) })
 	return out, nil
 }
 
