@@ -244,7 +244,7 @@ func chaosAggregate(t *testing.T, proto string) {
 	}
 	ch := newChaos(t, "aggregate", sluice.ExactlyOnce, proto, seed, extra...)
 	ch.run(20*time.Second, 50, seed)
-	rep := awaitAggregate(t, ch.brokers, ch.feeder, 45*time.Second)
+	rep := awaitAggregate(t, ch.brokers, ch.feeder, awaitIdle)
 	if !rep.OK() {
 		dumpMarkers(t, ch.brokers, "chaos-aggregate")
 		ch.dumpStuck()
@@ -316,7 +316,7 @@ func TestChaosWordcountExactlyOnce(t *testing.T) {
 		}
 		return n
 	}()
-	recs, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, output, 45*time.Second, check.Settled(occurrences))
+	recs, err := check.ReadCommitted(context.Background(), []string{ch.brokers}, output, awaitIdle, check.Settled(occurrences))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestChaosEchoExactlyOnce(t *testing.T) {
 	pg := pgtest.Start(t).URL()
 	ch := newChaos(t, "echo", sluice.ExactlyOnce, chaosProtocol("consumer"), seed, "SYSTEST_PG_URL="+pg, "SYSTEST_PARALLELISM=2", "SYSTEST_PIPELINED=true")
 	ch.run(20*time.Second, 0, seed)
-	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
+	rep := awaitEcho(t, ch.brokers, ch.feeder, awaitIdle)
 	if !rep.OK() {
 		dumpEchoGaps(t, ch.brokers, ch.feeder)
 		ch.dumpStuck()
@@ -353,7 +353,7 @@ func TestChaosEchoAtLeastOnce(t *testing.T) {
 	seed := chaosSeed(t, 23)
 	ch := newChaos(t, "echo", sluice.AtLeastOnce, chaosProtocol("classic"), seed)
 	ch.run(20*time.Second, 0, seed)
-	rep := awaitEcho(t, ch.brokers, ch.feeder, 45*time.Second)
+	rep := awaitEcho(t, ch.brokers, ch.feeder, awaitIdle)
 	if rep.Lost != 0 || rep.Wrong != 0 {
 		dumpMarkers(t, ch.brokers, "chaos-echo")
 		dumpEchoGaps(t, ch.brokers, ch.feeder)

@@ -97,7 +97,7 @@ func expectedHistory(recs []*kgo.Record) map[string][]string {
 // values in order.
 func outputsByKey(t *testing.T, brokers string, want int) map[string][]string {
 	t.Helper()
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 45*time.Second, check.Settled(want))
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, awaitIdle, check.Settled(want))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestCoProcessKilledEqualsFaultFree(t *testing.T) {
 // outputsByKeyAtLeast waits until the output holds n committed records.
 func outputsByKeyAtLeast(t *testing.T, brokers string, n int) {
 	t.Helper()
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 45*time.Second,
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, awaitIdle,
 		func(r []*kgo.Record) bool { return len(r) >= n })
 	if err != nil || len(recs) < n {
 		t.Fatalf("outputs: %d of %d (%v)", len(recs), n, err)

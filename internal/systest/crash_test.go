@@ -62,7 +62,7 @@ func TestCrashPoints(t *testing.T) {
 			}
 			c.start()
 			f.produce(300, 40)
-			rep := awaitAggregate(t, brokers, f, 45*time.Second)
+			rep := awaitAggregate(t, brokers, f, awaitIdle)
 			if !rep.OK() {
 				c.dumpLog()
 				t.Fatalf("after crash %s: %v", tt.name, rep)
@@ -85,7 +85,7 @@ func TestPausePastTransactionTimeout(t *testing.T) {
 	a.start()
 	b.start()
 	f.produce(500, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatalf("before the pause: %v", rep)
 	}
 	a.signal(syscall.SIGSTOP)
@@ -99,7 +99,7 @@ func TestPausePastTransactionTimeout(t *testing.T) {
 	for range 10 {
 		f.produce(50, 0)
 	}
-	rep := awaitAggregate(t, brokers, f, 45*time.Second)
+	rep := awaitAggregate(t, brokers, f, awaitIdle)
 	if !rep.OK() {
 		a.dumpLog()
 		b.dumpLog()

@@ -94,7 +94,7 @@ func TestBrokerFaults(t *testing.T) {
 			p := startInProcess(t, o)
 			p.awaitReady(t)
 			f.produce(300, 0)
-			if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+			if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 				t.Fatalf("before the fault: %v", rep)
 			}
 			var fired atomic.Bool
@@ -102,7 +102,7 @@ func TestBrokerFaults(t *testing.T) {
 			for range 10 {
 				f.produce(50, 0)
 			}
-			rep := awaitAggregate(t, brokers, f, 45*time.Second)
+			rep := awaitAggregate(t, brokers, f, awaitIdle)
 			if !rep.OK() {
 				t.Fatalf("after the fault: %v", rep)
 			}

@@ -147,7 +147,7 @@ func TestChaosPythonFunctionAggregate(t *testing.T) {
 		t.Fatal("no instance ever found its function unavailable: the function kills were not exercised")
 	}
 
-	rep := awaitAggregate(t, brokers, ch.feeder, 45*time.Second)
+	rep := awaitAggregate(t, brokers, ch.feeder, awaitIdle)
 	if !rep.OK() {
 		dump(ch.dumpStuck)
 		t.Fatalf("aggregate through the Python function under chaos: %v", rep)

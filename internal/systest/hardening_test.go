@@ -308,7 +308,7 @@ func TestReleasedTaskFilesAreDeleted(t *testing.T) {
 	a := startInProcess(t, oa)
 	a.awaitReady(t)
 	f.produce(200, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatal(rep)
 	}
 	files := func() []string {
@@ -328,7 +328,7 @@ func TestReleasedTaskFilesAreDeleted(t *testing.T) {
 		f.produce(10, 0) // keeps a's loop turning
 		<-time.After(50 * time.Millisecond)
 	}
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatal(rep)
 	}
 }
@@ -356,7 +356,7 @@ func TestRestartDoesNotWaitOutItsDanglingTransaction(t *testing.T) {
 	start := time.Now()
 	c.start()
 	f.produce(20, 0)
-	rep := awaitAggregate(t, brokers, f, 45*time.Second)
+	rep := awaitAggregate(t, brokers, f, awaitIdle)
 	if !rep.OK() {
 		c.dumpLog()
 		t.Fatalf("after restart: %v", rep)
@@ -420,7 +420,7 @@ func TestCorruptStateFileIsRestoredFromChangelog(t *testing.T) {
 	dir := t.TempDir()
 	p := startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(500, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatal(rep)
 	}
 	p.stop(t)
@@ -434,7 +434,7 @@ func TestCorruptStateFileIsRestoredFromChangelog(t *testing.T) {
 	}
 	startInProcess(t, options(brokers, "corrupt", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(500, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatal(rep)
 	}
 	if aside, _ := filepath.Glob(path + ".corrupt-*"); len(aside) != 1 {
@@ -455,7 +455,7 @@ func TestKilledInstancesDamagedFileIsRestored(t *testing.T) {
 	c := newChild(t, brokers, "killedjunk", "i1", dir, "aggregate", sluice.ExactlyOnce)
 	c.start()
 	f.produce(500, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		c.dumpLog()
 		t.Fatal(rep)
 	}
@@ -496,7 +496,7 @@ func TestKilledInstancesDamagedFileIsRestored(t *testing.T) {
 		t.Fatal("the instance went on reading a damaged page")
 	}
 	c.start()
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		c.dumpLog()
 		t.Fatal(rep)
 	}
@@ -542,7 +542,7 @@ func TestDiskFullStopsCleanlyAndRecovers(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- inst.Run(context.Background()) }()
 	f.produce(300, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatal(rep)
 	}
 	full.Store(true)
@@ -557,7 +557,7 @@ func TestDiskFullStopsCleanlyAndRecovers(t *testing.T) {
 	}
 	startInProcess(t, options(brokers, "full", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(300, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatal(rep)
 	}
 }

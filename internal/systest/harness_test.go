@@ -307,6 +307,13 @@ func (f *feeder) valid() int {
 	return f.n - f.bad
 }
 
+// awaitIdle is how long the reads that end at a condition (every input
+// reflected, a count settled) wait for a first or a next record before
+// they give up and let the test report what is missing. A passing run ends
+// at its condition; the bound covers a restart, a restore or a group join
+// before the first record on a busy machine, where 10-30 s did not always.
+const awaitIdle = 45 * time.Second
+
 // awaitAggregate reads the output read_committed until every valid input
 // has an output (or nothing arrives for idle), then checks it.
 func awaitAggregate(t *testing.T, brokers string, f *feeder, idle time.Duration) check.Report {

@@ -29,7 +29,7 @@ func TestAggregateExactlyOnceWithDeadLetters(t *testing.T) {
 	for range 10 {
 		f.produce(200, 50)
 	}
-	rep := awaitAggregate(t, brokers, f, 45*time.Second)
+	rep := awaitAggregate(t, brokers, f, awaitIdle)
 	if !rep.OK() || rep.Inputs != 1960 {
 		t.Fatalf("aggregate: %v", rep)
 	}
@@ -59,7 +59,7 @@ func TestEchoCopiesPartitionsInOrder(t *testing.T) {
 	for range 5 {
 		f.produce(300, 0)
 	}
-	if rep := awaitEcho(t, brokers, f, 45*time.Second); !rep.OK() || rep.Inputs != 1500 {
+	if rep := awaitEcho(t, brokers, f, awaitIdle); !rep.OK() || rep.Inputs != 1500 {
 		t.Fatalf("echo: %v", rep)
 	}
 }
@@ -82,7 +82,7 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 	dir := t.TempDir()
 	p := startInProcess(t, options(brokers, "agg", "i1", dir, "aggregate", sluice.ExactlyOnce))
 	f.produce(1000, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatalf("first run: %v", rep)
 	}
 	p.stop(t)
@@ -92,7 +92,7 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg.Registry = reg
 	p = startInProcess(t, cfg)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatalf("after restart with state: %v", rep)
 	}
 	if n := restoreDone(t, reg); n != 0 {
@@ -108,7 +108,7 @@ func TestRestartRestoresFromLocalStateOrChangelog(t *testing.T) {
 	reg = prometheus.NewRegistry()
 	cfg.Registry = reg
 	startInProcess(t, cfg)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatalf("after restart without state: %v", rep)
 	}
 	if n := restoreDone(t, reg); n < 30 {
@@ -156,7 +156,7 @@ func TestRebalanceKeepsExactlyOnce(t *testing.T) {
 			f.produce(600, 0)
 			b.stop(t)
 			f.produce(600, 0)
-			if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+			if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 				t.Fatalf("aggregate: %v", rep)
 			}
 			c.stop(t)
@@ -251,7 +251,7 @@ func TestRestoreFromCompactedChangelog(t *testing.T) {
 
 func waitOutputs(t *testing.T, brokers string, n int) []*kgo.Record {
 	t.Helper()
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 45*time.Second, func(r []*kgo.Record) bool { return len(r) >= n })
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, awaitIdle, func(r []*kgo.Record) bool { return len(r) >= n })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestLibraryDefaults(t *testing.T) {
 		Logger:      testLogger(),
 	})
 	f.produce(300, 30)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatalf("with the library's defaults: %v", rep)
 	}
 }

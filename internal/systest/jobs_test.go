@@ -33,7 +33,7 @@ func sendReadings(t *testing.T, brokers string, readings []string) {
 
 func values(t *testing.T, brokers, topic string, n int) []string {
 	t.Helper()
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, topic, 45*time.Second, check.Settled(n))
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, topic, awaitIdle, check.Settled(n))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestRisingTemperatureEventTime(t *testing.T) {
 	o.SideOutputTopics = map[sluice.OutputTag]string{jobs.Late: "late"}
 	startInProcess(t, o)
 	sendReadings(t, brokers, risingReadings)
-	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 45*time.Second, check.Settled(2))
+	recs, err := check.ReadCommitted(context.Background(), []string{brokers}, output, awaitIdle, check.Settled(2))
 	if err != nil {
 		t.Fatal(err)
 	}

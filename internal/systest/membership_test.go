@@ -33,7 +33,7 @@ func TestStaticMemberRestartsAndLeaves(t *testing.T) {
 			step := func(what string) {
 				t.Helper()
 				f.produce(400, 0)
-				if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+				if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 					for _, c := range kids {
 						c.dumpLog()
 					}

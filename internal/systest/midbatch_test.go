@@ -57,7 +57,7 @@ func TestMidBatchAbort(t *testing.T) {
 	if err := cl.ProduceSync(context.Background(), &kgo.Record{Value: []byte("v00"), Timestamp: base}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := check.ReadCommitted(context.Background(), []string{brokers}, output, 45*time.Second, check.Settled(1)); err != nil {
+	if _, err := check.ReadCommitted(context.Background(), []string{brokers}, output, awaitIdle, check.Settled(1)); err != nil {
 		t.Fatal(err)
 	}
 	// Idle past the checkpoint interval, so the next epoch is due at its

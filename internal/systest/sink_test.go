@@ -209,7 +209,7 @@ func checkAudit(t *testing.T, url, brokers, app string) {
 		}
 		return markers(recs)
 	}
-	want := read(45*time.Second, func(recs []*kgo.Record) bool {
+	want := read(awaitIdle, func(recs []*kgo.Record) bool {
 		m := markers(recs)
 		for _, txn := range audit {
 			if !m[txn] {
@@ -317,9 +317,9 @@ func TestSinkCrashPoints(t *testing.T) {
 			f.produce(300, 0)
 			var rep check.Report
 			if tt.job == "echo" {
-				rep = awaitEcho(t, brokers, f, 45*time.Second)
+				rep = awaitEcho(t, brokers, f, awaitIdle)
 			} else {
-				rep = awaitAggregate(t, brokers, f, 45*time.Second)
+				rep = awaitAggregate(t, brokers, f, awaitIdle)
 			}
 			if !rep.OK() {
 				c.dumpLog()
@@ -356,7 +356,7 @@ func sinkDatabaseDown(t *testing.T, pipelined bool) {
 	p := startInProcess(t, cfg)
 	p.awaitReady(t)
 	f.produce(500, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatalf("before the database stops: %v", rep)
 	}
 	awaitTable(t, srv.URL(), brokers, "sinkdown", "aggregate", f)
@@ -374,7 +374,7 @@ func sinkDatabaseDown(t *testing.T, pipelined bool) {
 	srv.Restart(t)
 	p.awaitReady(t)
 	f.produce(100, 0)
-	if rep := awaitAggregate(t, brokers, f, 45*time.Second); !rep.OK() {
+	if rep := awaitAggregate(t, brokers, f, awaitIdle); !rep.OK() {
 		t.Fatalf("after the database came back: %v", rep)
 	}
 	awaitTable(t, srv.URL(), brokers, "sinkdown", "aggregate", f)
