@@ -168,12 +168,17 @@ func New(cfg Options) (*Instance, error) {
 
 // Close unregisters the instance's metrics from Options.Registry, so that
 // another Instance can register its own there: a new configuration in the
-// same process, with the same registry. It does not stop Run (cancel
+// same process, with the same registry, and closes the job (Job.Close,
+// which the function job uses to unregister its own). It does not stop Run (cancel
 // Run's context for that, and wait for it to return): while Run runs,
 // Close returns an error and does nothing. After Close, Run returns an
 // error; a second Close does nothing. Run already closed the clients and
 // state files it opened when it returned.
-func (in *Instance) Close() error {
+func (in *Instance) Close() error { return in.close(true) }
+
+// close is Close; closeJob false leaves the job open, for a NewPipeline
+// that refuses a later stage (its caller may give the jobs to another).
+func (in *Instance) close(closeJob bool) error {
 	in.closeMu.Lock()
 	defer in.closeMu.Unlock()
 	if in.closed {
@@ -183,10 +188,16 @@ func (in *Instance) Close() error {
 		return errors.New("sluice: Close called while Run is running: cancel Run's context and wait for it to return first")
 	}
 	in.closed = true
+	var errs []error
 	if left := promreg.Unregister(in.cfg.Registry, in.collectors...); left > 0 {
-		return fmt.Errorf("sluice: Close: Options.Registry did not unregister %d of the instance's %d metric collectors", left, len(in.collectors))
+		errs = append(errs, fmt.Errorf("sluice: Close: Options.Registry did not unregister %d of the instance's %d metric collectors", left, len(in.collectors)))
 	}
-	return nil
+	if closeJob && in.cfg.Job.Close != nil {
+		if err := in.cfg.Job.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("sluice: Close: job %s: %w", in.cfg.Job.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Ready reports whether the instance is in its group, has received the

@@ -184,6 +184,17 @@ type Job struct {
 	// batch's keys at once, and Process then applies the answers record
 	// by record. See PrefetchFunc for what the engine guarantees.
 	Prefetch PrefetchFunc
+
+	// Close, when set, releases what the job holds beyond its runs, as a
+	// Flink function's close does: the function job (package function)
+	// unregisters its metrics from function.Options.Registry, so that a
+	// new job can register its own there. Instance.Close calls it, after
+	// unregistering the instance's metrics; a Job whose New (or
+	// NewPipeline) failed is never closed by the engine, so its caller
+	// closes it or gives it to another try. Close may be
+	// called more than once (a Job given to several Instances is closed by
+	// each): every call after the first must do nothing and return nil.
+	Close func() error
 }
 
 // PrefetchFunc is called once per polled batch of a task, per input topic

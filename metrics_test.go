@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -94,8 +95,9 @@ func TestSharedRegistryIsRefusedClearly(t *testing.T) {
 }
 
 // Close unregisters an Instance's metrics, the sink's too, from a plain
-// or a wrapped registry, so a new Instance can take it; it refuses while
-// Run runs, Run refuses after it, and a second Close does nothing. The
+// or a wrapped registry, so a new Instance can take it, and closes the
+// job once; it refuses while Run runs, Run refuses after it, and a second
+// Close does nothing. The
 // proof that nothing stayed is the next New on the registry: vectors
 // without series do not show in a Gather.
 func TestCloseUnregistersMetrics(t *testing.T) {
@@ -112,9 +114,11 @@ func TestCloseUnregistersMetrics(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			shared := prometheus.NewRegistry()
+			jobCloses := 0
 			opts := func() Options {
 				o := Options{Brokers: []string{"127.0.0.1:1"}, AppID: "close", InstanceID: "i", InputTopics: []string{"in"},
-					Job:      Job{Name: "noop", Process: func(Context, *Record) error { return nil }},
+					Job: Job{Name: "noop", Process: func(Context, *Record) error { return nil },
+						Close: func() error { jobCloses++; return nil }},
 					StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: tc.reg(shared)}
 				if tc.sink {
 					o.Sink = nopSink{}
@@ -136,6 +140,9 @@ func TestCloseUnregistersMetrics(t *testing.T) {
 			if _, err := New(opts()); err == nil {
 				t.Fatal("a refused Close unregistered the metrics")
 			}
+			if jobCloses != 0 {
+				t.Fatal("a refused Close closed the job")
+			}
 			first.running.Store(false)
 
 			// A Run that returned (here at once: its context is done)
@@ -150,6 +157,9 @@ func TestCloseUnregistersMetrics(t *testing.T) {
 			}
 			if err := first.Close(); err != nil {
 				t.Fatalf("second Close: %v", err)
+			}
+			if jobCloses != 1 {
+				t.Fatalf("the job was closed %d times by two Closes, want once", jobCloses)
 			}
 			if err := first.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "after Close") {
 				t.Fatalf("Run after Close: %v", err)
@@ -166,15 +176,20 @@ func TestCloseUnregistersMetrics(t *testing.T) {
 }
 
 // A NewPipeline that refuses a stage lets go of the metrics of the stages
-// it built before it, so the same registry takes the pipeline once fixed;
-// Pipeline.Close lets go of every stage's.
+// it built before it, so the same registry takes the pipeline once fixed,
+// and leaves their jobs open for that next try; Pipeline.Close lets go of
+// every stage's metrics and closes every stage's job.
 func TestPipelineRefusalAndCloseLetGoOfMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	opts := Options{Brokers: []string{"127.0.0.1:1"}, AppID: "pclose", InstanceID: "i", InputTopics: []string{"in"},
 		StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: reg}
-	ok := Job{Name: "noop", Process: func(Context, *Record) error { return nil }}
+	closes := 0
+	ok := Job{Name: "noop", Process: func(Context, *Record) error { return nil }, Close: func() error { closes++; return nil }}
 	if _, err := NewPipeline(opts, Stage{Name: "a", Job: ok}, Stage{Name: "b", Job: Job{Name: "broken"}}); err == nil {
 		t.Fatal("a stage without Process was taken")
+	}
+	if closes != 0 {
+		t.Fatalf("a refused NewPipeline closed %d jobs, want none", closes)
 	}
 	p, err := NewPipeline(opts, Stage{Name: "a", Job: ok}, Stage{Name: "b", Job: ok})
 	if err != nil {
@@ -182,6 +197,9 @@ func TestPipelineRefusalAndCloseLetGoOfMetrics(t *testing.T) {
 	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if closes != 2 {
+		t.Fatalf("Pipeline.Close closed %d jobs, want the two stages'", closes)
 	}
 	p, err = NewPipeline(opts, Stage{Name: "a", Job: ok}, Stage{Name: "b", Job: ok})
 	if err != nil {
@@ -201,3 +219,26 @@ func (nopSink) Recover(context.Context, txsink.Claim, string) error { panic("not
 func (nopSink) Commit(context.Context, txsink.TxnID) error          { panic("not run") }
 func (nopSink) Abort(context.Context, txsink.TxnID) error           { panic("not run") }
 func (nopSink) Close()                                              {}
+
+// A job's Close that fails makes Instance.Close fail, naming the job; the
+// instance's metrics are let go of all the same.
+func TestCloseReportsTheJobsCloseError(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	opts := Options{Brokers: []string{"127.0.0.1:1"}, AppID: "jclose", InstanceID: "i", InputTopics: []string{"in"},
+		Job: Job{Name: "leaky", Process: func(Context, *Record) error { return nil },
+			Close: func() error { return errors.New("still held") }},
+		StateDir: t.TempDir(), Backend: kstate.MemoryBackend, Registry: reg}
+	in, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Close(); err == nil || !strings.Contains(err.Error(), "job leaky: still held") {
+		t.Fatalf("Close: %v, want the job's error", err)
+	}
+	opts.Job.Close = nil
+	again, err := New(opts)
+	if err != nil {
+		t.Fatalf("New on the registry after a Close whose job failed: %v", err)
+	}
+	_ = again.Close()
+}

@@ -85,8 +85,12 @@ func NewPipeline(opts Options, stages ...Stage) (*Pipeline, error) {
 	p := &Pipeline{opts: opts}
 	if err := p.build(opts, reg, stages); err != nil {
 		// The stages built before the one refused let go of their
-		// metrics, so that the caller can try again on the same registry.
-		_ = p.Close()
+		// metrics, so that the caller can try again on the same registry;
+		// their jobs stay open, as a refused New leaves its job, for the
+		// caller to give to the next try or to close.
+		for _, in := range p.stages {
+			_ = in.close(false)
+		}
 		return nil, err
 	}
 	return p, nil
@@ -126,8 +130,9 @@ func (p *Pipeline) build(opts Options, reg prometheus.Registerer, stages []Stage
 	return nil
 }
 
-// Close unregisters every stage's metrics (Instance.Close), so that
-// another Pipeline or Instance can take the registry. While Run runs it
+// Close unregisters every stage's metrics and closes every stage's job
+// (Instance.Close), so that another Pipeline or Instance can take the
+// registry. While Run runs it
 // returns an error, and the stages keep their metrics.
 func (p *Pipeline) Close() error {
 	var errs []error

@@ -19,22 +19,23 @@ import (
 
 // newClient builds the Connect client for o.URL: TCP for http:// and
 // https://, the socket for unix:///path (the requests then name the host
-// "unix").
-func newClient(o Options) (functionv1connect.FunctionServiceClient, error) {
+// "unix"). idle closes the idle connections of the transport it built
+// (nothing when o.HTTPClient is the caller's).
+func newClient(o Options) (c functionv1connect.FunctionServiceClient, idle func(), err error) {
 	u, err := url.Parse(o.URL)
 	if err != nil {
-		return nil, fmt.Errorf("function: URL %q: %w", o.URL, err)
+		return nil, nil, fmt.Errorf("function: URL %q: %w", o.URL, err)
 	}
 	base := strings.TrimSuffix(o.URL, "/")
 	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	switch u.Scheme {
 	case "http", "https":
 		if u.Host == "" {
-			return nil, fmt.Errorf("function: URL %q has no host", o.URL)
+			return nil, nil, fmt.Errorf("function: URL %q has no host", o.URL)
 		}
 	case "unix":
 		if u.Path == "" {
-			return nil, fmt.Errorf("function: URL %q: want unix:///path/to/socket", o.URL)
+			return nil, nil, fmt.Errorf("function: URL %q: want unix:///path/to/socket", o.URL)
 		}
 		path := u.Path
 		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -43,9 +44,9 @@ func newClient(o Options) (functionv1connect.FunctionServiceClient, error) {
 		}
 		base = "http://unix"
 	default:
-		return nil, fmt.Errorf("function: URL %q: want http://, https:// or unix://", o.URL)
+		return nil, nil, fmt.Errorf("function: URL %q: want http://, https:// or unix://", o.URL)
 	}
-	hc := o.HTTPClient
+	hc, idle := o.HTTPClient, func() {}
 	if hc == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = max(o.Concurrency*4, 16)
@@ -61,7 +62,7 @@ func newClient(o Options) (functionv1connect.FunctionServiceClient, error) {
 			tr.Protocols = &p
 			tr.TLSClientConfig = &tls.Config{NextProtos: []string{"h2"}}
 		}
-		hc = &http.Client{Transport: tr}
+		hc, idle = &http.Client{Transport: tr}, tr.CloseIdleConnections
 	}
 	// No gzip: beside the processor, compressing every reply costs more
 	// CPU than the loopback saves (it was a sixth of the benchmark's).
@@ -72,7 +73,7 @@ func newClient(o Options) (functionv1connect.FunctionServiceClient, error) {
 	case GRPC:
 		opts = append(opts, connect.WithGRPC())
 	}
-	return functionv1connect.NewFunctionServiceClient(hc, base, opts...), nil
+	return functionv1connect.NewFunctionServiceClient(hc, base, opts...), idle, nil
 }
 
 // unreachable reports whether a call's error means the function cannot be

@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/function/sdk"
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/tutorial"
+	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -418,5 +419,36 @@ func TestPythonSideOutputsHeadersAndTimers(t *testing.T) {
 	want := map[string]string{"sensor_1": "seen:3", "sensor_6": "seen:3", "sensor_7": "seen:2", "sensor_10": "seen:2"}
 	if !maps.Equal(counts, want) {
 		t.Fatalf("timer outputs %v, want %v", counts, want)
+	}
+}
+
+// A registry holds one function job's metrics until the job is closed:
+// sluice.Instance.Close closes the instance's job, after which a new job
+// takes the registry; a second Close does nothing.
+func TestCloseLetsANewJobTakeTheRegistry(t *testing.T) {
+	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "n"}}}, stuckAggregate(t))
+	reg := prometheus.NewRegistry()
+	job := newJob(t, function.Options{URL: url, Registry: reg})
+	if job.Close == nil {
+		t.Fatal("the function job has no Close")
+	}
+	if _, err := function.New(context.Background(), function.Options{URL: url, Registry: reg}); err == nil || !strings.Contains(err.Error(), "close that job") {
+		t.Fatalf("a second job on the registry: %v, want refused", err)
+	}
+	in, err := sluice.New(sluice.Options{Brokers: []string{"127.0.0.1:1"}, AppID: "fclose", InstanceID: "i",
+		InputTopics: []string{"in"}, OutputTopic: "out", Job: job, StateDir: t.TempDir(),
+		Backend: kstate.MemoryBackend, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := job.Close(); err != nil {
+		t.Fatalf("the job's Close after the instance's: %v", err)
+	}
+	next := newJob(t, function.Options{URL: url, Registry: reg})
+	if err := next.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -19,30 +19,35 @@ const JobName = "function"
 // cannot be reached, and returns the job that runs it. A *DescribeError
 // says the function cannot run with this processor. The job's States and
 // SideOutputs are the function's declarations; bind the side outputs in
-// sluice.Options.SideOutputTopics.
+// sluice.Options.SideOutputTopics. Its Close unregisters the job's metrics
+// from o.Registry; sluice.Instance.Close calls it.
 func New(ctx context.Context, o Options) (sluice.Job, error) {
 	o = o.withDefaults()
 	if err := o.validate(); err != nil {
 		return sluice.Job{}, err
 	}
-	client, err := newClient(o)
+	client, idle, err := newClient(o)
 	if err != nil {
 		return sluice.Job{}, err
 	}
 	spec, err := describe(ctx, o, client)
 	if err != nil {
+		idle()
 		return sluice.Job{}, err
 	}
 	f, err := newFn(o, client, spec)
 	if err != nil {
+		idle()
 		return sluice.Job{}, err
 	}
+	f.idle = idle
 	job := sluice.Job{
 		Name:     JobName,
 		Emits:    true,
 		Prefetch: f.prefetch,
 		Process:  f.process,
 		OnTimer:  f.onTimer,
+		Close:    f.close,
 	}
 	for _, st := range spec.States {
 		job.States = append(job.States, st.Name)
@@ -66,6 +71,14 @@ type fn struct {
 	// batches are each task's answers for its current batch, replaced by
 	// every Prefetch of the task.
 	batches map[int32]map[recordID]*recordPlan
+	idle    func() // closes the client's idle connections
+}
+
+// close is the Job's Close: it unregisters the metrics (once) and closes
+// the idle connections to the function.
+func (f *fn) close() error {
+	f.idle()
+	return f.m.unregister()
 }
 
 type recordID struct {

@@ -2,6 +2,7 @@ package function
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,6 +15,9 @@ type metrics struct {
 	duration prometheus.Histogram
 	records  prometheus.Histogram
 	retries  prometheus.Counter
+
+	reg    prometheus.Registerer // nil: unregistered
+	closed sync.Once
 }
 
 // Results of a call, the calls_total label.
@@ -48,8 +52,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	if err := promreg.All(reg, m.calls, m.duration, m.records, m.retries); err != nil {
-		return nil, fmt.Errorf("function: Options.Registry refused the function metrics (if it holds another function job's: give each a registry of its own, or wrap the shared one for every job, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
+	if err := promreg.All(reg, m.collectors()...); err != nil {
+		return nil, fmt.Errorf("function: Options.Registry refused the function metrics (if it holds another function job's: close that job if it is done; give each a registry of its own, or wrap the shared one for every job, the first too, with prometheus.WrapRegistererWith, the same label name and a value of its own): %w", err)
 	}
+	m.reg = reg
 	return m, nil
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.calls, m.duration, m.records, m.retries}
+}
+
+// unregister takes the metrics off their registry, once; the series keep
+// counting, unseen, if calls are still made.
+func (m *metrics) unregister() error {
+	var err error
+	m.closed.Do(func() {
+		if m.reg == nil {
+			return
+		}
+		cs := m.collectors()
+		if left := promreg.Unregister(m.reg, cs...); left > 0 {
+			err = fmt.Errorf("function: Options.Registry did not unregister %d of the job's %d metric collectors", left, len(cs))
+		}
+	})
+	return err
 }

@@ -69,7 +69,8 @@ type Options struct {
 	MaxStateBytes int
 	// Registry receives the function metrics; nil keeps them unregistered.
 	// A registry takes one function job's: New refuses a second with an
-	// error.
+	// error until the first is closed (the Job's Close, which
+	// sluice.Instance.Close calls).
 	Registry prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
