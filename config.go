@@ -235,7 +235,8 @@ type Options struct {
 	// it, so it may stay set. Run refuses (*RestoreError) a savepoint of
 	// another job, or with state the job does not declare in Job.States.
 	// An s3:// location needs package savepoint/s3 in the program
-	// (import _ "github.com/sluicehq/sluice/savepoint/s3").
+	// (import _ "github.com/sluicehq/sluice/savepoint/s3"), a gs:// one
+	// package savepoint/gcs.
 	RestoreFrom string
 	// AllowNonRestoredState restores from RestoreFrom even when it holds
 	// state the job does not declare (or timers for a job without OnTimer,

@@ -12,8 +12,8 @@ import (
 
 // A program that imports the engine, or the packages a job is written
 // with, is not built with an object store's SDK: s3:// savepoints come
-// with savepoint/s3, which only the programs that want them import (the
-// processor binary does). The AWS SDK, gocloud, gRPC and OpenTelemetry
+// with savepoint/s3 and gs:// ones with savepoint/gcs, which only the
+// programs that want them import (the processor binary does). The AWS SDK, gocloud, gRPC and OpenTelemetry
 // were some forty of the fifty-odd modules a one-line program importing
 // the engine was built from.
 func TestEngineDoesNotBuildObjectStoreSDKs(t *testing.T) {
@@ -27,7 +27,7 @@ func TestEngineDoesNotBuildObjectStoreSDKs(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	for _, p := range strings.Fields(string(out)) {
-		for _, heavy := range []string{"github.com/aws/", "gocloud.dev/", "google.golang.org/grpc", "go.opentelemetry.io/", "github.com/jackc/pgx", "connectrpc.com/"} {
+		for _, heavy := range []string{"github.com/aws/", "cloud.google.com/", "gocloud.dev/", "google.golang.org/grpc", "go.opentelemetry.io/", "github.com/jackc/pgx", "connectrpc.com/"} {
 			if strings.HasPrefix(p, heavy) {
 				t.Errorf("%s builds %s", strings.Join(pkgs, " "), p)
 			}
@@ -35,16 +35,21 @@ func TestEngineDoesNotBuildObjectStoreSDKs(t *testing.T) {
 	}
 }
 
-// Without savepoint/s3, an s3:// RestoreFrom fails with an error that
-// names the import, not as an unknown scheme.
-func TestS3SavepointWithoutTheDriverSaysWhatToImport(t *testing.T) {
-	in := &Instance{cfg: Options{RestoreFrom: "s3://bucket/backups/sp-1"}}
-	_, err := in.openSeed(context.Background())
-	var re *RestoreError
-	if !errors.As(err, &re) || !strings.Contains(err.Error(), `import _ "github.com/sluicehq/sluice/savepoint/s3"`) {
-		t.Fatalf("openSeed = %v, want a *RestoreError naming savepoint/s3", err)
-	}
-	if err := savepoint.CheckLocation(context.Background(), "s3://bucket/backups"); !errors.Is(err, savepoint.ErrLocation) {
-		t.Fatalf("CheckLocation = %v, want ErrLocation", err)
+// Without its driver, an s3:// or gs:// RestoreFrom fails with an error
+// that names the import, not as an unknown scheme.
+func TestObjectStoreSavepointWithoutTheDriverSaysWhatToImport(t *testing.T) {
+	for _, tt := range []struct{ loc, pkg string }{
+		{"s3://bucket/backups/sp-1", "github.com/sluicehq/sluice/savepoint/s3"},
+		{"gs://bucket/backups/sp-1", "github.com/sluicehq/sluice/savepoint/gcs"},
+	} {
+		in := &Instance{cfg: Options{RestoreFrom: tt.loc}}
+		_, err := in.openSeed(context.Background())
+		var re *RestoreError
+		if !errors.As(err, &re) || !strings.Contains(err.Error(), `import _ "`+tt.pkg+`"`) {
+			t.Errorf("openSeed(%s) = %v, want a *RestoreError naming %s", tt.loc, err, tt.pkg)
+		}
+		if err := savepoint.CheckLocation(context.Background(), tt.loc); !errors.Is(err, savepoint.ErrLocation) {
+			t.Errorf("CheckLocation(%s) = %v, want ErrLocation", tt.loc, err)
+		}
 	}
 }

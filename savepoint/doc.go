@@ -2,23 +2,26 @@
 // copy of an application's state as of each task's last committed epoch,
 // owned by the user rather than by Kafka.
 //
-// A savepoint is a directory (or an S3 key prefix) holding one data file
+// A savepoint is a directory (or an object store's key prefix) holding one data file
 // per task (task-NNNN.data) and a manifest (manifest.json) that describes
 // them. The manifest is written last, atomically, so a location without one
 // is an incomplete savepoint and Open refuses it. docs/savepoints.md
 // specifies the bytes, for tools that read savepoints without this package.
 //
 // A location is a path, a file://path (both through the os package, every
-// file fsynced) or s3://bucket/prefix with the query parameters of
-// gocloud.dev/blob/s3blob (endpoint, region, use_path_style, ...);
-// credentials come from the AWS SDK's default chain. s3:// locations need
-// package savepoint/s3, imported for its side effect:
+// file fsynced), s3://bucket/prefix with the query parameters of
+// gocloud.dev/blob/s3blob (endpoint, region, use_path_style, ...;
+// credentials from the AWS SDK's default chain), or gs://bucket/prefix in
+// Google Cloud Storage (gcsblob's parameters; Application Default
+// Credentials). Each object store needs its driver, imported for its side
+// effect:
 //
-//	import _ "github.com/sluicehq/sluice/savepoint/s3"
+//	import _ "github.com/sluicehq/sluice/savepoint/s3"  // s3://
+//	import _ "github.com/sluicehq/sluice/savepoint/gcs" // gs://
 //
 // Without it they fail with ErrLocation and a message that names it; this
-// package does not import it, so that a program with no use for S3 (the
-// engine's, which imports this one) is not built with the AWS SDK.
+// package imports neither, so that a program with no use for them (the
+// engine's, which imports this one) is not built with their SDKs.
 //
 // Writing, one task at a time so that memory stays bounded by the largest
 // entry, not by the state; each data file is streamed to its file or upload

@@ -25,15 +25,15 @@ const maxValueSize = 1 << 30
 // its storage client.
 type Savepoint struct {
 	// Location is where the savepoint is, as Open was given it but
-	// absolute: a path or an s3:// URL.
+	// absolute: a path or an s3:// or gs:// URL.
 	Location string
 	Manifest Manifest
 	st       store
 }
 
 // Open reads the manifest of the savepoint at location: a path, a
-// file://path or an s3://bucket/prefix?query URL (ErrLocation for any
-// other). A location without a manifest is incomplete (ErrIncomplete); a
+// file://path, or an s3://bucket/prefix?query or gs://bucket/prefix?query
+// URL (ErrLocation for any other). A location without a manifest is incomplete (ErrIncomplete); a
 // manifest of another format version is ErrFormat. Open does not read the
 // data files: call Verify for that.
 func Open(ctx context.Context, location string) (*Savepoint, error) {

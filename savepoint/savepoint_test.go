@@ -9,12 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/objtest"
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/savepoint"
-	_ "github.com/sluicehq/sluice/savepoint/s3" // s3:// locations
 )
 
 type entry struct{ k, v []byte }
@@ -56,6 +57,7 @@ var stores = []struct {
 	{"dir", func(t *testing.T) string { return t.TempDir() }},
 	{"file URL", func(t *testing.T) string { return "file://" + t.TempDir() }},
 	{"s3", s3Root},
+	{"gcs", gcsRoot},
 }
 
 // eachStore runs fn once per kind of location, with a fresh savepoint
@@ -241,7 +243,7 @@ func TestMissingManifestIsIncomplete(t *testing.T) {
 			t.Fatal(err)
 		}
 		open(t, loc)
-		if strings.HasPrefix(loc, "s3://") {
+		if objectStore(loc) {
 			if got := fmt.Sprint(keys(t, loc)); got != "[backups/sp/manifest.json backups/sp/task-0000.data]" {
 				t.Fatalf("objects %s", got)
 			}
@@ -274,7 +276,7 @@ func TestAbortRemovesEverything(t *testing.T) {
 		if _, err := savepoint.Open(ctx, loc); !errors.Is(err, savepoint.ErrIncomplete) {
 			t.Fatalf("Open after Abort: %v, want ErrIncomplete", err)
 		}
-		if strings.HasPrefix(loc, "s3://") {
+		if objectStore(loc) {
 			if k := keys(t, loc); len(k) != 0 {
 				t.Fatalf("left %v", k)
 			}
@@ -327,7 +329,9 @@ func TestLocations(t *testing.T) {
 		{base: "", bad: true},
 		{base: "file://", bad: true},
 		{base: "s3:///prefix", bad: true},
-		{base: "gs://bucket/prefix", bad: true},
+		{base: "gs://bucket/prefix", want: "gs://bucket/prefix/app-1"},
+		{base: "gs://bucket/?anonymous=true", want: "gs://bucket/app-1?anonymous=true"},
+		{base: "gs:///prefix", bad: true},
 		{base: "azblob://c/p", bad: true},
 	}
 	for _, tt := range tests {
@@ -348,6 +352,36 @@ func TestLocations(t *testing.T) {
 	}
 	if err := savepoint.CheckLocation(ctx, "s3://bucket/p?region=us-east-1"); err != nil {
 		t.Errorf("CheckLocation: %v", err)
+	}
+}
+
+// A gs:// location is checked as an s3:// one is: its query parameters,
+// and its credentials, before any object is read or written.
+func TestGCSLocationChecks(t *testing.T) {
+	t.Setenv("STORAGE_EMULATOR_HOST", "")
+	t.Setenv("GOOGLE_APPLICATION_CREDENTIALS", filepath.Join(t.TempDir(), "none.json"))
+	for _, tt := range []struct {
+		loc, want string // want: "" for accepted, else a part of the error
+	}{
+		{"gs://bucket/p?anonymous=true", ""},
+		{"gs://bucket/p?access_id=-", ""},
+		{"gs://bucket/p?no_such_parameter=1", "no_such_parameter"},
+		{"gs://bucket/p?anonymous=maybe", "anonymous"},
+		{"gs://bucket/p?grpc=true", "not supported here"},
+		{"gs://bucket/p", "no Google Cloud credentials"},
+	} {
+		err := savepoint.CheckLocation(ctx, tt.loc)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("CheckLocation(%q): %v", tt.loc, err)
+		case tt.want != "" && (!errors.Is(err, savepoint.ErrLocation) || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("CheckLocation(%q): %v, want ErrLocation saying %q", tt.loc, err, tt.want)
+		}
+	}
+	// With an emulator, no credentials are needed.
+	t.Setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:1")
+	if err := savepoint.CheckLocation(ctx, "gs://bucket/p"); err != nil {
+		t.Errorf("CheckLocation with STORAGE_EMULATOR_HOST: %v", err)
 	}
 }
 
@@ -376,7 +410,8 @@ func TestUnsortedSourceIsRefused(t *testing.T) {
 }
 
 // A task whose data file is past the AWS SDK's multipart threshold (16
-// MiB) goes to S3 in several 8 MiB parts; it reads back whole.
+// MiB) goes to S3 in several 8 MiB parts, and to Google Cloud Storage in
+// several 8 MiB chunks of a resumable upload; it reads back whole.
 func TestLargeTask(t *testing.T) {
 	be := kstate.NewMemory()
 	defer be.Close()
@@ -390,25 +425,33 @@ func TestLargeTask(t *testing.T) {
 	if err := be.Apply(muts, kstate.Meta{}); err != nil {
 		t.Fatal(err)
 	}
-	// S3 alone: a local file is written the same whatever its size.
-	root, parts := s3Server(t)
-	loc, err := savepoint.Join(root, "sp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := write(t, loc, map[int32]kstate.Backend{0: be})
-	if m.Tasks[0].Bytes < 17<<20 {
-		t.Fatalf("data file is %d bytes, want more than 16 MiB", m.Tasks[0].Bytes)
-	}
-	if n := parts.Load(); n < 3 {
-		t.Fatalf("%d parts uploaded, want the %d-byte file in 8 MiB parts", n, m.Tasks[0].Bytes)
-	}
-	sp := open(t, loc)
-	if err := sp.Verify(ctx); err != nil {
-		t.Fatal(err)
-	}
-	got, err := scan(t, sp, sp.Manifest.Tasks[0])
-	if err != nil || len(got) != 1100 {
-		t.Fatalf("scan: %d entries, %v", len(got), err)
+	// Object stores alone: a local file is written the same whatever its
+	// size.
+	for _, st := range []struct {
+		name  string
+		start func(testing.TB) (string, *atomic.Int64)
+	}{{"s3", objtest.S3}, {"gcs", objtest.GCS}} {
+		t.Run(st.name, func(t *testing.T) {
+			root, parts := st.start(t)
+			loc, err := savepoint.Join(root, "sp")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := write(t, loc, map[int32]kstate.Backend{0: be})
+			if m.Tasks[0].Bytes < 17<<20 {
+				t.Fatalf("data file is %d bytes, want more than 16 MiB", m.Tasks[0].Bytes)
+			}
+			if n := parts.Load(); n < 3 {
+				t.Fatalf("%d parts uploaded, want the %d-byte file in 8 MiB parts", n, m.Tasks[0].Bytes)
+			}
+			sp := open(t, loc)
+			if err := sp.Verify(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got, err := scan(t, sp, sp.Manifest.Tasks[0])
+			if err != nil || len(got) != 1100 {
+				t.Fatalf("scan: %d entries, %v", len(got), err)
+			}
+		})
 	}
 }

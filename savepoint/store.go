@@ -17,7 +17,7 @@ var errNotFound = objstore.ErrNotFound
 
 // store holds the files of one savepoint: a local directory (dirStore), or
 // an object store's, from the package that registered its URL scheme
-// (savepoint/s3). Local directories go through the os package rather than
+// (savepoint/s3, savepoint/gcs). Local directories go through the os package rather than
 // gocloud's fileblob, which does not fsync: a savepoint on local disk must
 // survive a power cut once Commit returned.
 type store = objstore.Store
@@ -25,16 +25,21 @@ type store = objstore.Store
 // file is a data file being written.
 type file = objstore.File
 
-// s3Package is the package whose import lets s3:// locations open.
-const s3Package = "github.com/sluicehq/sluice/savepoint/s3"
+// drivers are the packages whose import lets each object store's
+// locations open, and what they are called in messages.
+var drivers = map[string]struct{ name, pkg, binary string }{
+	"s3": {"S3", "github.com/sluicehq/sluice/savepoint/s3", "the processor binary has it"},
+	"gs": {"Google Cloud Storage", "github.com/sluicehq/sluice/savepoint/gcs", "the processor binary has it unless built with -tags nogcs"},
+}
 
 func openStore(ctx context.Context, l location) (store, error) {
 	if l.local != "" {
 		return dirStore(l.local), nil
 	}
-	open := objstore.Lookup("s3")
+	open := objstore.Lookup(l.scheme)
 	if open == nil {
-		return nil, fmt.Errorf("%w: %s: s3:// locations need the S3 driver, which this program does not import (import _ %q; the processor binary has it)", ErrLocation, l, s3Package)
+		d := drivers[l.scheme]
+		return nil, fmt.Errorf("%w: %s: %s:// locations need the %s driver, which this program does not import (import _ %q; %s)", ErrLocation, l, l.scheme, d.name, d.pkg, d.binary)
 	}
 	st, err := open(ctx, objstore.Location{Bucket: l.bucket, Prefix: l.prefix, RawQuery: l.rawQuery, String: l.String()})
 	if err != nil {

@@ -58,8 +58,8 @@ type Writer struct {
 
 // Create starts a savepoint at location: a local directory (a path or
 // file://path; parents are created, the directory itself must not exist)
-// or an S3 key prefix (s3://bucket/prefix?query, which must hold no object
-// yet), so a savepoint is never written over another. m's AppID, Job,
+// or an object store's key prefix (s3://bucket/prefix?query or
+// gs://bucket/prefix?query, which must hold no object yet), so a savepoint is never written over another. m's AppID, Job,
 // Created, ChangelogTopic and Inputs are kept; its Format, States and Tasks
 // are filled in by the Writer.
 func Create(ctx context.Context, location string, m Manifest) (*Writer, error) {
@@ -84,7 +84,7 @@ func Create(ctx context.Context, location string, m Manifest) (*Writer, error) {
 func (w *Writer) SetJob(name string) { w.m.Job = name }
 
 // Location is where the savepoint is written, in the form Open reads: an
-// absolute path or an s3:// URL.
+// absolute path or an s3:// or gs:// URL.
 func (w *Writer) Location() string { return w.where }
 
 // SetInputs sets the manifest's input topics, for a writer that learns them

@@ -172,7 +172,7 @@ type GenerateConfig struct {
 type SavepointConfig struct {
 	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path, file://path or s3://bucket/prefix?region=..." desc:"savepoint: where processor savepoint writes each new savepoint, under a name made of the app id and the UTC time: a directory path, file://path, or s3://bucket/prefix with gocloud s3blob query parameters (region, endpoint, use_path_style …; credentials from the AWS SDK chain). See docs/savepoints.md."`
+	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path, file://path, s3://bucket/prefix?region=... or gs://bucket/prefix" desc:"savepoint: where processor savepoint writes each new savepoint, under a name made of the app id and the UTC time: a directory path, file://path, s3://bucket/prefix with gocloud s3blob query parameters (region, endpoint, use_path_style …; credentials from the AWS SDK chain), or gs://bucket/prefix in Google Cloud Storage (credentials from Application Default Credentials). See docs/savepoints.md."`
 	Security
 }
 
@@ -295,8 +295,9 @@ func loadGenerateConfig(environ map[string]string) (GenerateConfig, error) {
 }
 
 // loadSavepointConfig reads and validates SavepointConfig from environ.
-// Dir is checked as a savepoint location (its scheme, and for s3:// its
-// query parameters) without any I/O.
+// Dir is checked as a savepoint location (its scheme, and for an object
+// store its query parameters and credentials) without reading or writing
+// any object.
 func loadSavepointConfig(environ map[string]string) (SavepointConfig, error) {
 	var c SavepointConfig
 	if err := parseEnv(&c, environ); err != nil {
@@ -488,7 +489,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_MAX_TASK_IDLE", c.MaxTaskIdle >= 0, "a Go duration of 0 or more")
 	if c.RestoreFrom != "" {
 		err := savepoint.CheckLocation(context.Background(), c.RestoreFrom)
-		v.check("SLUICE_RESTORE_FROM", err == nil, because("a savepoint location as processor savepoint prints it: a directory path, file://path or s3://bucket/prefix?…", err))
+		v.check("SLUICE_RESTORE_FROM", err == nil, because("a savepoint location as processor savepoint prints it: a directory path, file://path, s3://bucket/prefix?… or gs://bucket/prefix", err))
 	}
 	if job.SideOutput || c.SideOutputTopic != "" {
 		v.check("SLUICE_SIDE_OUTPUT_TOPIC", validTopic(c.SideOutputTopic), topic+writtenBy(job))

@@ -538,9 +538,10 @@ func savepointBase() map[string]string {
 
 var savepointErrorTests = []configErrorTest{
 	{"missing dir", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "<unset>"), "SLUICE_SAVEPOINT_DIR",
-		"SLUICE_SAVEPOINT_DIR is required: expected a directory path, file://path or s3://bucket/prefix?region=..."},
-	{"gs", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix"), "SLUICE_SAVEPOINT_DIR",
-		`SLUICE_SAVEPOINT_DIR="gs://bucket/prefix": expected a directory path, file://path or s3://bucket/prefix?region=... (savepoint: bad location: "gs://bucket/prefix": scheme gs:// is not supported (a path, file://path or s3://bucket/prefix))`},
+		"SLUICE_SAVEPOINT_DIR is required: expected a directory path, file://path, s3://bucket/prefix?region=... or gs://bucket/prefix"},
+	{"azblob", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "azblob://container/prefix"), "SLUICE_SAVEPOINT_DIR",
+		`SLUICE_SAVEPOINT_DIR="azblob://container/prefix": expected a directory path, file://path, s3://bucket/prefix?region=... or gs://bucket/prefix (savepoint: bad location: "azblob://container/prefix": scheme azblob:// is not supported (a path, file://path, s3://bucket/prefix or gs://bucket/prefix))`},
+	{"unknown gs parameter", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix?regoin=x"), "SLUICE_SAVEPOINT_DIR", ""},
 	{"unknown s3 parameter", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "s3://bucket/prefix?regoin=x"), "SLUICE_SAVEPOINT_DIR", ""},
 	{"empty file URL", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "file://"), "SLUICE_SAVEPOINT_DIR", ""},
 	{"missing app id", envWith(savepointBase(), "SLUICE_APP_ID", "<unset>"), "SLUICE_APP_ID", ""},
@@ -549,7 +550,7 @@ var savepointErrorTests = []configErrorTest{
 }
 
 func TestSavepointConfig(t *testing.T) {
-	for _, dir := range []string{"/backups", "file:///backups", "s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:9000&use_path_style=true"} {
+	for _, dir := range []string{"/backups", "file:///backups", "s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:9000&use_path_style=true", "gs://bucket/prefix?anonymous=true"} {
 		c, err := loadSavepointConfig(envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", dir))
 		if err != nil || c.Dir != dir || c.AppID != "orders" {
 			t.Errorf("SLUICE_SAVEPOINT_DIR=%s: %+v, %v", dir, c, err)

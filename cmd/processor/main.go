@@ -35,7 +35,8 @@ import (
 	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/internal/gctune"
 	"github.com/sluicehq/sluice/jobs"
-	// s3:// savepoint locations (SLUICE_SAVEPOINT_DIR, SLUICE_RESTORE_FROM).
+	// s3:// savepoint locations (SLUICE_SAVEPOINT_DIR,
+	// SLUICE_RESTORE_FROM); gs:// ones come with gcs.go.
 	_ "github.com/sluicehq/sluice/savepoint/s3"
 )
 
@@ -49,7 +50,7 @@ commands:
   generate   write base-10 integers to SLUICE_GENERATE_TOPIC at SLUICE_GENERATE_RATE
   savepoint  copy the state of SLUICE_APP_ID from its changelog (each task at
              its last committed epoch) to a new savepoint under
-             SLUICE_SAVEPOINT_DIR (a path, file:// or s3:// URL), and print
+             SLUICE_SAVEPOINT_DIR (a path, file://, s3:// or gs:// URL), and print
              its location (for SLUICE_RESTORE_FROM) last; --stop first stops
              the app (every instance takes a final checkpoint and leaves the
              group), so the savepoint is exactly where it stopped; --drain

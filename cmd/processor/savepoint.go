@@ -32,7 +32,7 @@ func runSavepoint(envm map[string]string, args []string) int {
 }
 
 // takeSavepoint is `processor savepoint` with its streams: the savepoint's
-// location (a path or an s3:// URL, as SLUICE_RESTORE_FROM takes it) is the
+// location (a path, or an s3:// or gs:// URL, as SLUICE_RESTORE_FROM takes it) is the
 // last line of stdout; progress (JSON log lines) and errors go
 // to stderr. It returns the exit status: 0, 1 on a failure, 2 on a bad
 // variable.

@@ -6,25 +6,22 @@ import (
 	bin "encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/johannesboyne/gofakes3"
-	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/objtest"
 	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/savepoint"
@@ -304,8 +301,10 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 	tests := []struct {
 		name, variable, value string
 	}{
-		{"other object storage", "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix"},
+		{"other object storage", "SLUICE_SAVEPOINT_DIR", "azblob://container/prefix"},
 		{"unknown s3 parameter", "SLUICE_SAVEPOINT_DIR", "s3://bucket/prefix?no_such=1"},
+		{"unknown gs parameter", "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix?no_such=1"},
+		{"gs over gRPC", "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix?grpc=true"},
 		{"s3 without bucket", "SLUICE_SAVEPOINT_DIR", "s3:///prefix"},
 		{"missing dir", "SLUICE_SAVEPOINT_DIR", ""},
 		{"empty file URL", "SLUICE_SAVEPOINT_DIR", "file://"},
@@ -330,66 +329,57 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 			if len(lines) != 1 || !strings.Contains(lines[0], tt.variable) || stdout.Len() != 0 {
 				t.Fatalf("stderr %q, stdout %q: want one line naming %s", stderr.String(), stdout.String(), tt.variable)
 			}
-			if tt.value == "gs://bucket/prefix" && !strings.Contains(lines[0], "gs:// is not supported") {
-				t.Fatalf("stderr %q: want it to say gs:// is not supported", lines[0])
+			if tt.value == "azblob://container/prefix" && !strings.Contains(lines[0], "azblob:// is not supported") {
+				t.Fatalf("stderr %q: want it to say azblob:// is not supported", lines[0])
 			}
 		})
 	}
 	// The binary's wiring: `processor savepoint` exits 2 the same way.
 	cmd := exec.Command(binary, "savepoint")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_SAVEPOINT_DIR=gs://bucket/prefix"}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_SAVEPOINT_DIR=azblob://container/prefix"}
 	out, err := cmd.CombinedOutput()
 	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 || !strings.Contains(string(out), "SLUICE_SAVEPOINT_DIR") {
 		t.Fatalf("processor savepoint: %v, output %q", err, out)
 	}
 }
 
-// `processor savepoint` writes to S3 and prints the URL that
-// SLUICE_RESTORE_FROM takes, query parameters kept.
-func TestSavepointToS3(t *testing.T) {
-	brokers, cl := savepointCluster(t)
-	inst := startServe(t, aggregateEnv(t, brokers, "sps3"))
-	inst.awaitReady(t)
-	var in inputLog
-	in.produce(t, cl, rand.New(rand.NewPCG(7, 8)), 400)
-	awaitOutputs(t, brokers, in.n)
-	inst.stop(t)
+// `processor savepoint` writes to an object store (S3, Google Cloud
+// Storage) and prints the URL that SLUICE_RESTORE_FROM takes, query
+// parameters kept.
+func TestSavepointToObjectStores(t *testing.T) {
+	for _, st := range []struct {
+		name string
+		root func(t *testing.T) string
+	}{
+		{"s3", func(t *testing.T) string { loc, _ := objtest.S3(t); return loc }},
+		{"gcs", func(t *testing.T) string { loc, _ := objtest.GCS(t); return loc }},
+	} {
+		t.Run(st.name, func(t *testing.T) {
+			app := "sp" + st.name
+			brokers, cl := savepointCluster(t)
+			inst := startServe(t, aggregateEnv(t, brokers, app))
+			inst.awaitReady(t)
+			var in inputLog
+			in.produce(t, cl, rand.New(rand.NewPCG(7, 8)), 400)
+			awaitOutputs(t, brokers, in.n)
+			inst.stop(t)
 
-	root := s3Root(t)
-	sp := saveTo(t, brokers, "sps3", root)
-	base, query, _ := strings.Cut(root, "?")
-	if !strings.HasPrefix(sp.Location, base+"/sps3-") || !strings.HasSuffix(sp.Location, "?"+query) {
-		t.Fatalf("printed %q, want %s/sps3-<time>?%s", sp.Location, base, query)
+			root := st.root(t)
+			sp := saveTo(t, brokers, app, root)
+			base, query, _ := strings.Cut(root, "?")
+			if !strings.HasPrefix(sp.Location, base+"/"+app+"-") || query != "" && !strings.HasSuffix(sp.Location, "?"+query) {
+				t.Fatalf("printed %q, want %s/%s-<time>?%s", sp.Location, base, app, query)
+			}
+			checkTasks(t, sp, &in)
+
+			// A new app id restores from the URL printed, and continues.
+			from, _ := spAggregates(t, sp)
+			in.produce(t, cl, rand.New(rand.NewPCG(9, 9)), 100)
+			dst := startServe(t, restoredEnv(t, brokers, app+"-new", "memory", sp))
+			checkContinues(t, brokers, app+"-new-out", from, &in, in.n-cutTotal(sp))
+			dst.stop(t)
+		})
 	}
-	checkTasks(t, sp, &in)
-
-	// A new app id restores from the URL printed, and continues.
-	from, _ := spAggregates(t, sp)
-	in.produce(t, cl, rand.New(rand.NewPCG(9, 9)), 100)
-	dst := startServe(t, restoredEnv(t, brokers, "sps3-new", "memory", sp))
-	checkContinues(t, brokers, "sps3-new-out", from, &in, in.n-cutTotal(sp))
-	dst.stop(t)
-}
-
-// s3Root starts an in-process S3 server (gofakes3, memory backend) on
-// 127.0.0.1 with a bucket "sp" and returns an s3:// location under it. The
-// AWS SDK gets static credentials from the environment, so it never looks
-// further along its chain (no shared files, no instance metadata).
-func s3Root(t *testing.T) string {
-	t.Helper()
-	be := s3mem.New()
-	if err := be.CreateBucket("sp"); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(gofakes3.New(be).Server())
-	t.Cleanup(srv.Close)
-	none := filepath.Join(t.TempDir(), "none")
-	t.Setenv("AWS_ACCESS_KEY_ID", "test")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
-	t.Setenv("AWS_CONFIG_FILE", none)
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", none)
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	return "s3://sp/backups?endpoint=" + srv.URL + "&region=us-east-1&use_path_style=true"
 }
 
 // An app that never ran has no changelog: exit 1, saying so, and no

@@ -1,6 +1,7 @@
 // Package objstore is what package savepoint needs of the place a
 // savepoint's files live, and the registry of the object stores it can
-// use. The object stores are packages of their own (savepoint/s3), so
+// use. The object stores are packages of their own (savepoint/s3,
+// savepoint/gcs), so
 // that a program that imports the engine, and so savepoint, does not
 // build an object store's SDK it does not use.
 package objstore
