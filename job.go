@@ -185,15 +185,19 @@ type Job struct {
 	// by record. See PrefetchFunc for what the engine guarantees.
 	Prefetch PrefetchFunc
 
-	// Close, when set, releases what the job holds beyond its runs, as a
-	// Flink function's close does: the function job (package function)
-	// unregisters its metrics from function.Options.Registry, so that a
-	// new job can register its own there. Instance.Close calls it, after
-	// unregistering the instance's metrics; a Job whose New (or
-	// NewPipeline) failed is never closed by the engine, so its caller
-	// closes it or gives it to another try. Close may be
+	// Close, when set, releases what the job holds beyond its runs: the
+	// function job (package function) unregisters its metrics from
+	// function.Options.Registry, so that a new job can register its own
+	// there. Instance.Close (so Pipeline.Close) calls it, after
+	// unregistering the instance's metrics, and nothing else does: not
+	// Run when it returns, not the processor binary, which exits. A Job
+	// whose New (or NewPipeline) failed is never closed by the engine, so
+	// its caller closes it or gives it to another try. A closed Job is
+	// done: do not give it to a new Instance (the function job refuses
+	// to run once closed; build another with function.New). Close may be
 	// called more than once (a Job given to several Instances is closed by
-	// each): every call after the first must do nothing and return nil.
+	// each, at the first Instance.Close): every call after the first must
+	// do nothing and return nil.
 	Close func() error
 }
 

@@ -424,7 +424,8 @@ func TestPythonSideOutputsHeadersAndTimers(t *testing.T) {
 
 // A registry holds one function job's metrics until the job is closed:
 // sluice.Instance.Close closes the instance's job, after which a new job
-// takes the registry; a second Close does nothing.
+// takes the registry; a second Close does nothing, and the closed job
+// refuses to run again (its metrics would not be seen).
 func TestCloseLetsANewJobTakeTheRegistry(t *testing.T) {
 	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "n"}}}, stuckAggregate(t))
 	reg := prometheus.NewRegistry()
@@ -444,10 +445,18 @@ func TestCloseLetsANewJobTakeTheRegistry(t *testing.T) {
 	if err := in.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// The registry is free once the instance is closed, before anything
+	// else closes the job.
+	next := newJob(t, function.Options{URL: url, Registry: reg})
 	if err := job.Close(); err != nil {
 		t.Fatalf("the job's Close after the instance's: %v", err)
 	}
-	next := newJob(t, function.Options{URL: url, Registry: reg})
+	if err := job.Prefetch(nil, nil); err == nil || !strings.Contains(err.Error(), "was closed") {
+		t.Fatalf("Prefetch of a closed job: %v, want refused", err)
+	}
+	if err := job.OnTimer(nil, sluice.Timer{}); err == nil || !strings.Contains(err.Error(), "was closed") {
+		t.Fatalf("OnTimer of a closed job: %v, want refused", err)
+	}
 	if err := next.Close(); err != nil {
 		t.Fatal(err)
 	}

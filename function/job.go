@@ -2,7 +2,9 @@ package function
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -72,11 +74,17 @@ type fn struct {
 	// every Prefetch of the task.
 	batches map[int32]map[recordID]*recordPlan
 	idle    func() // closes the client's idle connections
+	closed  atomic.Bool
 }
 
+// errClosed is what a closed job answers when run again: its metrics are
+// off their registry, so it would run unseen.
+var errClosed = errors.New("function: the job was closed (Instance.Close): build a new one with function.New")
+
 // close is the Job's Close: it unregisters the metrics (once) and closes
-// the idle connections to the function.
+// the idle connections to the function. The job refuses to run after it.
 func (f *fn) close() error {
+	f.closed.Store(true)
 	f.idle()
 	return f.m.unregister()
 }
@@ -143,6 +151,9 @@ func (f *fn) readStates(s kstate.Scope) ([]*functionv1.State, error) {
 // prefetch calls the function for the batch's keys and keeps the answers
 // for process.
 func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
+	if f.closed.Load() {
+		return errClosed
+	}
 	var keys []*keyCall
 	byKey := map[string]*keyCall{}
 	plans := make(map[recordID]*recordPlan, len(recs))
@@ -194,6 +205,9 @@ func (f *fn) process(ctx sluice.Context, rec *sluice.Record) error {
 
 // onTimer makes one call for the timer's key and applies its answer.
 func (f *fn) onTimer(ctx sluice.Context, t sluice.Timer) error {
+	if f.closed.Load() {
+		return sluice.Fatal(errClosed)
+	}
 	if t.Domain != sluice.ProcessingTime {
 		return fmt.Errorf("function: %s timers are not supported", t.Domain)
 	}

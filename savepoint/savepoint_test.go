@@ -365,8 +365,8 @@ func TestGCSLocationChecks(t *testing.T) {
 	}{
 		{"gs://bucket/p?anonymous=true", ""},
 		{"gs://bucket/p?access_id=-", ""},
-		{"gs://bucket/p?no_such_parameter=1", "no_such_parameter"},
-		{"gs://bucket/p?anonymous=maybe", "anonymous"},
+		{"gs://bucket/p?no_such_parameter=1", `invalid query parameter "no_such_parameter"`},
+		{"gs://bucket/p?anonymous=maybe", `parsing "maybe"`},
 		{"gs://bucket/p?grpc=true", "not supported here"},
 		{"gs://bucket/p", "no Google Cloud credentials"},
 	} {
@@ -378,10 +378,15 @@ func TestGCSLocationChecks(t *testing.T) {
 			t.Errorf("CheckLocation(%q): %v, want ErrLocation saying %q", tt.loc, err, tt.want)
 		}
 	}
-	// With an emulator, no credentials are needed.
+	// With an emulator, no credentials are needed; its address has no
+	// scheme (gcsblob adds one).
 	t.Setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:1")
 	if err := savepoint.CheckLocation(ctx, "gs://bucket/p"); err != nil {
 		t.Errorf("CheckLocation with STORAGE_EMULATOR_HOST: %v", err)
+	}
+	t.Setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
+	if err := savepoint.CheckLocation(ctx, "gs://bucket/p"); !errors.Is(err, savepoint.ErrLocation) || !strings.Contains(err.Error(), "without a scheme") {
+		t.Errorf("CheckLocation with a scheme in STORAGE_EMULATOR_HOST: %v", err)
 	}
 }
 

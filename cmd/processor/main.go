@@ -310,13 +310,20 @@ func bindFunction(ctx context.Context, cfg Config, opts *sluice.Options) error {
 		return err
 	}
 	// The binary binds at most one side output, to SLUICE_SIDE_OUTPUT_TOPIC.
+	// A job refused here is closed (its metrics off the registry), as a
+	// job whose New failed is its caller's to close.
+	var refused *ConfigError
 	switch {
 	case len(job.SideOutputs) > 1:
-		return &ConfigError{Var: "SLUICE_FUNCTION_URL", Value: cfg.FunctionURL, Expected: fmt.Sprintf("a function with at most one side output (it declares %v; the processor binds one, to SLUICE_SIDE_OUTPUT_TOPIC)", job.SideOutputs)}
+		refused = &ConfigError{Var: "SLUICE_FUNCTION_URL", Value: cfg.FunctionURL, Expected: fmt.Sprintf("a function with at most one side output (it declares %v; the processor binds one, to SLUICE_SIDE_OUTPUT_TOPIC)", job.SideOutputs)}
 	case len(job.SideOutputs) == 1 && cfg.SideOutputTopic == "":
-		return &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Expected: fmt.Sprintf("a Kafka topic name (the function declares side output %q)", job.SideOutputs[0])}
+		refused = &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Expected: fmt.Sprintf("a Kafka topic name (the function declares side output %q)", job.SideOutputs[0])}
 	case len(job.SideOutputs) == 0 && cfg.SideOutputTopic != "":
-		return &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Value: cfg.SideOutputTopic, Expected: "unset: the function declares no side output"}
+		refused = &ConfigError{Var: "SLUICE_SIDE_OUTPUT_TOPIC", Value: cfg.SideOutputTopic, Expected: "unset: the function declares no side output"}
+	}
+	if refused != nil {
+		_ = job.Close()
+		return refused
 	}
 	opts.Job = job
 	opts.SideOutputTopics = map[sluice.OutputTag]string{}

@@ -355,6 +355,9 @@ func TestSavepointToObjectStores(t *testing.T) {
 		{"gcs", func(t *testing.T) string { loc, _ := objtest.GCS(t); return loc }},
 	} {
 		t.Run(st.name, func(t *testing.T) {
+			if st.name == "gcs" && !gcsBuilt {
+				t.Skip("built with -tags nogcs")
+			}
 			app := "sp" + st.name
 			brokers, cl := savepointCluster(t)
 			inst := startServe(t, aggregateEnv(t, brokers, app))

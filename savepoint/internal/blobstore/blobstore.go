@@ -58,7 +58,8 @@ func (s *blobStore) Create(ctx context.Context, name string) (objstore.File, err
 	w, err := s.b.NewWriter(ctx, name, &blob.WriterOptions{
 		ContentType: "application/octet-stream",
 		// Parts of 8 MiB, at most 4 uploading: the upload buffers stay
-		// around 40 MiB whatever the file's size.
+		// around 40 MiB whatever the file's size (S3; GCS uploads one
+		// 8 MiB chunk at a time).
 		BufferSize:     uploadPartSize,
 		MaxConcurrency: uploadConcurrency,
 	})
