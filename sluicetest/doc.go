@@ -17,7 +17,8 @@
 //		h.Restart()                   // the successor restores and replays
 //	}
 //
-// The package owns the test cluster (its topics: InputTopic, OutputTopic,
+// The package owns the test cluster (its topics: Options.InputTopics,
+// InputTopic by default, OutputTopic,
 // DeadLetterTopic, one per side output named after its tag, Options.Topics),
 // the processing-time clock, and the lifecycle of one instance at a time:
 // same app id, instance id and state directory across restarts, stopped at

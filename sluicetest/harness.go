@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,11 @@ type Options struct {
 	// Topics are more topics to create, for a job that writes to topics
 	// of its own with Context.EmitTo; Records reads them.
 	Topics []string
+	// InputTopics are the topics the job reads, for a job that reads
+	// several co-partitioned topics (co-processing: Record.Topic says
+	// which). SendTo produces to any of them, Send to the first. Default
+	// [InputTopic].
+	InputTopics []string
 	// Timeout bounds each wait of the harness: an instance starting or
 	// stopping, Settle, a read of a topic. Default 30s.
 	Timeout time.Duration
@@ -135,7 +141,10 @@ func New(t TB, job sluice.Job, opts Options) *Harness {
 	if err := job.Validate(); err != nil {
 		t.Fatalf("sluicetest: %v", err)
 	}
-	topics := []string{InputTopic, OutputTopic, DeadLetterTopic}
+	if len(opts.InputTopics) == 0 {
+		opts.InputTopics = []string{InputTopic}
+	}
+	topics := append(slices.Clone(opts.InputTopics), OutputTopic, DeadLetterTopic)
 	for _, tag := range job.SideOutputs {
 		topics = append(topics, string(tag))
 	}
@@ -173,7 +182,7 @@ func New(t TB, job sluice.Job, opts Options) *Harness {
 	}
 	h.cl, err = kgo.NewClient(
 		kgo.SeedBrokers(h.brokers...),
-		kgo.DefaultProduceTopic(InputTopic),
+		kgo.DefaultProduceTopic(opts.InputTopics[0]),
 		kgo.ProducerLinger(0),
 		// Kafka's default partitioner (murmur2 of the key), as the
 		// engine's outputs and most producers use.
@@ -236,7 +245,7 @@ func (h *Harness) options(reg *prometheus.Registry) sluice.Options {
 	o.Brokers = h.brokers
 	o.AppID = AppID
 	o.InstanceID = instanceID
-	o.InputTopics = []string{InputTopic}
+	o.InputTopics = slices.Clone(h.opts.InputTopics)
 	o.StateDir = h.dir
 	o.Clock = h.clock
 	o.Registry = reg
@@ -309,8 +318,8 @@ func (h *Harness) await(what string, cond func(ctx context.Context) error) {
 	}
 }
 
-// Send produces a record to the input topic and returns once the broker
-// has acknowledged it. A record with a key goes to the partition Kafka's
+// Send produces a record to the input topic (the first of
+// Options.InputTopics) and returns once the broker has acknowledged it. A record with a key goes to the partition Kafka's
 // default (murmur2) partitioner picks for the key, one without to any
 // partition; records sent one after another keep their order within a
 // partition. ts is the record's Kafka timestamp
@@ -318,10 +327,19 @@ func (h *Harness) await(what string, cond func(ctx context.Context) error) {
 // clock's Now.
 func (h *Harness) Send(key, value []byte, ts time.Time, headers ...sluice.Header) {
 	h.t.Helper()
+	h.SendTo(h.opts.InputTopics[0], key, value, ts, headers...)
+}
+
+// SendTo is Send to topic, one of Options.InputTopics.
+func (h *Harness) SendTo(topic string, key, value []byte, ts time.Time, headers ...sluice.Header) {
+	h.t.Helper()
+	if !slices.Contains(h.opts.InputTopics, topic) {
+		h.t.Fatalf("sluicetest: SendTo(%q): not one of the input topics %q", topic, h.opts.InputTopics)
+	}
 	if ts.IsZero() {
 		ts = h.Now()
 	}
-	r := &kgo.Record{Key: key, Value: value, Timestamp: ts}
+	r := &kgo.Record{Topic: topic, Key: key, Value: value, Timestamp: ts}
 	for _, hd := range headers {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: hd.Key, Value: hd.Value})
 	}
@@ -371,14 +389,14 @@ func (h *Harness) settled(ctx context.Context) error {
 	if n := h.runningTasks(); n != int(h.opts.Partitions) {
 		return fmt.Errorf("%d of %d tasks running", n, h.opts.Partitions)
 	}
-	ends, err := h.adm.ListEndOffsets(ctx, InputTopic)
+	ends, err := h.adm.ListEndOffsets(ctx, h.opts.InputTopics...)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
 		return fmt.Errorf("input end offsets: %w", err)
 	}
-	committed, err := h.adm.FetchOffsetsForTopics(kadm.RequireStable(ctx), AppID, InputTopic)
+	committed, err := h.adm.FetchOffsetsForTopics(kadm.RequireStable(ctx), AppID, h.opts.InputTopics...)
 	if err == nil {
 		err = committed.Error()
 	}
@@ -391,11 +409,11 @@ func (h *Harness) settled(ctx context.Context) error {
 			return
 		}
 		at := int64(-1)
-		if c, ok := committed.Lookup(InputTopic, end.Partition); ok {
+		if c, ok := committed.Lookup(end.Topic, end.Partition); ok {
 			at = c.At
 		}
 		if at < end.Offset {
-			behind = fmt.Errorf("input partition %d: committed offset %d, end %d", end.Partition, at, end.Offset)
+			behind = fmt.Errorf("input %s partition %d: committed offset %d, end %d", end.Topic, end.Partition, at, end.Offset)
 		}
 	})
 	if behind != nil {

@@ -311,3 +311,42 @@ func TestEventTimerFromProcessingTimer(t *testing.T) {
 		t.Fatalf("outputs %q, want k=event", got)
 	}
 }
+
+// A job that reads several topics: SendTo feeds each, Send the first, the
+// counts (shared keyed state) see them all, and Settle waits for every one
+// of them.
+func TestSeveralInputTopics(t *testing.T) {
+	t.Parallel()
+	tagged := sluice.Job{Name: "tagged", Emits: true, Process: func(ctx sluice.Context, rec *sluice.Record) error {
+		n, _, err := count.Get(ctx)
+		if err != nil {
+			return err
+		}
+		if err := count.Set(ctx, n+1); err != nil {
+			return err
+		}
+		ctx.Emit(rec.Key, fmt.Appendf(nil, "%s:%d", rec.Topic, n+1))
+		return nil
+	}}
+	h := sluicetest.New(t, tagged, sluicetest.Options{Partitions: 2, InputTopics: []string{"left", "right"}})
+	for i := range 6 {
+		h.SendTo([]string{"left", "right"}[i%2], []byte("k"), []byte("x"), time.Time{})
+	}
+	h.Send([]byte("k"), []byte("x"), time.Time{}) // the first input topic
+	h.Settle()
+	var got []string
+	for _, r := range h.Output() {
+		got = append(got, string(r.Value))
+	}
+	topics := map[string]int{}
+	for i, v := range got {
+		topic, n, _ := strings.Cut(v, ":")
+		topics[topic]++
+		if n != strconv.Itoa(i+1) {
+			t.Fatalf("outputs %q: want counts 1…7 in order", got)
+		}
+	}
+	if len(got) != 7 || topics["left"] != 4 || topics["right"] != 3 {
+		t.Fatalf("outputs %q: want 4 from left and 3 from right", got)
+	}
+}

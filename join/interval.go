@@ -1,0 +1,277 @@
+package join
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// IntervalSpec declares an interval join of two co-partitioned topics,
+// Flink's IntervalJoin (Kafka Streams' KStream-KStream join with its
+// JoinWindows, inner): a left record and a right record of the same key
+// join when the right's event time lies within [left + Lower, left +
+// Upper], both ends included.
+type IntervalSpec struct {
+	// Name is the job's name, and the prefix of its state names: keep it
+	// stable across releases, since it is the state's identity.
+	Name string
+	// Left and Right are the two input topics; the instance's
+	// Options.InputTopics must be these two (co-partitioned), in any
+	// order.
+	Left, Right string
+	// Lower and Upper bound the right record's event time relative to the
+	// left's, in whole milliseconds; Lower <= Upper, and either may be
+	// negative. Lower -5s, Upper 5s joins records at most five seconds
+	// apart either way.
+	Lower, Upper time.Duration
+	// Join makes the value of the output record of one pair, emitted keyed
+	// by their key. An error fails the record being processed, which is
+	// dead-lettered with none of its pairs emitted and not buffered (wrap
+	// it with sluice.Fatal to stop the instance instead).
+	Join func(key []byte, left, right Element) ([]byte, error)
+	// Timestamp gives a record's event time (sluice.KafkaTime takes the
+	// Kafka record time).
+	Timestamp sluice.TimestampFunc
+	// LateOutput, if set, is the side output that late records (event
+	// time before the watermark) go to, unchanged. Unset, they are
+	// dropped and counted (state <name>.late-dropped per key, and
+	// LateDropped).
+	LateOutput sluice.OutputTag
+	// LateDropped, if set, is incremented for each late record dropped
+	// (committed or not: a replayed epoch counts again).
+	LateDropped prometheus.Counter
+}
+
+// Element is one side of a joined pair: its record's value and event time,
+// and where it was read.
+type Element struct {
+	Value     []byte
+	Timestamp time.Time
+	// Offset is the record's offset in its input partition.
+	Offset int64
+}
+
+// Interval returns the sluice.Job that runs the spec, or an error saying
+// what is wrong with it. Its state names are <name>.left, <name>.right
+// and <name>.late-dropped (Job.States).
+func Interval(s IntervalSpec) (sluice.Job, error) {
+	if err := s.validate(); err != nil {
+		return sluice.Job{}, fmt.Errorf("interval join %q: %w", s.Name, err)
+	}
+	o := &interval{
+		spec:    s,
+		lower:   s.Lower.Milliseconds(),
+		upper:   s.Upper.Milliseconds(),
+		left:    kstate.Map[string, []byte](s.Name+".left", kstate.String(), kstate.Bytes()),
+		right:   kstate.Map[string, []byte](s.Name+".right", kstate.String(), kstate.Bytes()),
+		dropped: kstate.Value[int64](s.Name+".late-dropped", kstate.Int64()),
+	}
+	job := sluice.Job{
+		Name:      s.Name,
+		Emits:     true,
+		Process:   o.process,
+		OnTimer:   o.onTimer,
+		EventTime: true,
+		Timestamp: s.Timestamp,
+		States:    []string{o.left.Name(), o.right.Name(), o.dropped.Name()},
+	}
+	if s.LateOutput != "" {
+		job.SideOutputs = []sluice.OutputTag{s.LateOutput}
+	}
+	return job, job.Validate()
+}
+
+func (s IntervalSpec) validate() error {
+	switch {
+	case s.Name == "":
+		return errors.New("Name is empty")
+	case s.Left == "" || s.Right == "":
+		return errors.New("Left and Right must name the two input topics")
+	case s.Left == s.Right:
+		return fmt.Errorf("Left and Right are both %q: want two topics", s.Left)
+	case s.Lower > s.Upper:
+		return fmt.Errorf("Lower %s is after Upper %s", s.Lower, s.Upper)
+	case s.Lower%time.Millisecond != 0 || s.Upper%time.Millisecond != 0:
+		return fmt.Errorf("Lower %s and Upper %s: want whole milliseconds (event time is in milliseconds)", s.Lower, s.Upper)
+	case s.Join == nil:
+		return errors.New("Join is nil")
+	case s.Timestamp == nil:
+		return errors.New("Timestamp is nil (sluice.KafkaTime takes the Kafka record time)")
+	}
+	return nil
+}
+
+// interval runs an IntervalSpec. Each key keeps its buffered records per
+// side, in a map from (event time, offset) to value, so that entries come
+// back in time order and a replay finds the same ones; and an event-time
+// timer at each entry's cleanup time, once the watermark is past which no
+// record the entry could join can come:
+//
+//	left at t:  right records of time s with t+Lower <= s <= t+Upper;
+//	            cleaned once the watermark passes t+Upper
+//	right at s: left records of time t with s-Upper <= t <= s-Lower;
+//	            cleaned once the watermark passes s-Lower
+//
+// A record later than the watermark (a time before it) is late: it would
+// find its partners cleaned, so it joins nothing and goes to LateOutput or
+// is counted. Each pair is emitted once, by the later of its two records:
+// the earlier is still buffered then, since the later one is not late.
+type interval struct {
+	spec         IntervalSpec
+	lower, upper int64 // milliseconds
+	left, right  *kstate.MapState[string, []byte]
+	dropped      *kstate.ValueState[int64]
+}
+
+func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
+	var isLeft bool
+	switch rec.Topic {
+	case o.spec.Left:
+		isLeft = true
+	case o.spec.Right:
+	default:
+		return sluice.Fatal(fmt.Errorf("interval join %q: a record from topic %q, which is neither Left (%q) nor Right (%q): Options.InputTopics must be the two", o.spec.Name, rec.Topic, o.spec.Left, o.spec.Right))
+	}
+	ts := ctx.Timestamp().UnixMilli()
+	if wm := ctx.CurrentWatermark(); !wm.IsZero() && ts < wm.UnixMilli() {
+		return o.late(ctx, rec)
+	}
+	me := Element{Value: rec.Value, Timestamp: time.UnixMilli(ts), Offset: rec.Offset}
+	// The other side's entries this record joins, in time order.
+	others, lo, hi := o.right, ts+o.lower, ts+o.upper
+	mine, cleanup := o.left, ts+o.upper
+	if !isLeft {
+		others, lo, hi = o.left, ts-o.upper, ts-o.lower
+		mine, cleanup = o.right, ts-o.lower
+	}
+	var pairs []Element
+	err := others.Entries(ctx, func(k string, v []byte) error {
+		t, off, err := decodeEntryKey(k)
+		if err != nil {
+			return err
+		}
+		if t >= lo && t <= hi {
+			pairs = append(pairs, Element{Value: v, Timestamp: time.UnixMilli(t), Offset: off})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// Entries' order is the map's encoded key order; sort, so that the
+	// outputs' order does not rest on it.
+	slices.SortFunc(pairs, func(a, b Element) int {
+		if c := a.Timestamp.Compare(b.Timestamp); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Offset, b.Offset)
+	})
+	key := rec.Key
+	for _, p := range pairs {
+		l, r := me, p
+		if !isLeft {
+			l, r = p, me
+		}
+		v, err := o.spec.Join(key, l, r)
+		if err != nil {
+			return err
+		}
+		ctx.Emit(key, v)
+	}
+	if err := mine.Put(ctx, entryKey(ts, rec.Offset), bytes.Clone(rec.Value)); err != nil {
+		return err
+	}
+	// The entry goes once the watermark passes its cleanup time, that is
+	// reaches the next millisecond.
+	ctx.Timers().RegisterEventTime(time.UnixMilli(timerTime(cleanup)))
+	return nil
+}
+
+// timerTime is the time of the timer that cleans entries of cleanup time
+// ms: the millisecond after it (timers fire when the watermark reaches
+// them), and never before 0.
+func timerTime(ms int64) int64 {
+	if ms == math.MaxInt64 {
+		return ms
+	}
+	return max(ms+1, 0)
+}
+
+// onTimer drops the key's entries whose cleanup time the watermark passed.
+func (o *interval) onTimer(ctx sluice.Context, t sluice.Timer) error {
+	if t.Domain != sluice.EventTime {
+		return fmt.Errorf("interval join %q: a %s timer, which it never registers", o.spec.Name, t.Domain)
+	}
+	at := t.At.UnixMilli()
+	// Entries of time t with cleanup time c(t) are gone once timerTime(c(t)) <= at.
+	if err := o.clean(ctx, o.left, func(ts int64) int64 { return ts + o.upper }, at); err != nil {
+		return err
+	}
+	return o.clean(ctx, o.right, func(ts int64) int64 { return ts - o.lower }, at)
+}
+
+func (o *interval) clean(ctx sluice.Context, side *kstate.MapState[string, []byte], cleanup func(int64) int64, at int64) error {
+	var gone []string
+	err := side.Entries(ctx, func(k string, _ []byte) error {
+		t, _, err := decodeEntryKey(k)
+		if err != nil {
+			return err
+		}
+		if timerTime(cleanup(t)) <= at {
+			gone = append(gone, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range gone {
+		if err := side.Remove(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// late handles a record whose time is before the watermark.
+func (o *interval) late(ctx sluice.Context, rec *sluice.Record) error {
+	if o.spec.LateOutput != "" {
+		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, rec.Headers...)
+		return nil
+	}
+	n, _, err := o.dropped.Get(ctx)
+	if err != nil {
+		return err
+	}
+	if o.spec.LateDropped != nil {
+		o.spec.LateDropped.Inc()
+	}
+	return o.dropped.Set(ctx, n+1)
+}
+
+// entryKey is a buffered record's map key: its event time (unix ms, the
+// sign bit flipped so that the bytes sort as the numbers do) and its
+// offset, big-endian, 16 bytes. It is durable state: savepoints carry it.
+func entryKey(ts, offset int64) string {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(ts)^(1<<63))
+	binary.BigEndian.PutUint64(b[8:], uint64(offset))
+	return string(b[:])
+}
+
+func decodeEntryKey(k string) (ts, offset int64, err error) {
+	if len(k) != 16 {
+		return 0, 0, fmt.Errorf("join: a buffered entry's key of %d bytes, want 16 (event time and offset): the state is not an interval join's", len(k))
+	}
+	return int64(binary.BigEndian.Uint64([]byte(k[:8])) ^ (1 << 63)), int64(binary.BigEndian.Uint64([]byte(k[8:]))), nil
+}

@@ -1,0 +1,331 @@
+package join_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/join"
+	"github.com/sluicehq/sluice/kstate"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+var base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// at is base plus ms milliseconds.
+func at(ms int64) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+
+// pairJob joins "left" and "right" within [lower, upper] and emits
+// "<left value>|<right value>".
+func pairJob(t *testing.T, lower, upper time.Duration, dropped prometheus.Counter, late sluice.OutputTag) sluice.Job {
+	t.Helper()
+	job, err := join.Interval(join.IntervalSpec{
+		Name: "ij", Left: "left", Right: "right", Lower: lower, Upper: upper,
+		Timestamp:   sluice.KafkaTime,
+		LateDropped: dropped,
+		LateOutput:  late,
+		Join: func(key []byte, l, r join.Element) ([]byte, error) {
+			if string(l.Value) == "bad" {
+				return nil, errors.New("cannot join bad")
+			}
+			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+func options(partitions int32, backend string, ooo time.Duration) sluicetest.Options {
+	return sluicetest.Options{Partitions: partitions, Backend: backend, MaxOutOfOrderness: ooo,
+		InputTopics: []string{"left", "right"}}
+}
+
+// event is one record of the model test.
+type event struct {
+	topic, key, value string
+	ts                int64 // ms after base
+}
+
+// joined is every output as "key:value", sorted.
+func joined(out []sluice.Record) []string {
+	var got []string
+	for _, r := range out {
+		got = append(got, string(r.Key)+":"+string(r.Value))
+	}
+	slices.Sort(got)
+	return got
+}
+
+// The join's outputs are exactly the pairs of a brute-force model: every
+// left and right record of one key whose times are within the bounds, each
+// pair once, across a kill -9 mid-stream, on both backends. The records
+// come out of order by up to 80 ms; with the watermark 100 ms behind, none
+// is late, which the test checks too (nothing dropped).
+func TestIntervalJoinMatchesModel(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"bbolt", "memory"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			const lower, upper = -30, 50 // ms
+			rng := rand.New(rand.NewPCG(4, 2))
+			var events []event
+			for i := range 400 {
+				topic := []string{"left", "right"}[rng.IntN(2)]
+				events = append(events, event{
+					topic: topic,
+					key:   fmt.Sprintf("k%d", rng.IntN(5)),
+					value: fmt.Sprintf("%s%d", topic[:1], i),
+					ts:    int64(i)*10 + rng.Int64N(81) - 40,
+				})
+			}
+			var want []string
+			for _, l := range events {
+				for _, r := range events {
+					if l.topic == "left" && r.topic == "right" && l.key == r.key && r.ts-l.ts >= lower && r.ts-l.ts <= upper {
+						want = append(want, l.key+":"+l.value+"|"+r.value)
+					}
+				}
+			}
+			slices.Sort(want)
+			if len(want) < 100 {
+				t.Fatalf("the model has %d pairs: too few to test anything", len(want))
+			}
+
+			dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "dropped", Help: "late records dropped"})
+			job := pairJob(t, lower*time.Millisecond, upper*time.Millisecond, dropped, "")
+			h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
+			send := func(es []event) {
+				for _, e := range es {
+					h.SendTo(e.topic, []byte(e.key), []byte(e.value), at(e.ts))
+				}
+			}
+			send(events[:150])
+			h.Settle()
+			send(events[150:300])
+			h.Kill() // what it had not committed is processed again
+			h.Restart()
+			send(events[300:])
+			h.Settle()
+			if got := joined(h.Output()); !slices.Equal(got, want) {
+				t.Fatalf("%d outputs, want the model's %d pairs;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
+			}
+			if n := value(t, dropped); n != 0 {
+				t.Fatalf("%v records dropped as late: none is", n)
+			}
+			if dl := h.DeadLetters(); len(dl) != 0 {
+				t.Fatalf("dead letters: %v", dl)
+			}
+		})
+	}
+}
+
+// diff is what a has more of than b (both sorted).
+func diff(a, b []string) []string {
+	count := map[string]int{}
+	for _, s := range b {
+		count[s]++
+	}
+	var out []string
+	for _, s := range a {
+		if count[s] > 0 {
+			count[s]--
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Bounds are inclusive at both ends, and the same records in the other
+// order (right first) join the same way.
+func TestIntervalJoinBounds(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, pairJob(t, -100*time.Millisecond, 200*time.Millisecond, nil, ""), options(1, "", time.Second))
+	// Key a: the left first; key b: the rights first. Rights at the
+	// bounds join, one millisecond outside does not.
+	for _, k := range []string{"a", "b"} {
+		left := func() { h.SendTo("left", []byte(k), []byte("L"), at(1000)) }
+		if k == "a" {
+			left()
+		}
+		for _, ms := range []int64{899, 900, 1200, 1201} {
+			h.SendTo("right", []byte(k), fmt.Appendf(nil, "R%d", ms), at(ms))
+		}
+		if k == "b" {
+			left()
+		}
+	}
+	h.Settle()
+	want := []string{"a:L|R1200", "a:L|R900", "b:L|R1200", "b:L|R900"}
+	if got := joined(h.Output()); !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}
+
+// A record before the watermark is late: it joins nothing, and goes to
+// LateOutput when one is bound, else is dropped and counted.
+func TestIntervalJoinLateRecords(t *testing.T) {
+	t.Parallel()
+	for _, tag := range []sluice.OutputTag{"late", ""} {
+		t.Run(fmt.Sprintf("LateOutput=%q", tag), func(t *testing.T) {
+			t.Parallel()
+			dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "dropped", Help: "late records dropped"})
+			h := sluicetest.New(t, pairJob(t, -time.Second, time.Second, dropped, tag), options(1, "", 0))
+			h.SendTo("left", []byte("k"), []byte("L1"), at(5000))
+			h.SendTo("right", []byte("k"), []byte("R1"), at(5000)) // the watermark is now 5000
+			h.SendTo("right", []byte("k"), []byte("R2"), at(4999)) // late: would have joined L1
+			h.SendTo("left", []byte("k"), []byte("L2"), at(5500))
+			h.Settle()
+			if got, want := joined(h.Output()), []string{"k:L1|R1", "k:L2|R1"}; !slices.Equal(got, want) {
+				t.Fatalf("outputs %q, want %q", got, want)
+			}
+			if tag != "" {
+				if got := joined(h.SideOutput(tag)); !slices.Equal(got, []string{"k:R2"}) {
+					t.Fatalf("late output %q, want the late record R2", got)
+				}
+				return
+			}
+			if n := value(t, dropped); n != 1 {
+				t.Fatalf("LateDropped %v, want 1", n)
+			}
+			if got := liveState(t, h, "ij.late-dropped"); len(got) != 1 {
+				t.Fatalf("late-dropped state %q, want the count of key k", got)
+			}
+		})
+	}
+}
+
+// liveState is the keyed entries of the state named name that the
+// changelog holds a value for (not deleted): "<key>/<sub>".
+func liveState(t *testing.T, h *sluicetest.Harness, name string) []string {
+	t.Helper()
+	live := map[string]bool{}
+	for _, r := range h.Records(sluicetest.AppID + "-changelog") {
+		k, err := kstate.DecodeKey(r.Key)
+		if err != nil || k.Name != name {
+			continue // markers and other state
+		}
+		id := string(k.UserKey) + "/" + fmt.Sprintf("%x", k.Sub)
+		live[id] = r.Value != nil
+	}
+	var out []string
+	for id, ok := range live {
+		if ok {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Buffered records go once the watermark passes their cleanup time: after
+// records an hour later on both sides, only those two are left.
+func TestIntervalJoinCleansItsBuffers(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, pairJob(t, -time.Second, 2*time.Second, nil, ""), options(1, "", 0))
+	for i := range int64(20) {
+		k := []byte(fmt.Sprintf("k%d", i%4))
+		h.SendTo("left", k, fmt.Appendf(nil, "L%d", i), at(1000+i*100))
+		h.SendTo("right", k, fmt.Appendf(nil, "R%d", i), at(1050+i*100))
+	}
+	h.Settle()
+	if n := len(liveState(t, h, "ij.left")) + len(liveState(t, h, "ij.right")); n == 0 {
+		t.Fatal("nothing buffered before the watermark moved on: the check below would pass for nothing")
+	}
+	h.SendTo("left", []byte("k0"), []byte("Lz"), at(3_600_000))
+	h.SendTo("right", []byte("k1"), []byte("Rz"), at(3_600_000))
+	h.Settle()
+	left, right := liveState(t, h, "ij.left"), liveState(t, h, "ij.right")
+	if len(left) != 1 || !strings.HasPrefix(left[0], "k0/") || len(right) != 1 || !strings.HasPrefix(right[0], "k1/") {
+		t.Fatalf("buffered after the watermark passed: left %q, right %q; want only the last two records", left, right)
+	}
+}
+
+// A Join error fails the record being processed: dead-lettered, none of
+// its pairs emitted, and not buffered, so a later partner does not find it.
+func TestIntervalJoinErrorDeadLettersTheRecord(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, pairJob(t, -time.Second, time.Second, nil, ""), options(1, "", time.Second))
+	h.SendTo("left", []byte("k"), []byte("L1"), at(1000))
+	h.SendTo("left", []byte("k"), []byte("bad"), at(1000))
+	h.SendTo("right", []byte("k"), []byte("R1"), at(1100)) // joins L1, then fails on bad
+	h.SendTo("left", []byte("k"), []byte("L2"), at(1200))  // R1 was not buffered
+	h.Settle()
+	if got := joined(h.Output()); len(got) != 0 {
+		t.Fatalf("outputs %q, want none: the failed record's pair with L1 is not emitted", got)
+	}
+	dl := h.DeadLetters()
+	if len(dl) != 1 || string(dl[0].Value) != "R1" {
+		t.Fatalf("dead letters %v, want R1", dl)
+	}
+}
+
+func TestIntervalSpecIsChecked(t *testing.T) {
+	ok := join.IntervalSpec{Name: "j", Left: "a", Right: "b", Upper: time.Second, Timestamp: sluice.KafkaTime,
+		Join: func([]byte, join.Element, join.Element) ([]byte, error) { return nil, nil }}
+	job, err := join.Interval(ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"j.left", "j.right", "j.late-dropped"}; !slices.Equal(job.States, want) || !job.EventTime {
+		t.Fatalf("job states %q, event time %v; want %q and event time", job.States, job.EventTime, want)
+	}
+	for name, mutate := range map[string]func(*join.IntervalSpec){
+		"Name is empty":            func(s *join.IntervalSpec) { s.Name = "" },
+		"must name the two":        func(s *join.IntervalSpec) { s.Right = "" },
+		"want two topics":          func(s *join.IntervalSpec) { s.Right = "a" },
+		"is after Upper":           func(s *join.IntervalSpec) { s.Lower = 2 * time.Second },
+		"whole milliseconds":       func(s *join.IntervalSpec) { s.Upper = time.Microsecond },
+		"Join is nil":              func(s *join.IntervalSpec) { s.Join = nil },
+		"Timestamp is nil":         func(s *join.IntervalSpec) { s.Timestamp = nil },
+		"negative bounds are fine": func(s *join.IntervalSpec) { s.Lower, s.Upper = -2*time.Second, -time.Second },
+	} {
+		s := ok
+		mutate(&s)
+		_, err := join.Interval(s)
+		switch {
+		case strings.HasSuffix(name, "fine"):
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		case err == nil || !strings.Contains(err.Error(), name):
+			t.Errorf("%s: got %v", name, err)
+		}
+	}
+}
+
+// value is a counter's value.
+func value(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// A record at the watermark is not late, and still finds the entries whose
+// cleanup time is the watermark: a left at 1000 with Upper 200 joins a
+// right at 1200 that comes once the watermark is 1200.
+func TestIntervalJoinAtTheWatermark(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, pairJob(t, 0, 200*time.Millisecond, nil, ""), options(1, "", 0))
+	h.SendTo("left", []byte("k"), []byte("L"), at(1000))
+	h.SendTo("right", []byte("j"), []byte("Rj"), at(1200))
+	h.SendTo("left", []byte("j"), []byte("Lj"), at(1200)) // both topics at 1200: the watermark is 1200
+	h.SendTo("right", []byte("k"), []byte("R"), at(1200))
+	h.Settle()
+	if got, want := joined(h.Output()), []string{"j:Lj|Rj", "k:L|R"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}
