@@ -17,7 +17,7 @@ import (
 // were some forty of the fifty-odd modules a one-line program importing
 // the engine was built from.
 func TestEngineDoesNotBuildObjectStoreSDKs(t *testing.T) {
-	pkgs := []string{".", "./kstate", "./window", "./jobs", "./txsink", "./savepoint", "./sluicetest", "./barrier", "./changelog"}
+	pkgs := []string{".", "./kstate", "./window", "./join", "./jobs", "./txsink", "./savepoint", "./sluicetest", "./barrier", "./changelog"}
 	out, err := exec.Command("go", append([]string{"list", "-deps"}, pkgs...)...).Output()
 	if err != nil {
 		var ee *exec.ExitError

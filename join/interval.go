@@ -35,17 +35,19 @@ type IntervalSpec struct {
 	// apart either way.
 	Lower, Upper time.Duration
 	// Join makes the value of the output record of one pair, emitted keyed
-	// by their key. An error fails the record being processed, which is
-	// dead-lettered with none of its pairs emitted and not buffered (wrap
-	// it with sluice.Fatal to stop the instance instead).
+	// by their key; a nil value emits nothing for the pair (a filter). An
+	// error fails the record being processed, which is dead-lettered with
+	// none of its pairs emitted and not buffered (wrap it with
+	// sluice.Fatal to stop the instance instead).
 	Join func(key []byte, left, right Element) ([]byte, error)
 	// Timestamp gives a record's event time (sluice.KafkaTime takes the
 	// Kafka record time).
 	Timestamp sluice.TimestampFunc
 	// LateOutput, if set, is the side output that late records (event
-	// time before the watermark) go to, unchanged. Unset, they are
-	// dropped and counted (state <name>.late-dropped per key, and
-	// LateDropped).
+	// time before the watermark) go to, unchanged but for one more
+	// header, sluice.HeaderTopic, naming the topic (the side) each came
+	// from. Unset, they are dropped and counted (state <name>.late-dropped
+	// per key, and LateDropped).
 	LateOutput sluice.OutputTag
 	// LateDropped, if set, is incremented for each late record dropped
 	// (committed or not: a replayed epoch counts again).
@@ -53,12 +55,13 @@ type IntervalSpec struct {
 }
 
 // Element is one side of a joined pair: its record's value and event time,
-// and where it was read.
+// and where it was read. The record's headers are not kept.
 type Element struct {
 	Value     []byte
 	Timestamp time.Time
-	// Offset is the record's offset in its input partition.
-	Offset int64
+	// Partition and Offset are where the record was read in its topic.
+	Partition int32
+	Offset    int64
 }
 
 // Interval returns the sluice.Job that runs the spec, or an error saying
@@ -142,11 +145,21 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	default:
 		return sluice.Fatal(fmt.Errorf("interval join %q: a record from topic %q, which is neither Left (%q) nor Right (%q): Options.InputTopics must be the two", o.spec.Name, rec.Topic, o.spec.Left, o.spec.Right))
 	}
-	ts := ctx.Timestamp().UnixMilli()
-	if wm := ctx.CurrentWatermark(); !wm.IsZero() && ts < wm.UnixMilli() {
-		return o.late(ctx, rec)
+	if rec.Key == nil {
+		// Unkeyed records land on any partition: which would pair up is
+		// arbitrary. Kafka Streams drops them from joins, Flink refuses
+		// them; here they are dead-lettered, saying why.
+		return errNoKey
 	}
-	me := Element{Value: rec.Value, Timestamp: time.UnixMilli(ts), Offset: rec.Offset}
+	ts := ctx.Timestamp().UnixMilli()
+	wm, hasWM := ctx.CurrentWatermark(), false
+	if !wm.IsZero() {
+		hasWM = true
+		if ts < wm.UnixMilli() {
+			return o.late(ctx, rec)
+		}
+	}
+	me := Element{Value: rec.Value, Timestamp: time.UnixMilli(ts), Partition: rec.Partition, Offset: rec.Offset}
 	// The other side's entries this record joins, in time order.
 	others, lo, hi := o.right, ts+o.lower, ts+o.upper
 	mine, cleanup := o.left, ts+o.upper
@@ -156,22 +169,28 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	}
 	var pairs []Element
 	err := others.Entries(ctx, func(k string, v []byte) error {
-		t, off, err := decodeEntryKey(k)
+		t, p, off, err := decodeEntryKey(k)
 		if err != nil {
 			return err
 		}
-		if t >= lo && t <= hi {
-			pairs = append(pairs, Element{Value: v, Timestamp: time.UnixMilli(t), Offset: off})
+		if t > hi {
+			return errStop // entries come in time order
+		}
+		if t >= lo {
+			pairs = append(pairs, Element{Value: v, Timestamp: time.UnixMilli(t), Partition: p, Offset: off})
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, errStop) {
 		return err
 	}
-	// Entries' order is the map's encoded key order; sort, so that the
-	// outputs' order does not rest on it.
+	// Entries come in the map's encoded key order, which is this one;
+	// sort all the same, so that the outputs' order does not rest on it.
 	slices.SortFunc(pairs, func(a, b Element) int {
 		if c := a.Timestamp.Compare(b.Timestamp); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Partition, b.Partition); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Offset, b.Offset)
@@ -186,20 +205,34 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 		if err != nil {
 			return err
 		}
-		ctx.Emit(key, v)
-	}
-	if err := mine.Put(ctx, entryKey(ts, rec.Offset), bytes.Clone(rec.Value)); err != nil {
-		return err
+		if v != nil {
+			ctx.Emit(key, v)
+		}
 	}
 	// The entry goes once the watermark passes its cleanup time, that is
-	// reaches the next millisecond.
-	ctx.Timers().RegisterEventTime(time.UnixMilli(timerTime(cleanup)))
+	// reaches the next millisecond; one already past it (a negative bound
+	// can make it so) could join no record to come, and is not kept.
+	due := timerTime(cleanup)
+	if hasWM && due <= wm.UnixMilli() {
+		return nil
+	}
+	if err := mine.Put(ctx, entryKey(ts, rec.Partition, rec.Offset), bytes.Clone(rec.Value)); err != nil {
+		return err
+	}
+	ctx.Timers().RegisterEventTime(time.UnixMilli(due))
 	return nil
 }
 
+// errNoKey fails a record without a key.
+var errNoKey = errors.New("join: a record without a key joins nothing (its partition, so its partners, would be arbitrary)")
+
+// errStop ends a scan of a side's entries early.
+var errStop = errors.New("stop")
+
 // timerTime is the time of the timer that cleans entries of cleanup time
 // ms: the millisecond after it (timers fire when the watermark reaches
-// them), and never before 0.
+// them), and never before 0: the engine keeps no timer before 1970, so
+// entries due before then stay until the watermark reaches 1970.
 func timerTime(ms int64) int64 {
 	if ms == math.MaxInt64 {
 		return ms
@@ -223,16 +256,17 @@ func (o *interval) onTimer(ctx sluice.Context, t sluice.Timer) error {
 func (o *interval) clean(ctx sluice.Context, side *kstate.MapState[string, []byte], cleanup func(int64) int64, at int64) error {
 	var gone []string
 	err := side.Entries(ctx, func(k string, _ []byte) error {
-		t, _, err := decodeEntryKey(k)
+		t, _, _, err := decodeEntryKey(k)
 		if err != nil {
 			return err
 		}
-		if timerTime(cleanup(t)) <= at {
-			gone = append(gone, k)
+		if timerTime(cleanup(t)) > at {
+			return errStop // entries come in time order, and so do their cleanup times
 		}
+		gone = append(gone, k)
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, errStop) {
 		return err
 	}
 	for _, k := range gone {
@@ -246,7 +280,8 @@ func (o *interval) clean(ctx sluice.Context, side *kstate.MapState[string, []byt
 // late handles a record whose time is before the watermark.
 func (o *interval) late(ctx sluice.Context, rec *sluice.Record) error {
 	if o.spec.LateOutput != "" {
-		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, rec.Headers...)
+		hs := append(slices.Clip(rec.Headers), sluice.Header{Key: sluice.HeaderTopic, Value: []byte(rec.Topic)})
+		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, hs...)
 		return nil
 	}
 	n, _, err := o.dropped.Get(ctx)
@@ -260,18 +295,25 @@ func (o *interval) late(ctx sluice.Context, rec *sluice.Record) error {
 }
 
 // entryKey is a buffered record's map key: its event time (unix ms, the
-// sign bit flipped so that the bytes sort as the numbers do) and its
-// offset, big-endian, 16 bytes. It is durable state: savepoints carry it.
-func entryKey(ts, offset int64) string {
-	var b [16]byte
+// sign bit flipped so that the bytes sort as the numbers do), its
+// partition and its offset, big-endian, 20 bytes. The partition keeps
+// entries apart after a rescale, when a key's buffer moves to a partition
+// whose offsets overlap its old one's. It is durable state: savepoints
+// carry it.
+func entryKey(ts int64, partition int32, offset int64) string {
+	var b [entryKeyLen]byte
 	binary.BigEndian.PutUint64(b[:8], uint64(ts)^(1<<63))
-	binary.BigEndian.PutUint64(b[8:], uint64(offset))
+	binary.BigEndian.PutUint32(b[8:12], uint32(partition))
+	binary.BigEndian.PutUint64(b[12:], uint64(offset))
 	return string(b[:])
 }
 
-func decodeEntryKey(k string) (ts, offset int64, err error) {
-	if len(k) != 16 {
-		return 0, 0, fmt.Errorf("join: a buffered entry's key of %d bytes, want 16 (event time and offset): the state is not an interval join's", len(k))
+const entryKeyLen = 20
+
+func decodeEntryKey(k string) (ts int64, partition int32, offset int64, err error) {
+	if len(k) != entryKeyLen {
+		return 0, 0, 0, fmt.Errorf("join: a buffered entry's key of %d bytes, want %d (event time, partition, offset): the state is not an interval join's", len(k), entryKeyLen)
 	}
-	return int64(binary.BigEndian.Uint64([]byte(k[:8])) ^ (1 << 63)), int64(binary.BigEndian.Uint64([]byte(k[8:]))), nil
+	b := []byte(k)
+	return int64(binary.BigEndian.Uint64(b[:8]) ^ (1 << 63)), int32(binary.BigEndian.Uint32(b[8:12])), int64(binary.BigEndian.Uint64(b[12:])), nil
 }

@@ -69,7 +69,7 @@ func joined(out []sluice.Record) []string {
 // The join's outputs are exactly the pairs of a brute-force model: every
 // left and right record of one key whose times are within the bounds, each
 // pair once, across a kill -9 mid-stream, on both backends. The records
-// come out of order by up to 80 ms; with the watermark 100 ms behind, none
+// come out of order by up to 70 ms; with the watermark 100 ms behind, none
 // is late, which the test checks too (nothing dropped).
 func TestIntervalJoinMatchesModel(t *testing.T) {
 	t.Parallel()
@@ -162,6 +162,9 @@ func TestIntervalJoinBounds(t *testing.T) {
 			h.SendTo("right", []byte(k), fmt.Appendf(nil, "R%d", ms), at(ms))
 		}
 		if k == "b" {
+			// Settled first: in one poll the timestamp merge would take
+			// this left (1000) before the rights of 1200 and 1201.
+			h.Settle()
 			left()
 		}
 	}
@@ -190,8 +193,12 @@ func TestIntervalJoinLateRecords(t *testing.T) {
 				t.Fatalf("outputs %q, want %q", got, want)
 			}
 			if tag != "" {
-				if got := joined(h.SideOutput(tag)); !slices.Equal(got, []string{"k:R2"}) {
+				late := h.SideOutput(tag)
+				if got := joined(late); !slices.Equal(got, []string{"k:R2"}) {
 					t.Fatalf("late output %q, want the late record R2", got)
+				}
+				if got := header(late[0], sluice.HeaderTopic); got != "right" {
+					t.Fatalf("late record's %s header %q, want the side it came from", sluice.HeaderTopic, got)
 				}
 				return
 			}
@@ -237,6 +244,10 @@ func TestIntervalJoinCleansItsBuffers(t *testing.T) {
 		k := []byte(fmt.Sprintf("k%d", i%4))
 		h.SendTo("left", k, fmt.Appendf(nil, "L%d", i), at(1000+i*100))
 		h.SendTo("right", k, fmt.Appendf(nil, "R%d", i), at(1050+i*100))
+		// Keys with one side only: their entries go by their own
+		// timers, not by the other side's later ones.
+		h.SendTo("left", []byte("only-left"), fmt.Appendf(nil, "L%d", i), at(1000+i*100))
+		h.SendTo("right", []byte("only-right"), fmt.Appendf(nil, "R%d", i), at(1050+i*100))
 	}
 	h.Settle()
 	if n := len(liveState(t, h, "ij.left")) + len(liveState(t, h, "ij.right")); n == 0 {
@@ -326,6 +337,99 @@ func TestIntervalJoinAtTheWatermark(t *testing.T) {
 	h.SendTo("right", []byte("k"), []byte("R"), at(1200))
 	h.Settle()
 	if got, want := joined(h.Output()), []string{"j:Lj|Rj", "k:L|R"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}
+
+// header is the value of r's header key.
+func header(r sluice.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// The mirror of TestIntervalJoinAtTheWatermark for the right side: a right
+// at 1000 with Lower -200 is kept until the watermark passes 1200, so a
+// left at 1200 that comes once the watermark is 1200 joins it.
+func TestIntervalJoinAtTheWatermarkRightSide(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, pairJob(t, -200*time.Millisecond, 0, nil, ""), options(1, "", 0))
+	h.SendTo("right", []byte("k"), []byte("R"), at(1000))
+	h.SendTo("left", []byte("j"), []byte("Lj"), at(1200))
+	h.SendTo("right", []byte("j"), []byte("Rj"), at(1200)) // both topics at 1200: the watermark is 1200
+	// Settled first: in one poll the merge would take the left below
+	// before the right at 1200 (ties go to the topic named first).
+	h.Settle()
+	h.SendTo("left", []byte("k"), []byte("L"), at(1200))
+	h.Settle()
+	if got, want := joined(h.Output()), []string{"j:Lj|Rj", "k:L|R"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}
+
+// Records of one side, key and millisecond are kept apart (by their
+// offsets): a right joins both lefts.
+func TestIntervalJoinSameMillisecond(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, pairJob(t, 0, 0, nil, ""), options(1, "", 0))
+	h.SendTo("left", []byte("k"), []byte("L1"), at(1000))
+	h.SendTo("left", []byte("k"), []byte("L2"), at(1000))
+	h.SendTo("right", []byte("k"), []byte("R"), at(1000))
+	h.Settle()
+	if got, want := joined(h.Output()), []string{"k:L1|R", "k:L2|R"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}
+
+// A record without a key is dead-lettered: which records it would pair
+// with would depend on the partition it landed on. A nil Join value emits
+// nothing for its pair.
+func TestIntervalJoinNoKeyAndNilValue(t *testing.T) {
+	t.Parallel()
+	job, err := join.Interval(join.IntervalSpec{
+		Name: "ij", Left: "left", Right: "right", Upper: time.Second, Timestamp: sluice.KafkaTime,
+		Join: func(key []byte, l, r join.Element) ([]byte, error) {
+			if string(r.Value) == "skip" {
+				return nil, nil
+			}
+			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sluicetest.New(t, job, options(1, "", time.Second))
+	h.SendTo("left", nil, []byte("L0"), at(1000))
+	h.SendTo("left", []byte("k"), []byte("L"), at(1000))
+	h.SendTo("right", []byte("k"), []byte("skip"), at(1100))
+	h.SendTo("right", []byte("k"), []byte("R"), at(1200))
+	h.Settle()
+	if got, want := joined(h.Output()), []string{"k:L|R"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+	dl := h.DeadLetters()
+	if len(dl) != 1 || string(dl[0].Value) != "L0" || !strings.Contains(header(dl[0], sluice.HeaderError), "without a key") {
+		t.Fatalf("dead letters %v, want L0, the record without a key", dl)
+	}
+}
+
+// A record whose cleanup time is the watermark can still join a record at
+// the watermark, so it is buffered: with Upper -100, a left at 1100 comes
+// when the watermark is 1000, and a right at 1000 joins it.
+func TestIntervalJoinKeepsWhatCanStillJoin(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, pairJob(t, -300*time.Millisecond, -100*time.Millisecond, nil, ""), options(1, "", 0))
+	h.SendTo("left", []byte("j"), []byte("Lj"), at(1000))
+	h.SendTo("right", []byte("j"), []byte("Rj"), at(1000)) // the watermark is 1000
+	h.Settle()
+	h.SendTo("left", []byte("k"), []byte("L"), at(1100)) // cleanup time 1000
+	h.Settle()
+	h.SendTo("right", []byte("k"), []byte("R"), at(1000)) // at the watermark: not late
+	h.Settle()
+	if got, want := joined(h.Output()), []string{"k:L|R"}; !slices.Equal(got, want) {
 		t.Fatalf("outputs %q, want %q", got, want)
 	}
 }

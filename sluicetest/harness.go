@@ -27,7 +27,8 @@ const (
 	// AppID is the instance's app id: its consumer group and the prefix
 	// of its transactional id and internal topics.
 	AppID = "sluicetest"
-	// InputTopic is the topic Send produces to and the job reads.
+	// InputTopic is the topic Send produces to and the job reads, unless
+	// Options.InputTopics names others.
 	InputTopic = "input"
 	// OutputTopic is the job's output topic (Context.Emit).
 	OutputTopic = "output"
@@ -46,8 +47,8 @@ var defaultStart = time.Date(2026, time.January, 1, 0, 0, 0, 0, time.UTC)
 
 // Options configure a Harness. The zero value is ready to use.
 type Options struct {
-	// Partitions is the partition count of every topic: the input (so the
-	// number of tasks), the output, the side outputs, the dead letters
+	// Partitions is the partition count of every topic: the inputs (so
+	// the number of tasks), the output, the side outputs, the dead letters
 	// and Topics. Default 1.
 	Partitions int32
 	// Start is the processing-time clock's first reading (Context.Now).
@@ -144,15 +145,21 @@ func New(t TB, job sluice.Job, opts Options) *Harness {
 	if len(opts.InputTopics) == 0 {
 		opts.InputTopics = []string{InputTopic}
 	}
+	opts.InputTopics = slices.Clone(opts.InputTopics)
 	topics := append(slices.Clone(opts.InputTopics), OutputTopic, DeadLetterTopic)
 	for _, tag := range job.SideOutputs {
 		topics = append(topics, string(tag))
 	}
 	topics = append(topics, opts.Topics...)
+	seen := map[string]bool{}
 	for _, name := range topics {
 		if err := validTopic(name); err != nil {
 			t.Fatalf("sluicetest: %v", err)
 		}
+		if seen[name] {
+			t.Fatalf("sluicetest: topic %q is named twice (the inputs, %s, %s, a side output's tag, Options.Topics)", name, OutputTopic, DeadLetterTopic)
+		}
+		seen[name] = true
 	}
 
 	c, err := kfake.NewCluster(
@@ -319,12 +326,12 @@ func (h *Harness) await(what string, cond func(ctx context.Context) error) {
 }
 
 // Send produces a record to the input topic (the first of
-// Options.InputTopics) and returns once the broker has acknowledged it. A record with a key goes to the partition Kafka's
-// default (murmur2) partitioner picks for the key, one without to any
-// partition; records sent one after another keep their order within a
-// partition. ts is the record's Kafka timestamp
-// (what sluice.KafkaTime reads); the zero time means the processing-time
-// clock's Now.
+// Options.InputTopics) and returns once the broker has acknowledged it. A
+// record with a key goes to the partition Kafka's default (murmur2)
+// partitioner picks for the key, one without to any partition; records
+// sent one after another keep their order within a partition. ts is the
+// record's Kafka timestamp (what sluice.KafkaTime reads); the zero time
+// means the processing-time clock's Now.
 func (h *Harness) Send(key, value []byte, ts time.Time, headers ...sluice.Header) {
 	h.t.Helper()
 	h.SendTo(h.opts.InputTopics[0], key, value, ts, headers...)
@@ -368,7 +375,7 @@ func (h *Harness) Advance(d time.Duration) {
 
 // Settle waits until everything sent so far is processed and committed,
 // together with what it caused: the group's committed offsets (read
-// require-stable, so no commit is pending) have reached the input's end,
+// require-stable, so no commit is pending) have reached every input's end,
 // and the instance is quiet, with no epoch open and no timer due by the
 // clock or the watermark. Then the outputs of every record sent and every
 // timer due are readable with Output, SideOutput and DeadLetters.
