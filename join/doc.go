@@ -7,7 +7,9 @@
 //
 // Interval is Flink's interval join (Kafka Streams' windowed KStream-KStream
 // inner join): records of the two topics with the same key whose event
-// times are within a bound of each other.
+// times are within a bound of each other. Table is Kafka Streams'
+// KStream-KTable join: each record of a stream topic joined with its key's
+// latest value in a table topic.
 //
 //	job, err := join.Interval(join.IntervalSpec{
 //		Name: "orders-payments", Left: "orders", Right: "payments",

@@ -1,0 +1,158 @@
+package join_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/join"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// enrich is a left join of "orders" (the stream) with "customers" (the
+// table): "<order>@<customer>", or "<order>@?" without a customer.
+func enrich(t *testing.T) sluice.Job {
+	t.Helper()
+	job, err := join.Table(join.TableSpec{
+		Name: "tj", Stream: "orders", Table: "customers",
+		Join: func(key []byte, order join.Element, customer []byte, found bool) ([]byte, error) {
+			switch {
+			case string(order.Value) == "skip":
+				return nil, nil
+			case string(order.Value) == "bad":
+				return nil, fmt.Errorf("cannot join %s", order.Value)
+			case !found:
+				return fmt.Appendf(nil, "%s@?", order.Value), nil
+			}
+			return fmt.Appendf(nil, "%s@%s", order.Value, customer), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+// tableOptions has the table topic first, so that a table update and an
+// order of the same time are taken in that order; and a task waits for a
+// lagging topic as long as a loaded machine needs (MaxTaskIdle).
+func tableOptions(backend string) sluicetest.Options {
+	return sluicetest.Options{Partitions: 2, Backend: backend, InputTopics: []string{"customers", "orders"},
+		Configure: func(o *sluice.Options) { o.MaxTaskIdle = time.Minute }}
+}
+
+// Each order is joined with its key's customer as of the order's time:
+// the outputs equal a model that applies the records in time order, across
+// a kill -9 mid-stream, on both backends. Table records emit nothing, a
+// nil value deletes the key.
+func TestTableJoinMatchesModel(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"bbolt", "memory"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(7, 1))
+			type rec struct {
+				topic, key string
+				value      []byte
+			}
+			var recs []rec
+			table := map[string]string{}
+			var want []string
+			for i := range 300 {
+				key := fmt.Sprintf("k%d", rng.IntN(6))
+				switch r := rng.IntN(10); {
+				case r < 3:
+					v := fmt.Sprintf("c%d", i)
+					recs = append(recs, rec{"customers", key, []byte(v)})
+					table[key] = v
+				case r < 4:
+					recs = append(recs, rec{"customers", key, nil}) // a tombstone
+					delete(table, key)
+				default:
+					v := fmt.Sprintf("o%d", i)
+					recs = append(recs, rec{"orders", key, []byte(v)})
+					c, ok := table[key]
+					if !ok {
+						c = "?"
+					}
+					want = append(want, key+":"+v+"@"+c)
+				}
+			}
+			slices.Sort(want)
+
+			h := sluicetest.New(t, enrich(t), tableOptions(backend))
+			send := func(from, to int) {
+				for i := from; i < to; i++ {
+					h.SendTo(recs[i].topic, []byte(recs[i].key), recs[i].value, at(int64(i)))
+				}
+			}
+			send(0, 100)
+			h.Settle()
+			send(100, 200)
+			h.Kill()
+			h.Restart()
+			send(200, len(recs))
+			h.Settle()
+			if got := joined(h.Output()); !slices.Equal(got, want) {
+				t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
+			}
+			if dl := h.DeadLetters(); len(dl) != 0 {
+				t.Fatalf("dead letters: %v", dl)
+			}
+		})
+	}
+}
+
+// An order without a key, or whose Join fails, is dead-lettered; a table
+// record without a key too (it cannot be a table entry); a nil Join value
+// emits nothing.
+func TestTableJoinFailures(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, enrich(t), tableOptions("memory"))
+	h.SendTo("customers", []byte("k"), []byte("ada"), at(1))
+	h.SendTo("customers", nil, []byte("nobody"), at(2))
+	h.SendTo("orders", nil, []byte("o-nokey"), at(3))
+	h.SendTo("orders", []byte("k"), []byte("bad"), at(4))
+	h.SendTo("orders", []byte("k"), []byte("skip"), at(5))
+	h.SendTo("orders", []byte("k"), []byte("o1"), at(6))
+	h.Settle()
+	if got, want := joined(h.Output()), []string{"k:o1@ada"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+	var dead []string
+	for _, r := range h.DeadLetters() {
+		dead = append(dead, string(r.Value)+": "+header(r, sluice.HeaderError))
+	}
+	slices.Sort(dead)
+	if len(dead) != 3 || !strings.HasPrefix(dead[0], "bad: ") || !strings.Contains(dead[1], "without a key") || !strings.Contains(dead[2], "without a key") {
+		t.Fatalf("dead letters %q, want bad, nobody and o-nokey", dead)
+	}
+}
+
+func TestTableSpecIsChecked(t *testing.T) {
+	ok := join.TableSpec{Name: "t", Stream: "s", Table: "t",
+		Join: func([]byte, join.Element, []byte, bool) ([]byte, error) { return nil, nil }}
+	job, err := join.Table(ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(job.States, []string{"t.table"}) {
+		t.Fatalf("job states %q", job.States)
+	}
+	for name, mutate := range map[string]func(*join.TableSpec){
+		"Name is empty":     func(s *join.TableSpec) { s.Name = "" },
+		"must name the two": func(s *join.TableSpec) { s.Table = "" },
+		"want two topics":   func(s *join.TableSpec) { s.Table = "s" },
+		"Join is nil":       func(s *join.TableSpec) { s.Join = nil },
+	} {
+		s := ok
+		mutate(&s)
+		if _, err := join.Table(s); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: got %v", name, err)
+		}
+	}
+}
