@@ -54,10 +54,12 @@ type IntervalSpec struct {
 	LateDropped prometheus.Counter
 }
 
-// Element is one side of a joined pair: its record's value and event time,
-// and where it was read. The record's headers are not kept.
+// Element is a record being joined: its value and time, and where it was
+// read. The record's headers are not kept.
 type Element struct {
-	Value     []byte
+	Value []byte
+	// Timestamp is the record's event time (IntervalSpec.Timestamp) in an
+	// interval join, its Kafka record time in a table join.
 	Timestamp time.Time
 	// Partition and Offset are where the record was read in its topic.
 	Partition int32

@@ -38,11 +38,15 @@ func enrich(t *testing.T) sluice.Job {
 }
 
 // tableOptions has the table topic first, so that a table update and an
-// order of the same time are taken in that order; and a task waits for a
-// lagging topic as long as a loaded machine needs (MaxTaskIdle).
-func tableOptions(backend string) sluicetest.Options {
-	return sluicetest.Options{Partitions: 2, Backend: backend, InputTopics: []string{"customers", "orders"},
-		Configure: func(o *sluice.Options) { o.MaxTaskIdle = time.Minute }}
+// order of the same time are taken in that order. Should a poll bring one
+// topic and not the other, the task waits for the other up to MaxTaskIdle
+// (under Settle's 30 s) rather than go on out of time order.
+func tableOptions(backend string, topics ...string) sluicetest.Options {
+	if len(topics) == 0 {
+		topics = []string{"customers", "orders"}
+	}
+	return sluicetest.Options{Partitions: 2, Backend: backend, InputTopics: topics,
+		Configure: func(o *sluice.Options) { o.MaxTaskIdle = 20 * time.Second }}
 }
 
 // Each order is joined with its key's customer as of the order's time:
@@ -154,5 +158,53 @@ func TestTableSpecIsChecked(t *testing.T) {
 		if _, err := join.Table(s); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s: got %v", name, err)
 		}
+	}
+}
+
+// A table update and an order of the same time, both on the broker when
+// the instance starts: the order sees the update when the table topic is
+// named first in InputTopics, and not when the stream is.
+func TestTableJoinTies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		topics []string
+		want   string
+	}{
+		{[]string{"customers", "orders"}, "k:o@c1"},
+		{[]string{"orders", "customers"}, "k:o@c0"},
+	} {
+		t.Run(tc.topics[0]+"-first", func(t *testing.T) {
+			t.Parallel()
+			h := sluicetest.New(t, enrich(t), tableOptions("memory", tc.topics...))
+			h.Kill()
+			h.SendTo("customers", []byte("k"), []byte("c0"), at(9))
+			h.SendTo("customers", []byte("k"), []byte("c1"), at(10))
+			h.SendTo("orders", []byte("k"), []byte("o"), at(10))
+			h.Restart()
+			h.Settle()
+			if got := joined(h.Output()); !slices.Equal(got, []string{tc.want}) {
+				t.Fatalf("outputs %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// An empty table value is a value, not a delete; a stream record with a
+// nil value is joined as any (Kafka Streams skips them; Join decides here).
+func TestTableJoinEmptyAndNilValues(t *testing.T) {
+	t.Parallel()
+	job, err := join.Table(join.TableSpec{Name: "tj", Stream: "orders", Table: "customers",
+		Join: func(key []byte, order join.Element, customer []byte, found bool) ([]byte, error) {
+			return fmt.Appendf(nil, "%q@%q:%v", order.Value, customer, found), nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sluicetest.New(t, job, tableOptions("bbolt"))
+	h.SendTo("customers", []byte("k"), []byte{}, at(1))
+	h.SendTo("orders", []byte("k"), nil, at(2))
+	h.Settle()
+	if got, want := joined(h.Output()), []string{`k:""@"":true`}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
 	}
 }
