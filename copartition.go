@@ -76,6 +76,10 @@ func (l *loop) pauseOwned(p int32) {
 type coInput struct {
 	hwm          int64
 	waitingSince time.Time
+	// exact: the last record fetched of the topic was not transactional,
+	// so no commit marker follows it and every offset below the
+	// high-water mark is a record (behind).
+	exact bool
 }
 
 // learnEnds sets the known high-water marks of tasks just installed, with
@@ -105,10 +109,14 @@ func (l *loop) learnEnds(ts []*task) {
 
 // behind reports whether the task has not read topic up to its last known
 // high-water mark: records are on the broker that a poll has not brought.
-// One offset short is not behind: a transactional producer's input ends
-// with its commit marker, which takes an offset no record has (found by
-// review: such an input looked behind for good, and held the others back
-// for Options.MaxTaskIdle every time it went quiet).
+// One offset short is not behind when the topic's last record fetched was
+// transactional, or none was fetched yet: a transactional producer's input
+// ends with its commit marker, which takes an offset no record has (found
+// by review: such an input looked behind for good, and held the others
+// back for Options.MaxTaskIdle every time it went quiet). After a record
+// written without a transaction it is: the offset is a record (found by
+// review of the table join: a table topic one update short was not waited
+// for, and a stream record went ahead of an earlier update).
 func (t *task) behind(topic string) bool {
 	ci := t.co[topic]
 	if ci == nil || ci.hwm <= 0 {
@@ -118,7 +126,11 @@ func (t *task) behind(topic string) bool {
 	if !ok {
 		next, ok = t.committed[topic]
 	}
-	return !ok || next+1 < ci.hwm
+	slack := int64(1)
+	if ci.exact {
+		slack = 0
+	}
+	return !ok || next+slack < ci.hwm
 }
 
 // merged returns the records of a poll for task t in the order the task
@@ -192,10 +204,11 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			rewind.set(ftp.Topic, ftp.Partition, ftp.Records[0].Offset)
 			return
 		}
+		last := ftp.Records[len(ftp.Records)-1]
 		if ci := t.co[ftp.Topic]; ci != nil {
 			ci.hwm = max(ci.hwm, ftp.HighWatermark)
+			ci.exact = !last.Attrs.IsTransactional()
 		}
-		last := ftp.Records[len(ftp.Records)-1]
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
 		if byTask[ftp.Partition] == nil {
 			byTask[ftp.Partition] = map[string][]*kgo.Record{}

@@ -165,3 +165,28 @@ func TestNewFillsMaxTaskIdle(t *testing.T) {
 		}
 	}
 }
+
+// A topic one offset short of its known end is behind when its last record
+// fetched was written without a transaction (the offset is a record), and
+// not when it was transactional (the offset may be the commit marker), nor
+// before any record was fetched.
+func TestBehindOneShort(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		exact bool
+		short int64 // offsets between the task's next and the high-water mark
+		want  bool
+	}{
+		{"caught up", true, 0, false},
+		{"one record short", true, 1, true},
+		{"one short after a transaction: its marker", false, 1, false},
+		{"two short after a transaction", false, 2, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tk := &task{next: map[string]int64{"a": 5}, co: map[string]*coInput{"a": {hwm: 5 + tt.short, exact: tt.exact}}}
+			if got := tk.behind("a"); got != tt.want {
+				t.Fatalf("behind = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
