@@ -76,10 +76,29 @@ func (l *loop) pauseOwned(p int32) {
 type coInput struct {
 	hwm          int64
 	waitingSince time.Time
-	// exact: the last record fetched of the topic was not transactional,
-	// so no commit marker follows it and every offset below the
-	// high-water mark is a record (behind).
-	exact bool
+	// fetched: a record of the topic was fetched for the task; txn: one
+	// of them was transactional (and it stays set). A topic fetched and
+	// never seen written in a transaction has no commit markers, so every
+	// offset below its high-water mark is a record (behind). A topic
+	// written both ways can end with a plain record followed by a marker
+	// (a read_committed fetch returns a plain record written while
+	// another producer's transaction was open only once it ends), hence
+	// the flag that stays.
+	fetched, txn bool
+}
+
+// saw notes the records of a fetch of the topic (fetched, txn).
+func (ci *coInput) saw(recs []*kgo.Record) {
+	ci.fetched = ci.fetched || len(recs) > 0
+	if ci.txn {
+		return
+	}
+	for _, r := range recs {
+		if r.Attrs.IsTransactional() {
+			ci.txn = true
+			return
+		}
+	}
 }
 
 // learnEnds sets the known high-water marks of tasks just installed, with
@@ -109,14 +128,15 @@ func (l *loop) learnEnds(ts []*task) {
 
 // behind reports whether the task has not read topic up to its last known
 // high-water mark: records are on the broker that a poll has not brought.
-// One offset short is not behind when the topic's last record fetched was
-// transactional, or none was fetched yet: a transactional producer's input
-// ends with its commit marker, which takes an offset no record has (found
-// by review: such an input looked behind for good, and held the others
-// back for Options.MaxTaskIdle every time it went quiet). After a record
-// written without a transaction it is: the offset is a record (found by
-// review of the table join: a table topic one update short was not waited
-// for, and a stream record went ahead of an earlier update).
+// One offset short is not behind for a topic seen written in a
+// transaction, or none of whose records was fetched yet: a transactional
+// producer's input ends with its commit marker, which takes an offset no
+// record has (found by review: such an input looked behind for good, and
+// held the others back for Options.MaxTaskIdle every time it went quiet).
+// For a topic fetched and only ever written without transactions it is:
+// the offset is a record (found by review of the table join: a table topic
+// one update short was not waited for, and a stream record went ahead of
+// an earlier update).
 func (t *task) behind(topic string) bool {
 	ci := t.co[topic]
 	if ci == nil || ci.hwm <= 0 {
@@ -127,7 +147,7 @@ func (t *task) behind(topic string) bool {
 		next, ok = t.committed[topic]
 	}
 	slack := int64(1)
-	if ci.exact {
+	if ci.fetched && !ci.txn {
 		slack = 0
 	}
 	return !ok || next+slack < ci.hwm
@@ -207,7 +227,7 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 		last := ftp.Records[len(ftp.Records)-1]
 		if ci := t.co[ftp.Topic]; ci != nil {
 			ci.hwm = max(ci.hwm, ftp.HighWatermark)
-			ci.exact = !last.Attrs.IsTransactional()
+			ci.saw(ftp.Records)
 		}
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
 		if byTask[ftp.Partition] == nil {

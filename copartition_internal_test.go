@@ -166,27 +166,102 @@ func TestNewFillsMaxTaskIdle(t *testing.T) {
 	}
 }
 
-// A topic one offset short of its known end is behind when its last record
-// fetched was written without a transaction (the offset is a record), and
-// not when it was transactional (the offset may be the commit marker), nor
-// before any record was fetched.
+// A topic one offset short of its known end is behind when it was fetched
+// and never seen written in a transaction (the offset is a record), and not
+// when a transactional record of it was fetched (the offset may be a
+// commit marker, even after a plain record), nor before any record was
+// fetched.
 func TestBehindOneShort(t *testing.T) {
+	plain := &kgo.Record{}
 	for _, tt := range []struct {
-		name  string
-		exact bool
-		short int64 // offsets between the task's next and the high-water mark
-		want  bool
+		name   string
+		ci     coInput
+		short  int64 // offsets between the task's next and the high-water mark
+		behind bool
 	}{
-		{"caught up", true, 0, false},
-		{"one record short", true, 1, true},
-		{"one short after a transaction: its marker", false, 1, false},
-		{"two short after a transaction", false, 2, true},
+		{"caught up", coInput{fetched: true}, 0, false},
+		{"one record short", coInput{fetched: true}, 1, true},
+		{"nothing fetched yet", coInput{}, 1, false},
+		{"one short after a transaction: its marker", coInput{fetched: true, txn: true}, 1, false},
+		{"two short after a transaction", coInput{fetched: true, txn: true}, 2, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			tk := &task{next: map[string]int64{"a": 5}, co: map[string]*coInput{"a": {hwm: 5 + tt.short, exact: tt.exact}}}
-			if got := tk.behind("a"); got != tt.want {
-				t.Fatalf("behind = %v, want %v", got, tt.want)
+			ci := tt.ci
+			ci.hwm = 5 + tt.short
+			tk := &task{next: map[string]int64{"a": 5}, co: map[string]*coInput{"a": &ci}}
+			if got := tk.behind("a"); got != tt.behind {
+				t.Fatalf("behind = %v, want %v", got, tt.behind)
 			}
 		})
+	}
+	// saw: plain records make the topic fetched; txn, once set, stays.
+	var ci coInput
+	ci.saw(nil)
+	if ci.fetched {
+		t.Fatal("an empty fetch counted as fetched")
+	}
+	ci.saw([]*kgo.Record{plain})
+	if !ci.fetched || ci.txn {
+		t.Fatalf("after a plain record: %+v", ci)
+	}
+	ci.txn = true // as after a transactional record (kgo sets the attribute)
+	ci.saw([]*kgo.Record{plain})
+	if !ci.txn {
+		t.Fatal("a plain record cleared txn")
+	}
+}
+
+// saw tells the records of a topic written in a transaction from plain
+// ones, as a read_committed consumer fetches them from a broker.
+func TestSawTellsTransactionalRecords(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "plain", "txn"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	plain, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := plain.ProduceSync(ctx, &kgo.Record{Topic: "plain", Value: []byte("p")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("saw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	if err := tx.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.ProduceSync(ctx, &kgo.Record{Topic: "txn", Value: []byte("t")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range []string{"plain", "txn"} {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recs []*kgo.Record
+		for len(recs) == 0 {
+			fs := cl.PollFetches(ctx)
+			if err := ctx.Err(); err != nil {
+				t.Fatalf("%s: no record fetched: %v", topic, err)
+			}
+			recs = append(recs, fs.Records()...)
+		}
+		cl.Close()
+		var ci coInput
+		ci.saw(recs)
+		if !ci.fetched || ci.txn != (topic == "txn") {
+			t.Errorf("%s: fetched %v, txn %v", topic, ci.fetched, ci.txn)
+		}
 	}
 }
