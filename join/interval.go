@@ -186,8 +186,9 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	if err != nil && !errors.Is(err, errStop) {
 		return err
 	}
-	// Entries come in the map's encoded key order, which is this one;
-	// sort all the same, so that the outputs' order does not rest on it.
+	// Entries come in the map's encoded key order, which is time, then
+	// partition and offset (TestEntryKeyOrderAndRoundTrip): the early stop
+	// above rests on it. The sort only makes the outputs' order explicit.
 	slices.SortFunc(pairs, func(a, b Element) int {
 		if c := a.Timestamp.Compare(b.Timestamp); c != 0 {
 			return c
