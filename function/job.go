@@ -81,10 +81,13 @@ type fn struct {
 // off their registry, so it would run unseen.
 var errClosed = errors.New("function: the job was closed (Instance.Close): build a new one with function.New")
 
-// close is the Job's Close: it unregisters the metrics (once) and closes
-// the idle connections to the function. The job refuses to run after it.
+// close is the Job's Close: it unregisters the metrics and closes the
+// idle connections to the function, the first time; the job refuses to
+// run after it.
 func (f *fn) close() error {
-	f.closed.Store(true)
+	if f.closed.Swap(true) {
+		return nil
+	}
 	f.idle()
 	return f.m.unregister()
 }

@@ -2,7 +2,6 @@ package function
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,8 +15,7 @@ type metrics struct {
 	records  prometheus.Histogram
 	retries  prometheus.Counter
 
-	reg    prometheus.Registerer // nil: unregistered
-	closed sync.Once
+	reg prometheus.Registerer // nil: unregistered
 }
 
 // Results of a call, the calls_total label.
@@ -63,18 +61,15 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.calls, m.duration, m.records, m.retries}
 }
 
-// unregister takes the metrics off their registry, once; the series keep
-// counting, unseen, if calls are still made.
+// unregister takes the metrics off their registry (fn.close calls it
+// once); the series keep counting, unseen, if calls are still made.
 func (m *metrics) unregister() error {
-	var err error
-	m.closed.Do(func() {
-		if m.reg == nil {
-			return
-		}
-		cs := m.collectors()
-		if left := promreg.Unregister(m.reg, cs...); left > 0 {
-			err = fmt.Errorf("function: Options.Registry did not unregister %d of the job's %d metric collectors", left, len(cs))
-		}
-	})
-	return err
+	if m.reg == nil {
+		return nil
+	}
+	cs := m.collectors()
+	if left := promreg.Unregister(m.reg, cs...); left > 0 {
+		return fmt.Errorf("function: Options.Registry did not unregister %d of the job's %d metric collectors", left, len(cs))
+	}
+	return nil
 }

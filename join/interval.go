@@ -1,7 +1,6 @@
 package join
 
 import (
-	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -74,11 +73,13 @@ func Interval(s IntervalSpec) (sluice.Job, error) {
 		return sluice.Job{}, fmt.Errorf("interval join %q: %w", s.Name, err)
 	}
 	o := &interval{
-		spec:    s,
-		lower:   s.Lower.Milliseconds(),
-		upper:   s.Upper.Milliseconds(),
-		left:    kstate.Map[string, []byte](s.Name+".left", kstate.String(), kstate.Bytes()),
-		right:   kstate.Map[string, []byte](s.Name+".right", kstate.String(), kstate.Bytes()),
+		spec:  s,
+		lower: s.Lower.Milliseconds(),
+		upper: s.Upper.Milliseconds(),
+		// A left entry at t can join rights up to t+Upper, a right one at
+		// s lefts down to s-Lower.
+		left:    side{kstate.Map[string, []byte](s.Name+".left", kstate.String(), kstate.Bytes()), s.Upper.Milliseconds()},
+		right:   side{kstate.Map[string, []byte](s.Name+".right", kstate.String(), kstate.Bytes()), -s.Lower.Milliseconds()},
 		dropped: kstate.Value[int64](s.Name+".late-dropped", kstate.Int64()),
 	}
 	job := sluice.Job{
@@ -88,7 +89,7 @@ func Interval(s IntervalSpec) (sluice.Job, error) {
 		OnTimer:   o.onTimer,
 		EventTime: true,
 		Timestamp: s.Timestamp,
-		States:    []string{o.left.Name(), o.right.Name(), o.dropped.Name()},
+		States:    []string{o.left.entries.Name(), o.right.entries.Name(), o.dropped.Name()},
 	}
 	if s.LateOutput != "" {
 		job.SideOutputs = []sluice.OutputTag{s.LateOutput}
@@ -134,8 +135,16 @@ func (s IntervalSpec) validate() error {
 type interval struct {
 	spec         IntervalSpec
 	lower, upper int64 // milliseconds
-	left, right  *kstate.MapState[string, []byte]
+	left, right  side
 	dropped      *kstate.ValueState[int64]
+}
+
+// side is one side's buffered entries, and how long past its time an entry
+// can still join a record of the other side (milliseconds): its cleanup
+// time is its time plus keep.
+type side struct {
+	entries *kstate.MapState[string, []byte]
+	keep    int64
 }
 
 func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
@@ -154,23 +163,18 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 		return errNoKey
 	}
 	ts := ctx.Timestamp().UnixMilli()
-	wm, hasWM := ctx.CurrentWatermark(), false
-	if !wm.IsZero() {
-		hasWM = true
-		if ts < wm.UnixMilli() {
-			return o.late(ctx, rec)
-		}
+	wm := ctx.CurrentWatermark() // the zero time before the task has one
+	if !wm.IsZero() && ts < wm.UnixMilli() {
+		return o.late(ctx, rec)
 	}
 	me := Element{Value: rec.Value, Timestamp: time.UnixMilli(ts), Partition: rec.Partition, Offset: rec.Offset}
 	// The other side's entries this record joins, in time order.
-	others, lo, hi := o.right, ts+o.lower, ts+o.upper
-	mine, cleanup := o.left, ts+o.upper
+	mine, others, lo, hi := o.left, o.right, ts+o.lower, ts+o.upper
 	if !isLeft {
-		others, lo, hi = o.left, ts-o.upper, ts-o.lower
-		mine, cleanup = o.right, ts-o.lower
+		mine, others, lo, hi = o.right, o.left, ts-o.upper, ts-o.lower
 	}
 	var pairs []Element
-	err := others.Entries(ctx, func(k string, v []byte) error {
+	err := others.entries.Entries(ctx, func(k string, v []byte) error {
 		t, p, off, err := decodeEntryKey(k)
 		if err != nil {
 			return err
@@ -215,11 +219,12 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	// The entry goes once the watermark passes its cleanup time, that is
 	// reaches the next millisecond; one already past it (a negative bound
 	// can make it so) could join no record to come, and is not kept.
-	due := timerTime(cleanup)
-	if hasWM && due <= wm.UnixMilli() {
+	due := timerTime(ts + mine.keep)
+	if !wm.IsZero() && due <= wm.UnixMilli() {
 		return nil
 	}
-	if err := mine.Put(ctx, entryKey(ts, rec.Partition, rec.Offset), bytes.Clone(rec.Value)); err != nil {
+	// Put copies the value into the store (the Bytes codec appends).
+	if err := mine.entries.Put(ctx, entryKey(ts, rec.Partition, rec.Offset), rec.Value); err != nil {
 		return err
 	}
 	ctx.Timers().RegisterEventTime(time.UnixMilli(due))
@@ -249,21 +254,22 @@ func (o *interval) onTimer(ctx sluice.Context, t sluice.Timer) error {
 		return fmt.Errorf("interval join %q: a %s timer, which it never registers", o.spec.Name, t.Domain)
 	}
 	at := t.At.UnixMilli()
-	// Entries of time t with cleanup time c(t) are gone once timerTime(c(t)) <= at.
-	if err := o.clean(ctx, o.left, func(ts int64) int64 { return ts + o.upper }, at); err != nil {
+	if err := o.left.clean(ctx, at); err != nil {
 		return err
 	}
-	return o.clean(ctx, o.right, func(ts int64) int64 { return ts - o.lower }, at)
+	return o.right.clean(ctx, at)
 }
 
-func (o *interval) clean(ctx sluice.Context, side *kstate.MapState[string, []byte], cleanup func(int64) int64, at int64) error {
+// clean drops the entries whose timer is at or before at: those of time t
+// with timerTime(t + keep) <= at.
+func (s side) clean(ctx sluice.Context, at int64) error {
 	var gone []string
-	err := side.Entries(ctx, func(k string, _ []byte) error {
+	err := s.entries.Entries(ctx, func(k string, _ []byte) error {
 		t, _, _, err := decodeEntryKey(k)
 		if err != nil {
 			return err
 		}
-		if timerTime(cleanup(t)) > at {
+		if timerTime(t+s.keep) > at {
 			return errStop // entries come in time order, and so do their cleanup times
 		}
 		gone = append(gone, k)
@@ -273,7 +279,7 @@ func (o *interval) clean(ctx sluice.Context, side *kstate.MapState[string, []byt
 		return err
 	}
 	for _, k := range gone {
-		if err := side.Remove(ctx, k); err != nil {
+		if err := s.entries.Remove(ctx, k); err != nil {
 			return err
 		}
 	}
