@@ -254,7 +254,7 @@ func (p *Pipeline) createTopicsOnce(ctx context.Context, adm *kadm.Client) error
 // transaction and is dropped with a record that fails. It fails the record
 // when the job is not a stage with a next one.
 func Forward(ctx Context, key, value []byte, headers ...Header) error {
-	c, ok := ctx.(*recordContext)
+	c, ts, ok := engineContext(ctx)
 	if !ok || c.in.cfg.forwardTopic == "" {
 		err := errors.New("sluice.Forward: the job is not a pipeline stage with a next stage")
 		if ok {
@@ -263,7 +263,7 @@ func Forward(ctx Context, key, value []byte, headers ...Header) error {
 		return err
 	}
 	r := c.t.record(false)
-	r.Topic, r.Key, r.Value, r.Headers, r.Timestamp = c.in.cfg.forwardTopic, key, value, kgoHeaders(headers), c.ts
+	r.Topic, r.Key, r.Value, r.Headers, r.Timestamp = c.in.cfg.forwardTopic, key, value, kgoHeaders(headers), ts
 	c.out = append(c.out, r)
 	return nil
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // Permanent produce failures. An output the broker or the client will never
-// accept (larger than max.message.bytes, a record the topic refuses) would
+// accept (larger than max.message.bytes, a timestamp out of the topic's
+// bounds, a record the topic refuses) would
 // abort its epoch on every replay, and nothing after it would ever commit.
 // Such an input is a poison record: it goes to the dead-letter topic
 // (stage "emit", the produce error in the headers), its state writes and
@@ -53,7 +54,10 @@ type failedOutput struct {
 func isPermanent(err error) bool {
 	return errors.Is(err, kerr.MessageTooLarge) ||
 		errors.Is(err, kerr.RecordListTooLarge) ||
-		errors.Is(err, kerr.InvalidRecord)
+		errors.Is(err, kerr.InvalidRecord) ||
+		// A timestamp the topic's message.timestamp.before.max.ms or
+		// after.max.ms refuses: outputs carry their input's event time.
+		errors.Is(err, kerr.InvalidTimestamp)
 }
 
 // failures collects permanent produce failures from franz-go's promise

@@ -26,7 +26,7 @@ import (
 // topic, and so does WriteRow without a sink. The values must not change
 // after the call.
 func WriteRow(ctx Context, row ...any) error {
-	c, ok := ctx.(*recordContext)
+	c, _, ok := engineContext(ctx)
 	if !ok {
 		return errors.New("sluice: WriteRow needs the Context the engine passed to the job")
 	}

@@ -338,9 +338,9 @@ type recordContext struct {
 	key []byte
 	now time.Time // processing time
 	// wall is now when the processing-time clock is the wall clock, the
-	// zero time otherwise: the timestamp of the record's outputs (zero
-	// lets franz-go stamp them), so that they are stamped without a
-	// second reading of the clock per record.
+	// zero time otherwise: the timestamp of outputs whose event time
+	// Kafka cannot carry (stamp; zero lets franz-go stamp them), read
+	// without a second reading of the clock per record.
 	wall time.Time
 	ts   time.Time // the record's or timer's event time
 	out  []*kgo.Record
@@ -365,13 +365,54 @@ func (c *recordContext) Timestamp() time.Time        { return c.ts }
 func (c *recordContext) CurrentWatermark() time.Time { return c.t.watermark() }
 
 func (c *recordContext) Emit(key, value []byte, headers ...Header) {
-	c.EmitTo(c.in.cfg.OutputTopic, key, value, headers...)
+	c.emit(c.in.cfg.OutputTopic, false, 0, key, value, headers, c.ts)
 }
 
 func (c *recordContext) EmitTo(topic string, key, value []byte, headers ...Header) {
-	r := c.t.record(false)
-	r.Topic, r.Key, r.Value, r.Headers, r.Timestamp = topic, key, value, kgoHeaders(headers), c.wall
+	c.emit(topic, false, 0, key, value, headers, c.ts)
+}
+
+func (c *recordContext) EmitToPartition(topic string, partition int32, key, value []byte, headers ...Header) {
+	c.emit(topic, true, partition, key, value, headers, c.ts)
+}
+
+func (c *recordContext) Output(tag OutputTag, key, value []byte, headers ...Header) {
+	c.output(tag, key, value, headers, c.ts)
+}
+
+// emit adds an output at event time ts to the record's outputs: to the
+// given partition if explicit, else to the key's.
+func (c *recordContext) emit(topic string, explicit bool, partition int32, key, value []byte, headers []Header, ts time.Time) {
+	r := c.t.record(explicit)
+	r.Topic, r.Key, r.Value, r.Headers, r.Timestamp = topic, key, value, kgoHeaders(headers), c.stamp(ts)
+	if explicit {
+		r.Partition = partition
+	}
 	c.out = append(c.out, r)
+}
+
+// output emits to the topic the side output tag is bound to.
+func (c *recordContext) output(tag OutputTag, key, value []byte, headers []Header, ts time.Time) {
+	topic, ok := c.in.cfg.SideOutputTopics[tag]
+	if !ok {
+		// Undeclared and unbound: the record fails (dead letter) rather
+		// than its output vanishing.
+		c.t.store.Fail(fmt.Errorf("side output %q is not bound to a topic", tag))
+		return
+	}
+	c.emit(topic, false, 0, key, value, headers, ts)
+}
+
+// stamp is the Kafka timestamp of an output at event time ts: ts itself,
+// as Kafka Streams and Flink stamp theirs, so that a later job in event
+// time sees the time of what the output came from. A time Kafka cannot
+// carry (before 1970, or the zero time) gives way to the processing time:
+// c.wall, or zero, which franz-go stamps when it produces the record.
+func (c *recordContext) stamp(ts time.Time) time.Time {
+	if ts.UnixMilli() < 0 {
+		return c.wall
+	}
+	return ts
 }
 
 // record returns a fresh record, its Context an outCtx (explicit says its
@@ -563,23 +604,6 @@ func (l *loop) recycled(r *kgo.Record) {
 		clear(l.freed)
 		l.freed = l.freed[:0]
 	}
-}
-
-func (c *recordContext) Output(tag OutputTag, key, value []byte, headers ...Header) {
-	topic, ok := c.in.cfg.SideOutputTopics[tag]
-	if !ok {
-		// Undeclared and unbound: the record fails (dead letter) rather
-		// than its output vanishing.
-		c.t.store.Fail(fmt.Errorf("side output %q is not bound to a topic", tag))
-		return
-	}
-	c.EmitTo(topic, key, value, headers...)
-}
-
-func (c *recordContext) EmitToPartition(topic string, partition int32, key, value []byte, headers ...Header) {
-	r := c.t.record(true)
-	r.Topic, r.Partition, r.Key, r.Value, r.Headers, r.Timestamp = topic, partition, key, value, kgoHeaders(headers), c.wall
-	c.out = append(c.out, r)
 }
 
 func kgoHeaders(hs []Header) []kgo.RecordHeader {

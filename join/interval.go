@@ -34,7 +34,9 @@ type IntervalSpec struct {
 	// apart either way.
 	Lower, Upper time.Duration
 	// Join makes the value of the output record of one pair, emitted keyed
-	// by their key; a nil value emits nothing for the pair (a filter). An
+	// by their key and stamped with the later of the pair's two event
+	// times, as Flink and Kafka Streams stamp it; a nil value emits
+	// nothing for the pair (a filter). An
 	// error fails the record being processed, which is dead-lettered with
 	// none of its pairs emitted and not buffered (wrap it with
 	// sluice.Fatal to stop the instance instead).
@@ -212,7 +214,14 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 		if err != nil {
 			return err
 		}
-		if v != nil {
+		if v == nil {
+			continue
+		}
+		// The pair's time is the later of its two, as in Flink and
+		// Kafka Streams; ctx's is me's.
+		if p.Timestamp.After(me.Timestamp) {
+			sluice.WithTimestamp(ctx, p.Timestamp).Emit(key, v)
+		} else {
 			ctx.Emit(key, v)
 		}
 	}

@@ -22,7 +22,8 @@ type TableSpec struct {
 	// Options.InputTopics must be these two (co-partitioned).
 	Stream, Table string
 	// Join makes the value of the output record of a stream record,
-	// emitted keyed by its key, from the record and its key's table value
+	// emitted keyed by its key with its Kafka time (as Kafka Streams
+	// stamps it), from the record and its key's table value
 	// (found false when the table has none; the slice is valid during the
 	// call only). A nil value emits nothing:
 	// return nil when !found for an inner join, as Kafka Streams' join,

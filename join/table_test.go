@@ -83,7 +83,8 @@ func TestTableJoinMatchesModel(t *testing.T) {
 					if !ok {
 						c = "?"
 					}
-					want = append(want, key+":"+v+"@"+c)
+					// Stamped with the order's time.
+					want = append(want, fmt.Sprintf("%s:%s@%s@%d", key, v, c, i))
 				}
 			}
 			slices.Sort(want)
@@ -101,7 +102,7 @@ func TestTableJoinMatchesModel(t *testing.T) {
 			h.Restart()
 			send(200, len(recs))
 			h.Settle()
-			if got := joined(h.Output()); !slices.Equal(got, want) {
+			if got := joinedAt(h.Output()); !slices.Equal(got, want) {
 				t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
 			}
 			if dl := h.DeadLetters(); len(dl) != 0 {

@@ -113,6 +113,23 @@ func values(recs []sluice.Record) []string {
 	return out
 }
 
+// expectStampedAtMaxTimestamp checks that each result carries its window's
+// last millisecond (Window.MaxTimestamp) as its Kafka timestamp, as Flink
+// stamps window results: its value, from line, names the window.
+func expectStampedAtMaxTimestamp(t *testing.T, recs []sluice.Record) {
+	t.Helper()
+	for _, r := range recs {
+		var key string
+		var start, end int64
+		if _, err := fmt.Sscanf(string(r.Value), "%s [%d,%d)", &key, &start, &end); err != nil {
+			t.Fatalf("result %q: %v", r.Value, err)
+		}
+		if got := r.Timestamp.UnixMilli(); got != end-1 {
+			t.Fatalf("result %q stamped %d, want its window's MaxTimestamp %d", r.Value, got, end-1)
+		}
+	}
+}
+
 func expectSorted(t *testing.T, what string, got, want []string) {
 	t.Helper()
 	got, want = slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(want))

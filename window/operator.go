@@ -233,9 +233,13 @@ func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
 	return nil
 }
 
-// fire computes the window's results and emits them, keyed by the key.
+// fire computes the window's results and emits them, keyed by the key and
+// stamped with the window's last millisecond, as Flink stamps them, so
+// that a later job's window of the same size takes them into the same
+// window, whether the firing is the timer's or a late record's.
 func (o *operator[IN, OUT]) fire(ctx sluice.Context, w window) error {
 	win := w.s.window()
+	ctx = sluice.WithTimestamp(ctx, win.MaxTimestamp())
 	key := ctx.Key()
 	var emitErr error
 	emit := func(out OUT) {

@@ -43,6 +43,7 @@ func TestEventTimeMatchesBatch(t *testing.T) {
 				send(h, flush(es))
 				h.Settle()
 				expectSorted(t, "windows", values(h.Output()), a.batch(es))
+				expectStampedAtMaxTimestamp(t, h.Output())
 				if dl := h.DeadLetters(); len(dl) > 0 {
 					t.Fatalf("dead letters: %v", values(dl))
 				}
@@ -110,6 +111,7 @@ func TestProcessingTime(t *testing.T) {
 					}
 				}
 				expectInOrder(t, "windows", values(h.Output()), tt.want...)
+				expectStampedAtMaxTimestamp(t, h.Output())
 			})
 		}
 	}
@@ -153,7 +155,12 @@ func TestAllowedLateness(t *testing.T) {
 			send(h, steps...)
 			h.Settle()
 			expectInOrder(t, "windows", values(h.Output()), want...)
+			// Late firings too; the late record keeps its own time.
+			expectStampedAtMaxTimestamp(t, h.Output())
 			expectInOrder(t, "late side output", values(h.SideOutput(late)), string(a(2, 8).value()))
+			if ts := h.SideOutput(late)[0].Timestamp.UnixMilli(); ts != at(2) {
+				t.Fatalf("late record stamped %d, want its event time %d", ts, at(2))
+			}
 		})
 		t.Run(f.name+"/dropped", func(t *testing.T) {
 			t.Parallel()

@@ -213,8 +213,14 @@ func BenchmarkContenders(b *testing.B) {
 		}
 		adm := kadm.NewClient(cl)
 		createTopics(b, adm, input)
+		// The inputs carry no timestamp (-1), so that every contender's
+		// outputs carry the time they are produced, which outputSpan
+		// reads: the raw loops' franz-go stamps theirs, and Sluice, whose
+		// outputs carry their input's event time, stamps with its
+		// processing time an output of an input with none.
+		noTimestamp := time.UnixMilli(-1)
 		for i := range n {
-			cl.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa(i%10000)), Value: []byte(strconv.Itoa(i))}, nil)
+			cl.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte("k" + strconv.Itoa(i%10000)), Value: []byte(strconv.Itoa(i)), Timestamp: noTimestamp}, nil)
 		}
 		if err := cl.Flush(context.Background()); err != nil {
 			b.Fatal(err)
