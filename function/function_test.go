@@ -412,8 +412,12 @@ func TestPythonSideOutputsHeadersAndTimers(t *testing.T) {
 	counts := map[string]string{}
 	for _, r := range h.Output()[len(out):] {
 		counts[string(r.Key)] = string(r.Value)
-		if header(r, "timer-at") == "" {
-			t.Errorf("timer output %q has no timer-at header", r.Value)
+		at, err := strconv.ParseInt(header(r, "timer-at"), 10, 64)
+		if err != nil {
+			t.Errorf("timer output %q has no timer-at header: %v", r.Value, err)
+		}
+		if got := r.Timestamp.UnixMilli(); got != at+5 {
+			t.Errorf("timer output %q stamped %d, want the function's timestamp_ms %d", r.Value, got, at+5)
 		}
 	}
 	want := map[string]string{"sensor_1": "seen:3", "sensor_6": "seen:3", "sensor_7": "seen:2", "sensor_10": "seen:2"}

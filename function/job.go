@@ -272,10 +272,14 @@ func (f *fn) apply(ctx sluice.Context, r *functionv1.KeyResult) error {
 		for i, h := range o.GetHeaders() {
 			hs[i] = sluice.Header{Key: h.GetKey(), Value: h.GetValue()}
 		}
+		out := ctx
+		if o.TimestampMs != nil {
+			out = sluice.WithTimestamp(ctx, time.UnixMilli(o.GetTimestampMs()))
+		}
 		if o.GetTag() == "" {
-			ctx.Emit(o.GetKey(), o.GetValue(), hs...)
+			out.Emit(o.GetKey(), o.GetValue(), hs...)
 		} else {
-			ctx.Output(sluice.OutputTag(o.GetTag()), o.GetKey(), o.GetValue(), hs...)
+			out.Output(sluice.OutputTag(o.GetTag()), o.GetKey(), o.GetValue(), hs...)
 		}
 	}
 	for _, t := range r.GetTimers() {

@@ -92,6 +92,53 @@ func TestProcessingTimeTimersThroughTheFunction(t *testing.T) {
 	}
 }
 
+// Outputs carry the Kafka time of the record the call answers, or the
+// timer's time, unless the function sets one (sdk's EmitAt, the protocol's
+// timestampMs), over each protocol.
+func TestOutputTimestampsThroughTheFunction(t *testing.T) {
+	url := startGo(t, sdk.Declaration{SideOutputs: []string{"side"}}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		for _, e := range c.Events {
+			if e.Record == nil {
+				r.Emit(c.Key, []byte("timer"))
+				continue
+			}
+			r.Emit(c.Key, []byte("plain"))
+			at := time.UnixMilli(e.Record.GetTimestampMs()).Add(time.Hour)
+			r.EmitAt("", at, c.Key, []byte("at"))
+			r.EmitAt("side", at.Add(time.Hour), c.Key, []byte("side-at"))
+			r.SetTimer(c.Now.Add(time.Minute))
+		}
+		return r
+	})
+	for _, p := range []function.Protocol{function.JSON, function.Proto, function.GRPC} {
+		t.Run(string(p), func(t *testing.T) {
+			job := newJob(t, function.Options{URL: url, Protocol: p})
+			h := sluicetest.New(t, job, sluicetest.Options{})
+			sent := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
+			h.Send([]byte("k"), []byte("v"), sent)
+			h.Settle()
+			h.Advance(2 * time.Minute)
+			h.Settle()
+			got := map[string]time.Time{}
+			for _, r := range append(h.Output(), h.SideOutput("side")...) {
+				got[string(r.Value)] = r.Timestamp
+			}
+			want := map[string]time.Time{
+				"plain":   sent,
+				"at":      sent.Add(time.Hour),
+				"side-at": sent.Add(2 * time.Hour),
+				"timer":   h.Now().Add(-2 * time.Minute).Add(time.Minute).Truncate(time.Millisecond),
+			}
+			for v, ts := range want {
+				if !got[v].Equal(ts) {
+					t.Errorf("%s: stamped %v, want %v", v, got[v], ts)
+				}
+			}
+		})
+	}
+}
+
 // A key with more records in a poll than a call carries goes in consecutive
 // calls, each given the state the previous one left: the running
 // aggregation stays exact. The records wait while no instance runs, so the

@@ -910,7 +910,12 @@ type Output struct {
 	Value   []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	Headers []*Header              `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"`
 	// A declared side-output tag; empty for the job's output topic.
-	Tag           string `protobuf:"bytes,4,opt,name=tag,proto3" json:"tag,omitempty"`
+	Tag string `protobuf:"bytes,4,opt,name=tag,proto3" json:"tag,omitempty"`
+	// The record's Kafka timestamp, unix milliseconds. Absent: the event
+	// time of what the result answers, which is the Kafka time of the key's
+	// last record in the call, or a timer call's time. Before 1970 (negative):
+	// the processor's processing time.
+	TimestampMs   *int64 `protobuf:"varint,5,opt,name=timestamp_ms,json=timestampMs,proto3,oneof" json:"timestamp_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -971,6 +976,13 @@ func (x *Output) GetTag() string {
 		return x.Tag
 	}
 	return ""
+}
+
+func (x *Output) GetTimestampMs() int64 {
+	if x != nil && x.TimestampMs != nil {
+		return *x.TimestampMs
+	}
+	return 0
 }
 
 type TimerMutation struct {
@@ -1082,12 +1094,14 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\rStateMutation\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x16\n" +
-	"\x06delete\x18\x03 \x01(\bR\x06delete\"x\n" +
+	"\x06delete\x18\x03 \x01(\bR\x06delete\"\xb1\x01\n" +
 	"\x06Output\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x124\n" +
 	"\aheaders\x18\x03 \x03(\v2\x1a.sluice.function.v1.HeaderR\aheaders\x12\x10\n" +
-	"\x03tag\x18\x04 \x01(\tR\x03tag\"<\n" +
+	"\x03tag\x18\x04 \x01(\tR\x03tag\x12&\n" +
+	"\ftimestamp_ms\x18\x05 \x01(\x03H\x00R\vtimestampMs\x88\x01\x01B\x0f\n" +
+	"\r_timestamp_ms\"<\n" +
 	"\rTimerMutation\x12\x13\n" +
 	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x12\x16\n" +
 	"\x06delete\x18\x02 \x01(\bR\x06delete*,\n" +
@@ -1165,6 +1179,7 @@ func file_sluice_function_v1_function_proto_init() {
 		(*Event_Record)(nil),
 		(*Event_Timer)(nil),
 	}
+	file_sluice_function_v1_function_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

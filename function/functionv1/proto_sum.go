@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "e6a7bba9a3c75ad581f11da8ee7fb9d723c695cf015dd8762a41e5de585b531b"
+const ProtoSHA256 = "d061e2f8f59b21f96a73e3f48af1bdaaab0ffa94ec7e803c0eabe5aee9e38a1d"

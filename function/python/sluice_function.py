@@ -86,9 +86,13 @@ class Result:
     def delete(self, name):
         self._states[name] = None
 
-    def emit(self, key, value, headers=(), tag=""):
-        """Produce a record: to the output topic, or to a side output tag."""
-        self._outputs.append((key, value, list(headers), tag))
+    def emit(self, key, value, headers=(), tag="", timestamp_ms=None):
+        """Produce a record: to the output topic, or to a side output tag.
+
+        timestamp_ms sets its Kafka timestamp (unix milliseconds); None
+        stamps it with the time of what the call answers: the Kafka time
+        of the key's last record in the call, or the timer's."""
+        self._outputs.append((key, value, list(headers), tag, timestamp_ms))
 
     def set_timer(self, at_ms):
         self._timers.append((int(at_ms), False))
@@ -112,9 +116,13 @@ class Result:
             return out
         out["states"] = [{"name": n, "delete": True} if v is None else {"name": n, "value": _e(v)}
                          for n, v in self._states.items()]
-        out["outputs"] = [{"key": _e(k), "value": _e(v), "tag": t,
-                           "headers": [{"key": hk, "value": _e(hv)} for hk, hv in hs]}
-                          for k, v, hs, t in self._outputs]
+        out["outputs"] = []
+        for k, v, hs, t, ts in self._outputs:
+            o = {"key": _e(k), "value": _e(v), "tag": t,
+                 "headers": [{"key": hk, "value": _e(hv)} for hk, hv in hs]}
+            if ts is not None:
+                o["timestampMs"] = str(int(ts))
+            out["outputs"].append(o)
         out["timers"] = [{"atMs": str(at), "delete": d} for at, d in self._timers]
         return out
 

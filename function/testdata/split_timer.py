@@ -1,7 +1,7 @@
 """Test function: temperature-split through the Python SDK, with headers kept,
 plus a processing-time timer per sensor that reports how many readings it saw
-one minute after its first (exercises side outputs, headers, timers and
-deletes)."""
+one minute after its first, stamped 5 ms after the timer (exercises side
+outputs, headers, timers, deletes and output timestamps)."""
 
 import os
 import sys
@@ -15,7 +15,9 @@ def handle(call):
     seen = int(call.states.get("seen", b"0") or b"0")
     for ev in call.events:
         if ev.is_timer:
-            res.emit(call.key, b"seen:%d" % seen, headers=[("timer-at", str(ev.timer_at_ms).encode())])
+            # Stamped 5 ms after the timer, to test timestamp_ms.
+            res.emit(call.key, b"seen:%d" % seen, headers=[("timer-at", str(ev.timer_at_ms).encode())],
+                     timestamp_ms=ev.timer_at_ms + 5)
             res.delete("seen")
             return res
         if seen == 0:
