@@ -42,7 +42,10 @@ type Context interface {
 	// OutputTopic is the job's output topic.
 	OutputTopic() string
 	// Emit sends a record to the job's output topic, partitioned by key
-	// with Kafka's default murmur2 partitioner. The record keeps key,
+	// with Kafka's default murmur2 partitioner, its Kafka timestamp
+	// Timestamp (sluice.WithTimestamp sets another; a time Kafka cannot
+	// carry gives the processing time), as for EmitTo, EmitToPartition
+	// and Output. The record keeps key,
 	// value and the headers' bytes until its produce is acknowledged (by
 	// the epoch's commit at the latest): do not modify or reuse them after
 	// the call. The same holds for EmitTo, EmitToPartition and Output.
@@ -64,7 +67,8 @@ type Context interface {
 
 	// Timestamp is the event time of what is being handled: in Process the
 	// record's timestamp (Job.Timestamp's answer, or the Kafka record
-	// time when the job has no extractor); in OnTimer the timer's time.
+	// time when the job has no extractor); in OnTimer the timer's time;
+	// in OnBroadcast the broadcast record's Kafka time. Outputs carry it.
 	Timestamp() time.Time
 	// CurrentWatermark is the task's event-time watermark: no record with
 	// an earlier timestamp is expected any more, so one that comes is

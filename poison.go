@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -38,8 +39,9 @@ func recordRef(r *kgo.Record) inputRef { return inputRef{topic: r.Topic, offset:
 // poison is what the task knows of an input whose output failed for good.
 type poison struct {
 	err       error
-	confirmed bool // its outputs failed when produced alone: dead-letter it
-	dlqFailed int  // times its dead letter itself failed permanently
+	confirmed bool  // its outputs failed when produced alone: dead-letter it
+	dlqFailed int   // times its dead letter itself failed permanently
+	dlqErr    error // why it failed the last time
 }
 
 // failedOutput is a permanent produce failure, as the promise saw it.
@@ -136,11 +138,12 @@ func (l *loop) learnPoison() {
 		ps := known[f.ref]
 		switch {
 		case ps == nil && f.dlq:
-			known[f.ref] = &poison{err: f.err, confirmed: true, dlqFailed: 1}
+			known[f.ref] = &poison{err: f.err, confirmed: true, dlqFailed: 1, dlqErr: f.err}
 		case ps == nil:
 			known[f.ref] = &poison{err: f.err}
 		case f.dlq:
 			ps.dlqFailed++
+			ps.dlqErr = f.err
 		default:
 			ps.confirmed, ps.err = true, f.err
 		}
@@ -198,14 +201,20 @@ func (l *loop) produceAlone(t *task, ref inputRef, ps *poison, out []*kgo.Record
 
 // deadLetterEmit sends dl, the dead letter of a confirmed poison input or
 // timer, to the dead-letter topic. If its dead letter failed permanently
-// before (the DLQ topic accepts less than the input topic did), the key and
-// value are left out; if even that failed, the instance stops: no record
-// can be written there.
+// before (the DLQ topic accepts less than the input topic did), it goes
+// stamped with the time of its produce instead of its input's: refused for
+// its timestamp (an input or timer time out of the topic's bounds, as
+// that of an output refused for it can be), with its key and value; else
+// without them. If even that failed, the instance stops: no record can be
+// written there.
 func (l *loop) deadLetterEmit(t *task, ref inputRef, dl *kgo.Record, ps *poison) error {
 	switch {
 	case ps.dlqFailed == 1:
-		dl.Key, dl.Value = nil, nil
-		dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderTruncated, Value: []byte("key and value left out: the dead-letter topic refused them")})
+		dl.Timestamp = time.Time{} // franz-go stamps it when produced
+		if !errors.Is(ps.dlqErr, kerr.InvalidTimestamp) {
+			dl.Key, dl.Value = nil, nil
+			dl.Headers = append(dl.Headers, kgo.RecordHeader{Key: HeaderTruncated, Value: []byte("key and value left out: the dead-letter topic refused them")})
+		}
 	case ps.dlqFailed > 1:
 		return fmt.Errorf("sluice: task %d offset %d: the dead-letter topic %s refuses even a record without key and value: %w", t.p, ref.offset, l.in.cfg.DLQTopic, ps.err)
 	}

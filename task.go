@@ -406,14 +406,18 @@ func (c *recordContext) output(tag OutputTag, key, value []byte, headers []Heade
 // stamp is the Kafka timestamp of an output at event time ts: ts itself,
 // as Kafka Streams and Flink stamp theirs, so that a later job in event
 // time sees the time of what the output came from. A time Kafka cannot
-// carry (before 1970, or the zero time) gives way to the processing time:
-// c.wall, or zero, which franz-go stamps when it produces the record.
+// carry (before 1970, or the zero time) or franz-go cannot encode (after
+// 2262: it goes through UnixNano) gives way to the processing time: c.wall,
+// or zero, which franz-go stamps when it produces the record.
 func (c *recordContext) stamp(ts time.Time) time.Time {
-	if ts.UnixMilli() < 0 {
+	if ms := ts.UnixMilli(); ms < 0 || ms > maxStampMs {
 		return c.wall
 	}
 	return ts
 }
+
+// maxStampMs is the last millisecond franz-go encodes (as UnixNano / 1e6).
+const maxStampMs = math.MaxInt64 / int64(time.Millisecond)
 
 // record returns a fresh record, its Context an outCtx (explicit says its
 // Partition is set by the caller): one franz-go is done with (recycle), or

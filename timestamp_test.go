@@ -125,28 +125,37 @@ func TestOutputsCarryTheKafkaTimeWithoutAnExtractor(t *testing.T) {
 	}
 }
 
-// An event time Kafka cannot carry (before 1970) stamps the outputs with
-// the processing time: under the harness's clock, which is not a wall
-// clock, franz-go's wall time at produce.
-func TestOutputsBefore1970CarryTheProcessingTime(t *testing.T) {
-	job := sluice.Job{Name: "old", Emits: true,
-		Timestamp: func(*sluice.Record) (time.Time, error) { return time.UnixMilli(-86_400_000), nil },
+// An event time Kafka cannot carry (before 1970) or franz-go cannot encode
+// (after 2262) stamps the outputs with the processing time: under the
+// harness's clock, which is not a wall clock, franz-go's wall time at
+// produce.
+func TestOutputsKafkaCannotStampCarryTheProcessingTime(t *testing.T) {
+	far := time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC) // a common "no end"
+	job := sluice.Job{Name: "odd", Emits: true,
+		Timestamp: func(rec *sluice.Record) (time.Time, error) {
+			if string(rec.Value) == "far" {
+				return far, nil
+			}
+			return time.UnixMilli(-86_400_000), nil
+		},
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			ctx.Emit(rec.Key, []byte("record"))
 			sluice.WithTimestamp(ctx, time.UnixMilli(-1)).Emit(rec.Key, []byte("with"))
 			sluice.WithTimestamp(ctx, time.Time{}).Emit(rec.Key, []byte("zero"))
+			sluice.WithTimestamp(ctx, time.Date(2263, 1, 1, 0, 0, 0, 0, time.UTC)).Emit(rec.Key, []byte("2263"))
 			return nil
 		}}
 	h := sluicetest.New(t, job, sluicetest.Options{})
 	before := time.Now().Truncate(time.Millisecond)
-	h.Send([]byte("k"), []byte("v"), time.UnixMilli(5_000))
+	h.Send([]byte("k"), []byte("old"), time.UnixMilli(5_000))
+	h.Send([]byte("k"), []byte("far"), time.UnixMilli(5_000))
 	h.Settle()
 	out := h.Output()
-	if len(out) != 3 {
-		t.Fatalf("%d outputs, want 3", len(out))
+	if len(out) != 8 {
+		t.Fatalf("%d outputs, want 8", len(out))
 	}
 	for _, r := range out {
-		if r.Timestamp.Before(before) {
+		if r.Timestamp.Before(before) || r.Timestamp.After(time.Now()) {
 			t.Errorf("%s: timestamp %v, want the wall time of its produce (after %v)", r.Value, r.Timestamp, before)
 		}
 	}
@@ -187,8 +196,11 @@ func TestWithTimestampForwardsAndWritesRows(t *testing.T) {
 	first := sluice.Job{Name: "first",
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			w := sluice.WithTimestamp(ctx, ctx.Timestamp().Add(time.Hour))
-			if string(rec.Key) == "row" {
+			switch string(rec.Key) {
+			case "row":
 				return sluice.WriteRow(w, "row") // fails the record
+			case "far": // a time franz-go cannot encode: processing time
+				w = sluice.WithTimestamp(ctx, time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC))
 			}
 			return sluice.Forward(w, rec.Key, rec.Value)
 		}}
@@ -213,13 +225,14 @@ func TestWithTimestampForwardsAndWritesRows(t *testing.T) {
 		}
 	})
 	at := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
-	produceIn(t, brokers, []*kgo.Record{{Key: []byte("k"), Value: []byte("v"), Timestamp: at}, {Key: []byte("row"), Timestamp: at}})
-	out, err := check.ReadCommitted(context.Background(), brokers, "out", 30*time.Second, check.Settled(1))
+	before := time.Now().Truncate(time.Millisecond)
+	produceIn(t, brokers, []*kgo.Record{{Key: []byte("k"), Value: []byte("v"), Timestamp: at}, {Key: []byte("row"), Timestamp: at}, {Key: []byte("far"), Timestamp: at}})
+	out, err := check.ReadCommitted(context.Background(), brokers, "out", 30*time.Second, check.Settled(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(out) != 1 || !out[0].Timestamp.Equal(at.Add(time.Hour)) {
-		t.Fatalf("outputs %v, want one at %v", out, at.Add(time.Hour))
+	if len(out) != 2 || !out[0].Timestamp.Equal(at.Add(time.Hour)) || out[1].Timestamp.Before(before) || out[1].Timestamp.After(time.Now()) {
+		t.Fatalf("outputs %v, want k's at %v and far's at its produce", out, at.Add(time.Hour))
 	}
 	dlq, err := check.ReadCommitted(context.Background(), brokers, "stamped-pipeline-dlq", 30*time.Second, check.Settled(1))
 	if err != nil {
@@ -241,21 +254,31 @@ func TestRefusedTimestampGoesToDeadLetters(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	brokers := c.ListenAddrs()
-	// The broker takes no timestamp after 2100 on "out", as
-	// message.timestamp.after.max.ms would.
+	// The broker takes no timestamp after 2100 on "out" and on the
+	// dead-letter topic, as message.timestamp.after.max.ms would.
 	bound := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	topics, err := kadm.NewClient(cl).ListTopics(context.Background(), "out")
-	cl.Close()
+	adm := kadm.NewClient(cl)
+	defer cl.Close()
+	if _, err := adm.CreateTopic(context.Background(), 1, 1, nil, "dated-dlq"); err != nil {
+		t.Fatal(err)
+	}
+	topics, err := adm.ListTopics(context.Background(), "out", "dated-dlq")
 	if err != nil {
 		t.Fatal(err)
 	}
-	outID := topics["out"].ID
 	// Requests from v13 on name topics by id alone.
-	isOut := func(rt kmsg.ProduceRequestTopic) bool { return rt.Topic == "out" || rt.TopicID == outID }
+	isOut := func(rt kmsg.ProduceRequestTopic) bool {
+		for _, name := range []string{"out", "dated-dlq"} {
+			if rt.Topic == name || rt.TopicID == topics[name].ID {
+				return true
+			}
+		}
+		return false
+	}
 	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		req := kreq.(*kmsg.ProduceRequest)
@@ -303,8 +326,14 @@ func TestRefusedTimestampGoesToDeadLetters(t *testing.T) {
 	opts.Checkpoint.TolerableFailures = 0 // a refused output is not a failed checkpoint
 	startReady(t, opts)
 	var recs []*kgo.Record
-	for _, v := range []string{"1", "2", "future", "3"} {
-		recs = append(recs, &kgo.Record{Key: []byte("k"), Value: []byte(v)})
+	for _, v := range []string{"1", "2", "future", "kafka-future", "3"} {
+		r := &kgo.Record{Key: []byte("k"), Value: []byte(v)}
+		if v == "kafka-future" {
+			// Its dead letter, stamped with its Kafka time, is
+			// refused too: it goes again stamped at its produce.
+			r.Timestamp = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+		}
+		recs = append(recs, r)
 	}
 	produceIn(t, brokers, recs)
 	out, err := check.ReadCommitted(context.Background(), brokers, "out", 30*time.Second, check.Settled(3))
@@ -318,13 +347,19 @@ func TestRefusedTimestampGoesToDeadLetters(t *testing.T) {
 	if got := strings.Join(vals, ","); got != "1,2,3" {
 		t.Fatalf("outputs %s, want 1,2,3", got)
 	}
-	dlq, err := check.ReadCommitted(context.Background(), brokers, "dated-dlq", 30*time.Second, check.Settled(1))
+	dlq, err := check.ReadCommitted(context.Background(), brokers, "dated-dlq", 30*time.Second, check.Settled(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(dlq) != 1 || string(dlq[0].Value) != "future" || header(dlq[0], sluice.HeaderStage) != "emit" ||
-		!strings.Contains(header(dlq[0], sluice.HeaderError), "INVALID_TIMESTAMP") {
-		t.Fatalf("dead letters %v, want future's, stage emit, INVALID_TIMESTAMP", dlq)
+	if len(dlq) != 2 {
+		t.Fatalf("%d dead letters, want future's and kafka-future's", len(dlq))
+	}
+	for i, want := range []string{"future", "kafka-future"} {
+		d := dlq[i]
+		if string(d.Value) != want || header(d, sluice.HeaderStage) != "emit" || header(d, sluice.HeaderTruncated) != "" ||
+			!strings.Contains(header(d, sluice.HeaderError), "INVALID_TIMESTAMP") || d.Timestamp.UnixMilli() > bound {
+			t.Fatalf("dead letter %q at %v with headers %v, want %s's, whole, stage emit, INVALID_TIMESTAMP, before 2100", d.Value, d.Timestamp, d.Headers, want)
+		}
 	}
 }
 

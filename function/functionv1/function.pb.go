@@ -913,8 +913,8 @@ type Output struct {
 	Tag string `protobuf:"bytes,4,opt,name=tag,proto3" json:"tag,omitempty"`
 	// The record's Kafka timestamp, unix milliseconds. Absent: the event
 	// time of what the result answers, which is the Kafka time of the key's
-	// last record in the call, or a timer call's time. Before 1970 (negative):
-	// the processor's processing time.
+	// last record in the batch, or a timer call's time. Before 1970
+	// (negative) or after 2262: the processor's processing time.
 	TimestampMs   *int64 `protobuf:"varint,5,opt,name=timestamp_ms,json=timestampMs,proto3,oneof" json:"timestamp_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

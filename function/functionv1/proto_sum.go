@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "d061e2f8f59b21f96a73e3f48af1bdaaab0ffa94ec7e803c0eabe5aee9e38a1d"
+const ProtoSHA256 = "7571065c9c0ac27eb73473f035bf08fb5e765c9cafce2e6f5326102bb48ede07"

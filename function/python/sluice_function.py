@@ -91,7 +91,7 @@ class Result:
 
         timestamp_ms sets its Kafka timestamp (unix milliseconds); None
         stamps it with the time of what the call answers: the Kafka time
-        of the key's last record in the call, or the timer's."""
+        of the key's last record in the batch, or the timer's."""
         self._outputs.append((key, value, list(headers), tag, timestamp_ms))
 
     def set_timer(self, at_ms):

@@ -66,14 +66,14 @@ func (r *Result) Emit(key, value []byte, headers ...*functionv1.Header) {
 
 // EmitTo produces a record to a declared side output ("" is the output).
 // Emit and EmitTo stamp it with the time of what the call answers: the
-// Kafka time of the key's last record in the call, or the timer's.
+// Kafka time of the key's last record in the batch, or the timer's.
 func (r *Result) EmitTo(tag string, key, value []byte, headers ...*functionv1.Header) {
 	r.r.Outputs = append(r.r.Outputs, &functionv1.Output{Key: key, Value: value, Headers: headers, Tag: tag})
 }
 
 // EmitAt produces a record to tag ("" is the output) with the Kafka
-// timestamp at, in milliseconds; a time before 1970 gives the processor's
-// processing time instead.
+// timestamp at, in milliseconds; a time before 1970 or after 2262 gives the
+// processor's processing time instead.
 func (r *Result) EmitAt(tag string, at time.Time, key, value []byte, headers ...*functionv1.Header) {
 	ms := at.UnixMilli()
 	r.r.Outputs = append(r.r.Outputs, &functionv1.Output{Key: key, Value: value, Headers: headers, Tag: tag, TimestampMs: &ms})
