@@ -6,8 +6,8 @@
 // restored and carried by savepoints.
 //
 // Interval is Flink's interval join (Kafka Streams' windowed KStream-KStream
-// inner join): records of the two topics with the same key whose event
-// times are within a bound of each other. Table is Kafka Streams'
+// join): records of the two topics with the same key whose event times are
+// within a bound of each other; inner, or left, right or full outer. Table is Kafka Streams'
 // KStream-KTable join: each record of a stream topic joined with its key's
 // latest value in a table topic.
 //

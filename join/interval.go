@@ -17,9 +17,10 @@ import (
 
 // IntervalSpec declares an interval join of two co-partitioned topics,
 // Flink's IntervalJoin (Kafka Streams' KStream-KStream join with its
-// JoinWindows, inner): a left record and a right record of the same key
-// join when the right's event time lies within [left + Lower, left +
-// Upper], both ends included.
+// JoinWindows): a left record and a right record of the same key join when
+// the right's event time lies within [left + Lower, left + Upper], both
+// ends included. It is inner unless LeftUnmatched or RightUnmatched is
+// set.
 type IntervalSpec struct {
 	// Name is the job's name, and the prefix of its state names: keep it
 	// stable across releases, since it is the state's identity.
@@ -53,6 +54,20 @@ type IntervalSpec struct {
 	// LateDropped, if set, is incremented for each late record dropped
 	// (committed or not: a replayed epoch counts again).
 	LateDropped prometheus.Counter
+	// LeftUnmatched, if set, makes the join a left outer join (with
+	// RightUnmatched, a full outer one): each left record that joined no
+	// right record is emitted once no right record can join it any more,
+	// when the watermark passes its time + Upper, as Flink SQL's outer
+	// interval join and Kafka Streams' leftJoin emit it. The function
+	// makes the output's value, keyed by the record's key and stamped with
+	// its event time; nil emits nothing. A record joined a right record
+	// when one was within the bounds, whatever Join returned for the pair.
+	// Late records go to LateOutput (or are counted), not here.
+	LeftUnmatched func(key []byte, left Element) []byte
+	// RightUnmatched is LeftUnmatched for right records (a right outer
+	// join, or with LeftUnmatched a full outer one), emitted when the
+	// watermark passes their time − Lower.
+	RightUnmatched func(key []byte, right Element) []byte
 }
 
 // Element is a record being joined: its value and time, and where it was
@@ -69,7 +84,8 @@ type Element struct {
 
 // Interval returns the sluice.Job that runs the spec, or an error saying
 // what is wrong with it. Its state names are <name>.left, <name>.right
-// and <name>.late-dropped (Job.States).
+// and <name>.late-dropped, and for an outer join <name>.left-matched or
+// <name>.right-matched or both (Job.States).
 func Interval(s IntervalSpec) (sluice.Job, error) {
 	if err := s.validate(); err != nil {
 		return sluice.Job{}, fmt.Errorf("interval join %q: %w", s.Name, err)
@@ -80,8 +96,8 @@ func Interval(s IntervalSpec) (sluice.Job, error) {
 		upper: s.Upper.Milliseconds(),
 		// A left entry at t can join rights up to t+Upper, a right one at
 		// s lefts down to s-Lower.
-		left:    side{kstate.Map[string, []byte](s.Name+".left", kstate.String(), kstate.Bytes()), s.Upper.Milliseconds()},
-		right:   side{kstate.Map[string, []byte](s.Name+".right", kstate.String(), kstate.Bytes()), -s.Lower.Milliseconds()},
+		left:    newSide(s.Name+".left", s.Upper.Milliseconds(), s.LeftUnmatched),
+		right:   newSide(s.Name+".right", -s.Lower.Milliseconds(), s.RightUnmatched),
 		dropped: kstate.Value[int64](s.Name+".late-dropped", kstate.Int64()),
 	}
 	job := sluice.Job{
@@ -92,6 +108,11 @@ func Interval(s IntervalSpec) (sluice.Job, error) {
 		EventTime: true,
 		Timestamp: s.Timestamp,
 		States:    []string{o.left.entries.Name(), o.right.entries.Name(), o.dropped.Name()},
+	}
+	for _, sd := range []side{o.left, o.right} {
+		if sd.matched != nil {
+			job.States = append(job.States, sd.matched.Name())
+		}
 	}
 	if s.LateOutput != "" {
 		job.SideOutputs = []sluice.OutputTag{s.LateOutput}
@@ -133,7 +154,9 @@ func (s IntervalSpec) validate() error {
 // A record later than the watermark (a time before it) is late: it would
 // find its partners cleaned, so it joins nothing and goes to LateOutput or
 // is counted. Each pair is emitted once, by the later of its two records:
-// the earlier is still buffered then, since the later one is not late.
+// the earlier is still buffered then, since the later one is not late. In
+// an outer join, a side's entries that joined are marked (side.matched),
+// and the others are emitted unmatched as they are cleaned.
 type interval struct {
 	spec         IntervalSpec
 	lower, upper int64 // milliseconds
@@ -143,10 +166,38 @@ type interval struct {
 
 // side is one side's buffered entries, and how long past its time an entry
 // can still join a record of the other side (milliseconds): its cleanup
-// time is its time plus keep.
+// time is its time plus keep. In an outer join on the side, unmatched makes
+// the output of an entry that joined nothing, and matched marks the
+// entries that joined (by entry key; the value is one byte); both are nil
+// otherwise.
 type side struct {
-	entries *kstate.MapState[string, []byte]
-	keep    int64
+	entries   *kstate.MapState[string, []byte]
+	keep      int64
+	unmatched func(key []byte, e Element) []byte
+	matched   *kstate.MapState[string, []byte]
+}
+
+func newSide(name string, keep int64, unmatched func([]byte, Element) []byte) side {
+	s := side{entries: kstate.Map[string, []byte](name, kstate.String(), kstate.Bytes()), keep: keep, unmatched: unmatched}
+	if unmatched != nil {
+		s.matched = kstate.Map[string, []byte](name+"-matched", kstate.String(), kstate.Bytes())
+	}
+	return s
+}
+
+// marked is the value of a matched mark.
+var marked = []byte{1}
+
+// markMatched marks the entry of key k matched, once.
+func (s side) markMatched(ctx sluice.Context, k string) error {
+	if s.matched == nil {
+		return nil
+	}
+	_, ok, err := s.matched.Get(ctx, k)
+	if err != nil || ok {
+		return err
+	}
+	return s.matched.Put(ctx, k, marked)
 }
 
 func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
@@ -206,6 +257,10 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	})
 	key := rec.Key
 	for _, p := range pairs {
+		// In an outer join on the other side, the entry joined.
+		if err := others.markMatched(ctx, entryKey(p.Timestamp.UnixMilli(), p.Partition, p.Offset)); err != nil {
+			return err
+		}
 		l, r := me, p
 		if !isLeft {
 			l, r = p, me
@@ -230,14 +285,33 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	// can make it so) could join no record to come, and is not kept.
 	due := timerTime(ts + mine.keep)
 	if !wm.IsZero() && due <= wm.UnixMilli() {
+		// Nothing can join it later: in an outer join on its side, it
+		// is unmatched now if it joined nothing now.
+		if len(pairs) == 0 && mine.unmatched != nil {
+			emitUnmatched(ctx, mine, key, me)
+		}
 		return nil
 	}
+	k := entryKey(ts, rec.Partition, rec.Offset)
 	// Put copies the value into the store (the Bytes codec appends).
-	if err := mine.entries.Put(ctx, entryKey(ts, rec.Partition, rec.Offset), rec.Value); err != nil {
+	if err := mine.entries.Put(ctx, k, rec.Value); err != nil {
 		return err
+	}
+	if len(pairs) > 0 {
+		if err := mine.markMatched(ctx, k); err != nil {
+			return err
+		}
 	}
 	ctx.Timers().RegisterEventTime(time.UnixMilli(due))
 	return nil
+}
+
+// emitUnmatched emits the output of side s's entry e that joined nothing,
+// stamped with its time.
+func emitUnmatched(ctx sluice.Context, s side, key []byte, e Element) {
+	if v := s.unmatched(key, e); v != nil {
+		sluice.WithTimestamp(ctx, e.Timestamp).Emit(key, v)
+	}
 }
 
 // errNoKey fails a record without a key.
@@ -270,10 +344,12 @@ func (o *interval) onTimer(ctx sluice.Context, t sluice.Timer) error {
 }
 
 // clean drops the entries whose timer is at or before at: those of time t
-// with timerTime(t + keep) <= at.
+// with timerTime(t + keep) <= at. In an outer join on the side, those that
+// joined nothing are emitted first, in time order.
 func (s side) clean(ctx sluice.Context, at int64) error {
 	var gone []string
-	err := s.entries.Entries(ctx, func(k string, _ []byte) error {
+	var values [][]byte
+	err := s.entries.Entries(ctx, func(k string, v []byte) error {
 		t, _, _, err := decodeEntryKey(k)
 		if err != nil {
 			return err
@@ -282,16 +358,44 @@ func (s side) clean(ctx sluice.Context, at int64) error {
 			return errStop // entries come in time order, and so do their cleanup times
 		}
 		gone = append(gone, k)
+		if s.unmatched != nil {
+			values = append(values, v) // the codec decoded a copy
+		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errStop) {
 		return err
 	}
-	for _, k := range gone {
+	for i, k := range gone {
+		if s.matched != nil {
+			_, joined, err := s.matched.Get(ctx, k)
+			if err != nil {
+				return err
+			}
+			if joined {
+				err = s.matched.Remove(ctx, k)
+			} else {
+				err = s.emitEntry(ctx, k, values[i])
+			}
+			if err != nil {
+				return err
+			}
+		}
 		if err := s.entries.Remove(ctx, k); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// emitEntry emits the output of the entry of key k and value v that joined
+// nothing.
+func (s side) emitEntry(ctx sluice.Context, k string, v []byte) error {
+	t, p, off, err := decodeEntryKey(k)
+	if err != nil {
+		return err
+	}
+	emitUnmatched(ctx, s, ctx.Key(), Element{Value: v, Timestamp: time.UnixMilli(t), Partition: p, Offset: off})
 	return nil
 }
 

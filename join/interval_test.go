@@ -89,17 +89,7 @@ func TestIntervalJoinMatchesModel(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			const lower, upper = -30, 50 // ms
-			rng := rand.New(rand.NewPCG(4, 2))
-			var events []event
-			for i := range 400 {
-				topic := []string{"left", "right"}[rng.IntN(2)]
-				events = append(events, event{
-					topic: topic,
-					key:   fmt.Sprintf("k%d", rng.IntN(5)),
-					value: fmt.Sprintf("%s%d", topic[:1], i),
-					ts:    int64(i)*10 + rng.Int64N(81) - 40,
-				})
-			}
+			events := events(4, 400)
 			var want []string
 			for _, l := range events {
 				for _, r := range events {
@@ -443,6 +433,161 @@ func TestIntervalJoinKeepsWhatCanStillJoin(t *testing.T) {
 	h.SendTo("right", []byte("k"), []byte("R"), at(1000)) // at the watermark: not late
 	h.Settle()
 	if got, want := joined(h.Output()), []string{"k:L|R"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}
+
+// events is the model tests' stream: n records of five keys on either
+// side, each 10 ms after the one before, out of order by up to 40 ms
+// either way.
+func events(seed uint64, n int) []event {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var es []event
+	for i := range n {
+		topic := []string{"left", "right"}[rng.IntN(2)]
+		es = append(es, event{
+			topic: topic,
+			key:   fmt.Sprintf("k%d", rng.IntN(5)),
+			value: fmt.Sprintf("%s%d", topic[:1], i),
+			ts:    int64(i)*10 + rng.Int64N(81) - 40,
+		})
+	}
+	return es
+}
+
+// Outer joins: besides the pairs, each record of an outer side that joined
+// nothing comes out once, stamped with its time, when the watermark passes
+// the last time a partner could come; exactly the model's, across a kill
+// -9 mid-stream, on both backends. Flush records of keys of their own (on
+// both sides, so in both partitions) move the watermark past every other
+// record at the end; they join each other and are left out of the check.
+func TestOuterIntervalJoinMatchesModel(t *testing.T) {
+	t.Parallel()
+	const lower, upper = -30, 50 // ms
+	for _, kind := range []string{"left", "right", "full"} {
+		for _, backend := range []string{"bbolt", "memory"} {
+			t.Run(kind+"/"+backend, func(t *testing.T) {
+				t.Parallel()
+				es := events(9, 400)
+				outerLeft, outerRight := kind != "right", kind != "left"
+				var want []string
+				joined := map[int]bool{}
+				for i, l := range es {
+					for j, r := range es {
+						if l.topic == "left" && r.topic == "right" && l.key == r.key && r.ts-l.ts >= lower && r.ts-l.ts <= upper {
+							want = append(want, fmt.Sprintf("%s:%s|%s@%d", l.key, l.value, r.value, max(l.ts, r.ts)))
+							joined[i], joined[j] = true, true
+						}
+					}
+				}
+				for i, e := range es {
+					if !joined[i] && (e.topic == "left" && outerLeft || e.topic == "right" && outerRight) {
+						want = append(want, fmt.Sprintf("%s:%s|-@%d", e.key, e.value, e.ts))
+					}
+				}
+				slices.Sort(want)
+				if n := len(want); n < 150 {
+					t.Fatalf("the model has %d outputs: too few to test anything", n)
+				}
+				spec := join.IntervalSpec{
+					Name: "oj", Left: "left", Right: "right", Lower: lower * time.Millisecond, Upper: upper * time.Millisecond,
+					Timestamp: sluice.KafkaTime,
+					Join: func(key []byte, l, r join.Element) ([]byte, error) {
+						return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+					},
+				}
+				unmatched := func(_ []byte, e join.Element) []byte { return fmt.Appendf(nil, "%s|-", e.Value) }
+				if outerLeft {
+					spec.LeftUnmatched = unmatched
+				}
+				if outerRight {
+					spec.RightUnmatched = unmatched
+				}
+				job, err := join.Interval(spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
+				send := func(es []event) {
+					for _, e := range es {
+						h.SendTo(e.topic, []byte(e.key), []byte(e.value), at(e.ts))
+					}
+				}
+				send(es[:150])
+				h.Settle()
+				send(es[150:300])
+				h.Kill() // what it had not committed is processed again
+				h.Restart()
+				send(es[300:])
+				for i := range 10 {
+					for _, topic := range []string{"left", "right"} {
+						h.SendTo(topic, fmt.Appendf(nil, "z%d", i), []byte("flush"), at(10_000))
+					}
+				}
+				h.Settle()
+				var got []string
+				for _, s := range joinedAt(h.Output()) {
+					if !strings.HasPrefix(s, "z") {
+						got = append(got, s)
+					}
+				}
+				if !slices.Equal(got, want) {
+					t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
+				}
+				if dl := h.DeadLetters(); len(dl) != 0 {
+					t.Fatalf("dead letters: %v", dl)
+				}
+			})
+		}
+	}
+}
+
+// A record of an outer side that comes already past its cleanup time (the
+// bounds exclude 0, so a right record is due before its own time) is
+// emitted unmatched at once if it joined nothing, and not if it did; a
+// buffered left record that a later right record joined is not emitted
+// unmatched at its cleanup.
+func TestOuterIntervalJoinPastItsCleanup(t *testing.T) {
+	t.Parallel()
+	unmatched := func(_ []byte, e join.Element) []byte { return fmt.Appendf(nil, "%s|-", e.Value) }
+	job, err := join.Interval(join.IntervalSpec{
+		Name: "oj", Left: "left", Right: "right", Lower: 10 * time.Millisecond, Upper: 50 * time.Millisecond,
+		Timestamp: sluice.KafkaTime,
+		Join: func(_ []byte, l, r join.Element) ([]byte, error) {
+			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+		},
+		LeftUnmatched:  unmatched,
+		RightUnmatched: unmatched,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sluicetest.New(t, job, options(1, "bbolt", 0))
+	// Settled one by one, so that each comes with the watermark at the
+	// record before it; the watermark is the lower of the two topics',
+	// which x's record moves on the right.
+	h.SendTo("left", []byte("k"), []byte("L"), at(1000))
+	h.SendTo("right", []byte("x"), []byte("X"), at(1000))
+	h.Settle()
+	h.SendTo("right", []byte("k"), []byte("R1"), at(1005)) // wants a left in [955, 995]: none
+	h.Settle()
+	// The watermark to 1045, which R2's cleanup time (1041) is behind and
+	// L's (1051) ahead of.
+	h.SendTo("left", []byte("y"), []byte("Y"), at(1060))
+	h.SendTo("right", []byte("y"), []byte("W"), at(1045))
+	h.Settle()
+	h.SendTo("right", []byte("k"), []byte("R2"), at(1050)) // [1000, 1040]: L
+	h.Settle()
+	h.SendTo("left", []byte("z"), []byte("flush"), at(5000))
+	h.SendTo("right", []byte("z"), []byte("flush"), at(5000))
+	h.Settle()
+	var got []string
+	for _, s := range joinedAt(h.Output()) {
+		if strings.HasPrefix(s, "k:") {
+			got = append(got, s)
+		}
+	}
+	if want := []string{"k:L|R2@1050", "k:R1|-@1005"}; !slices.Equal(got, want) {
 		t.Fatalf("outputs %q, want %q", got, want)
 	}
 }
