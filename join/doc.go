@@ -7,9 +7,11 @@
 //
 // Interval is Flink's interval join (Kafka Streams' windowed KStream-KStream
 // join): records of the two topics with the same key whose event times are
-// within a bound of each other; inner, or left, right or full outer. Table is Kafka Streams'
-// KStream-KTable join: each record of a stream topic joined with its key's
-// latest value in a table topic.
+// within a bound of each other; inner, or left, right or full outer. Table
+// is Kafka Streams' KStream-KTable join: each record of a stream topic
+// joined with its key's latest value in a table topic. TableTable is its
+// KTable-KTable join: the joined table of two table topics, updated at
+// every change of either.
 //
 //	job, err := join.Interval(join.IntervalSpec{
 //		Name: "orders-payments", Left: "orders", Right: "payments",
