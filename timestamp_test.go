@@ -291,22 +291,14 @@ func TestRefusedTimestampGoesToDeadLetters(t *testing.T) {
 		if !refused {
 			return nil, nil, false
 		}
-		resp := req.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range req.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				// The others are not written; their client sends them
-				// again.
-				sp.ErrorCode = kerr.NotLeaderForPartition.Code
+		// The others are not written; their client sends them again.
+		resp := check.ProduceError(kreq, kerr.NotLeaderForPartition).(*kmsg.ProduceResponse)
+		for ti, rt := range req.Topics {
+			for pi, rp := range rt.Partitions {
 				if isOut(rt) && maxTimestamp(rp.Records) > bound {
-					sp.ErrorCode = kerr.InvalidTimestamp.Code
+					resp.Topics[ti].Partitions[pi].ErrorCode = kerr.InvalidTimestamp.Code
 				}
-				st.Partitions = append(st.Partitions, sp)
 			}
-			resp.Topics = append(resp.Topics, st)
 		}
 		return resp, nil, true
 	})

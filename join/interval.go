@@ -121,13 +121,13 @@ func Interval(s IntervalSpec) (sluice.Job, error) {
 }
 
 func (s IntervalSpec) validate() error {
-	switch {
-	case s.Name == "":
+	if s.Name == "" {
 		return errors.New("Name is empty")
-	case s.Left == "" || s.Right == "":
-		return errors.New("Left and Right must name the two input topics")
-	case s.Left == s.Right:
-		return fmt.Errorf("Left and Right are both %q: want two topics", s.Left)
+	}
+	if err := twoTopics("Left", s.Left, "Right", s.Right); err != nil {
+		return err
+	}
+	switch {
 	case s.Lower > s.Upper:
 		return fmt.Errorf("Lower %s is after Upper %s", s.Lower, s.Upper)
 	case s.Lower%time.Millisecond != 0 || s.Upper%time.Millisecond != 0:

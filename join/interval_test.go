@@ -107,17 +107,7 @@ func TestIntervalJoinMatchesModel(t *testing.T) {
 			dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "dropped", Help: "late records dropped"})
 			job := pairJob(t, lower*time.Millisecond, upper*time.Millisecond, dropped, "")
 			h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
-			send := func(es []event) {
-				for _, e := range es {
-					h.SendTo(e.topic, []byte(e.key), []byte(e.value), at(e.ts))
-				}
-			}
-			send(events[:150])
-			h.Settle()
-			send(events[150:300])
-			h.Kill() // what it had not committed is processed again
-			h.Restart()
-			send(events[300:])
+			sendWithAKill(h, events)
 			h.Settle()
 			if got := joinedAt(h.Output()); !slices.Equal(got, want) {
 				t.Fatalf("%d outputs, want the model's %d pairs;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
@@ -437,6 +427,23 @@ func TestIntervalJoinKeepsWhatCanStillJoin(t *testing.T) {
 	}
 }
 
+// sendWithAKill sends es, the first 150 settled, then 150 more before the
+// instance is killed (what it had not committed is processed again) and
+// restarted, then the rest.
+func sendWithAKill(h *sluicetest.Harness, es []event) {
+	send := func(es []event) {
+		for _, e := range es {
+			h.SendTo(e.topic, []byte(e.key), []byte(e.value), at(e.ts))
+		}
+	}
+	send(es[:150])
+	h.Settle()
+	send(es[150:300])
+	h.Kill()
+	h.Restart()
+	send(es[300:])
+}
+
 // events is the model tests' stream: n records of five keys on either
 // side, each 10 ms after the one before, out of order by up to 40 ms
 // either way.
@@ -508,17 +515,7 @@ func TestOuterIntervalJoinMatchesModel(t *testing.T) {
 					t.Fatal(err)
 				}
 				h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
-				send := func(es []event) {
-					for _, e := range es {
-						h.SendTo(e.topic, []byte(e.key), []byte(e.value), at(e.ts))
-					}
-				}
-				send(es[:150])
-				h.Settle()
-				send(es[150:300])
-				h.Kill() // what it had not committed is processed again
-				h.Restart()
-				send(es[300:])
+				sendWithAKill(h, es)
 				for i := range 10 {
 					for _, topic := range []string{"left", "right"} {
 						h.SendTo(topic, fmt.Appendf(nil, "z%d", i), []byte("flush"), at(10_000))

@@ -57,15 +57,26 @@ func Table(s TableSpec) (sluice.Job, error) {
 }
 
 func (s TableSpec) validate() error {
-	switch {
-	case s.Name == "":
+	if s.Name == "" {
 		return errors.New("Name is empty")
-	case s.Stream == "" || s.Table == "":
-		return errors.New("Stream and Table must name the two input topics")
-	case s.Stream == s.Table:
-		return fmt.Errorf("Stream and Table are both %q: want two topics", s.Stream)
-	case s.Join == nil:
+	}
+	if err := twoTopics("Stream", s.Stream, "Table", s.Table); err != nil {
+		return err
+	}
+	if s.Join == nil {
 		return errors.New("Join is nil")
+	}
+	return nil
+}
+
+// twoTopics checks that a spec's two topic fields, of names a and b, name
+// two topics.
+func twoTopics(a, topicA, b, topicB string) error {
+	switch {
+	case topicA == "" || topicB == "":
+		return fmt.Errorf("%s and %s must name the two input topics", a, b)
+	case topicA == topicB:
+		return fmt.Errorf("%s and %s are both %q: want two topics", a, b, topicA)
 	}
 	return nil
 }

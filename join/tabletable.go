@@ -69,14 +69,13 @@ func TableTable(s TableTableSpec) (sluice.Job, error) {
 }
 
 func (s TableTableSpec) validate() error {
-	switch {
-	case s.Name == "":
+	if s.Name == "" {
 		return errors.New("Name is empty")
-	case s.Left == "" || s.Right == "":
-		return errors.New("Left and Right must name the two input topics")
-	case s.Left == s.Right:
-		return fmt.Errorf("Left and Right are both %q: want two topics", s.Left)
-	case s.Join == nil:
+	}
+	if err := twoTopics("Left", s.Left, "Right", s.Right); err != nil {
+		return err
+	}
+	if s.Join == nil {
 		return errors.New("Join is nil")
 	}
 	return nil
