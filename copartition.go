@@ -71,34 +71,47 @@ func (l *loop) pauseOwned(p int32) {
 }
 
 // coInput is what a task knows of one of its input topics, for the ordering
-// rule: the last high-water mark seen, and since when the task has been
-// waiting for the topic's records.
+// rule: the last high-water mark seen, since when the task has been waiting
+// for the topic's records, and how far its fetches went. dataTo is the
+// offset after the last data record fetched, fetchedTo after the last
+// record of any kind: a topic written in transactions has commit and abort
+// markers, which the consumer is given (KeepControlRecords, with several
+// input topics) and the loop drops (noteFetched), and records of aborted
+// transactions, which read_committed leaves out. Once the task has taken
+// every data record fetched, it is at fetchedTo, whatever the offsets
+// between hold.
 type coInput struct {
-	hwm          int64
-	waitingSince time.Time
-	// fetched: a record of the topic was fetched for the task; txn: one
-	// of them was transactional (and it stays set). A topic fetched and
-	// never seen written in a transaction has no commit markers, so every
-	// offset below its high-water mark is a record (behind). A topic
-	// written both ways can end with a plain record followed by a marker
-	// (a read_committed fetch returns a plain record written while
-	// another producer's transaction was open only once it ends), hence
-	// the flag that stays.
-	fetched, txn bool
+	hwm               int64
+	waitingSince      time.Time
+	dataTo, fetchedTo int64
 }
 
-// saw notes the records of a fetch of the topic (fetched, txn).
-func (ci *coInput) saw(recs []*kgo.Record) {
-	ci.fetched = ci.fetched || len(recs) > 0
-	if ci.txn {
-		return
+// noteFetched drops the control records (transaction markers) of a fetch
+// of the topic, in place, and notes how far the fetch went; recs are in
+// offset order.
+func (ci *coInput) noteFetched(recs []*kgo.Record) []*kgo.Record {
+	if len(recs) == 0 {
+		return recs
 	}
+	ci.fetchedTo = max(ci.fetchedTo, recs[len(recs)-1].Offset+1)
+	data := recs[:0]
 	for _, r := range recs {
-		if r.Attrs.IsTransactional() {
-			ci.txn = true
-			return
+		if r.Attrs.IsControl() {
+			continue
 		}
+		data = append(data, r)
 	}
+	if len(data) > 0 {
+		ci.dataTo = max(ci.dataTo, data[len(data)-1].Offset+1)
+	}
+	clear(recs[len(data):])
+	return data
+}
+
+// dropControl drops the control records of a fetch of a partition no task
+// runs, in place.
+func dropControl(recs []*kgo.Record) []*kgo.Record {
+	return slices.DeleteFunc(recs, func(r *kgo.Record) bool { return r.Attrs.IsControl() })
 }
 
 // learnEnds sets the known high-water marks of tasks just installed, with
@@ -128,15 +141,13 @@ func (l *loop) learnEnds(ts []*task) {
 
 // behind reports whether the task has not read topic up to its last known
 // high-water mark: records are on the broker that a poll has not brought.
-// One offset short is not behind for a topic seen written in a
-// transaction, or none of whose records was fetched yet: a transactional
-// producer's input ends with its commit marker, which takes an offset no
-// record has (found by review: such an input looked behind for good, and
-// held the others back for Options.MaxTaskIdle every time it went quiet).
-// For a topic fetched and only ever written without transactions it is:
-// the offset is a record (found by review of the table join: a table topic
-// one update short was not waited for, and a stream record went ahead of
-// an earlier update).
+// The task is at its next offset, or, once it took every data record
+// fetched, where the fetches went: the markers and aborted records after
+// them are no records to wait for. (It used to allow one offset short, for
+// a transactional input's commit marker, and so waited Options.MaxTaskIdle
+// whenever a topic's tail held more, as after an aborted transaction, and
+// did not wait for a topic written without transactions one record short
+// before its first fetch.)
 func (t *task) behind(topic string) bool {
 	ci := t.co[topic]
 	if ci == nil || ci.hwm <= 0 {
@@ -146,11 +157,13 @@ func (t *task) behind(topic string) bool {
 	if !ok {
 		next, ok = t.committed[topic]
 	}
-	slack := int64(1)
-	if ci.fetched && !ci.txn {
-		slack = 0
+	if !ok {
+		return true
 	}
-	return !ok || next+slack < ci.hwm
+	if next >= ci.dataTo {
+		next = max(next, ci.fetchedTo)
+	}
+	return next < ci.hwm
 }
 
 // merged returns the records of a poll for task t in the order the task
@@ -224,11 +237,16 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			rewind.set(ftp.Topic, ftp.Partition, ftp.Records[0].Offset)
 			return
 		}
-		last := ftp.Records[len(ftp.Records)-1]
 		if ci := t.co[ftp.Topic]; ci != nil {
 			ci.hwm = max(ci.hwm, ftp.HighWatermark)
-			ci.saw(ftp.Records)
+			ftp.Records = ci.noteFetched(ftp.Records)
+		} else {
+			ftp.Records = dropControl(ftp.Records)
 		}
+		if len(ftp.Records) == 0 {
+			return // markers only
+		}
+		last := ftp.Records[len(ftp.Records)-1]
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
 		if byTask[ftp.Partition] == nil {
 			byTask[ftp.Partition] = map[string][]*kgo.Record{}

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -166,102 +167,102 @@ func TestNewFillsMaxTaskIdle(t *testing.T) {
 	}
 }
 
-// A topic one offset short of its known end is behind when it was fetched
-// and never seen written in a transaction (the offset is a record), and not
-// when a transactional record of it was fetched (the offset may be a
-// commit marker, even after a plain record), nor before any record was
-// fetched.
-func TestBehindOneShort(t *testing.T) {
-	plain := &kgo.Record{}
+// A topic is behind while the task is short of its known end: at its next
+// offset, or, once it took every data record fetched, at the end of what
+// the fetches brought (markers and aborted records after the data).
+func TestBehind(t *testing.T) {
 	for _, tt := range []struct {
-		name   string
-		ci     coInput
-		short  int64 // offsets between the task's next and the high-water mark
-		behind bool
+		name              string
+		next              int64
+		dataTo, fetchedTo int64
+		behind            bool
 	}{
-		{"caught up", coInput{fetched: true}, 0, false},
-		{"one record short", coInput{fetched: true}, 1, true},
-		{"nothing fetched yet", coInput{}, 1, false},
-		{"one short after a transaction: its marker", coInput{fetched: true, txn: true}, 1, false},
-		{"two short after a transaction", coInput{fetched: true, txn: true}, 2, true},
+		{"caught up", 10, 10, 10, false},
+		{"one record short", 9, 9, 9, true},
+		{"one record short, nothing fetched yet", 9, 0, 0, true},
+		{"its commit marker after it", 9, 9, 10, false},
+		{"a commit marker, aborted records and an abort marker after it", 5, 5, 10, false},
+		{"the markers fetched, a data record before them not taken", 4, 5, 10, true},
+		{"markers only, from its committed offset", 8, 0, 10, false},
+		{"markers fetched short of the end", 5, 5, 8, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ci := tt.ci
-			ci.hwm = 5 + tt.short
-			tk := &task{next: map[string]int64{"a": 5}, co: map[string]*coInput{"a": &ci}}
+			ci := coInput{hwm: 10, dataTo: tt.dataTo, fetchedTo: tt.fetchedTo}
+			tk := &task{next: map[string]int64{"a": tt.next}, co: map[string]*coInput{"a": &ci}}
 			if got := tk.behind("a"); got != tt.behind {
 				t.Fatalf("behind = %v, want %v", got, tt.behind)
 			}
 		})
 	}
-	// saw: plain records make the topic fetched; txn, once set, stays.
-	var ci coInput
-	ci.saw(nil)
-	if ci.fetched {
-		t.Fatal("an empty fetch counted as fetched")
-	}
-	ci.saw([]*kgo.Record{plain})
-	if !ci.fetched || ci.txn {
-		t.Fatalf("after a plain record: %+v", ci)
-	}
-	ci.txn = true // as after a transactional record (kgo sets the attribute)
-	ci.saw([]*kgo.Record{plain})
-	if !ci.txn {
-		t.Fatal("a plain record cleared txn")
-	}
 }
 
-// saw tells the records of a topic written in a transaction from plain
-// ones, as a read_committed consumer fetches them from a broker.
-func TestSawTellsTransactionalRecords(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "plain", "txn"))
+// noteFetched drops the markers of what a read_committed consumer that keeps
+// control records fetches from a broker, and notes where the data and the
+// fetch end: after a committed transaction, an aborted one (its records
+// left out by the consumer) and a plain record.
+func TestNoteFetchedDropsMarkers(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	plain, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	if err := plain.ProduceSync(ctx, &kgo.Record{Topic: "plain", Value: []byte("p")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("saw"))
+	tx, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("note"), kgo.DefaultProduceTopic("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Close()
-	if err := tx.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.ProduceSync(ctx, &kgo.Record{Topic: "txn", Value: []byte("t")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		t.Fatal(err)
-	}
-	for _, topic := range []string{"plain", "txn"} {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-		if err != nil {
+	for _, end := range []kgo.TransactionEndTry{kgo.TryCommit, kgo.TryAbort} {
+		if err := tx.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
-		var recs []*kgo.Record
-		for len(recs) == 0 {
-			fs := cl.PollFetches(ctx)
-			if err := ctx.Err(); err != nil {
-				t.Fatalf("%s: no record fetched: %v", topic, err)
+		if err := tx.ProduceSync(ctx, kgo.StringRecord(fmt.Sprint(end)), kgo.StringRecord(fmt.Sprint(end))).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.EndTransaction(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Offsets: 0, 1 committed; 2 its marker; 3, 4 aborted; 5 the abort
+	// marker. Then a plain record, 6, and the end, 7.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("a"), kgo.KeepControlRecords(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var ci coInput
+	var data []int64
+	for ci.fetchedTo < 6 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("fetched to %d: %v", ci.fetchedTo, err)
+		}
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			for _, r := range ci.noteFetched(p.Records) {
+				data = append(data, r.Offset)
 			}
-			recs = append(recs, fs.Records()...)
+		})
+	}
+	if !slices.Equal(data, []int64{0, 1}) || ci.dataTo != 2 || ci.fetchedTo != 6 {
+		t.Fatalf("data %v, dataTo %d, fetchedTo %d; want [0 1], 2, 6", data, ci.dataTo, ci.fetchedTo)
+	}
+	plain, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := plain.ProduceSync(ctx, kgo.StringRecord("plain")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	for ci.fetchedTo < 7 {
+		cl.PollFetches(ctx).EachPartition(func(p kgo.FetchTopicPartition) { ci.noteFetched(p.Records) })
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("the plain record not fetched: %v", err)
 		}
-		cl.Close()
-		var ci coInput
-		ci.saw(recs)
-		if !ci.fetched || ci.txn != (topic == "txn") {
-			t.Errorf("%s: fetched %v, txn %v", topic, ci.fetched, ci.txn)
-		}
+	}
+	if ci.dataTo != 7 || ci.fetchedTo != 7 {
+		t.Fatalf("after the plain record: dataTo %d, fetchedTo %d; want 7, 7", ci.dataTo, ci.fetchedTo)
 	}
 }

@@ -668,6 +668,11 @@ func (in *Instance) newSession() (txsink.Session, error) {
 			}
 		}),
 	)
+	if len(in.cfg.InputTopics) > 1 {
+		// Co-processing needs to see where a fetch went, markers
+		// included (coInput.noteFetched, which drops them).
+		opts = append(opts, kgo.KeepControlRecords())
+	}
 	opts = append(opts, in.groupOpts()...)
 	newSession := txsink.NewAtLeastOnce
 	if in.cfg.Guarantee == ExactlyOnce {
