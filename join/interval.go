@@ -211,8 +211,9 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	}
 	if rec.Key == nil {
 		// Unkeyed records land on any partition: which would pair up is
-		// arbitrary. Kafka Streams drops them from joins, Flink refuses
-		// them; here they are dead-lettered, saying why.
+		// arbitrary. Kafka Streams drops them from inner joins (since
+		// 3.7 its outer joins emit them unmatched), Flink refuses them;
+		// here they are dead-lettered, saying why.
 		return errNoKey
 	}
 	ts := ctx.Timestamp().UnixMilli()
@@ -354,8 +355,21 @@ func (s side) clean(ctx sluice.Context, at int64) error {
 		if err != nil {
 			return err
 		}
-		if timerTime(t+s.keep) > at {
-			return errStop // entries come in time order, and so do their cleanup times
+		if due := timerTime(t + s.keep); due > at {
+			// Entries come in time order, and so do their cleanup
+			// times. The first not due has a timer of its own, unless
+			// the bounds changed since it was buffered (a restart with
+			// another Lower or Upper): then it gets one, so that it is
+			// cleaned (and, unmatched, emitted) all the same.
+			tm := sluice.Timer{Domain: sluice.EventTime, At: time.UnixMilli(due), Key: ctx.Key()}
+			has, err := kstate.HasTimer(ctx.Store(), tm)
+			if err == nil && !has {
+				ctx.Timers().RegisterEventTime(tm.At)
+			}
+			if err != nil {
+				return err
+			}
+			return errStop
 		}
 		gone = append(gone, k)
 		if s.unmatched != nil {

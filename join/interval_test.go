@@ -470,72 +470,90 @@ func events(seed uint64, n int) []event {
 // record at the end; they join each other and are left out of the check.
 func TestOuterIntervalJoinMatchesModel(t *testing.T) {
 	t.Parallel()
-	const lower, upper = -30, 50 // ms
-	for _, kind := range []string{"left", "right", "full"} {
-		for _, backend := range []string{"bbolt", "memory"} {
-			t.Run(kind+"/"+backend, func(t *testing.T) {
-				t.Parallel()
-				es := events(9, 400)
-				outerLeft, outerRight := kind != "right", kind != "left"
-				var want []string
-				joined := map[int]bool{}
-				for i, l := range es {
-					for j, r := range es {
-						if l.topic == "left" && r.topic == "right" && l.key == r.key && r.ts-l.ts >= lower && r.ts-l.ts <= upper {
-							want = append(want, fmt.Sprintf("%s:%s|%s@%d", l.key, l.value, r.value, max(l.ts, r.ts)))
-							joined[i], joined[j] = true, true
-						}
+	type bounds struct{ lower, upper int64 } // ms
+	for _, tc := range []struct {
+		kind, backend string
+		bounds
+	}{
+		{"left", "bbolt", bounds{-30, 50}}, {"left", "memory", bounds{-30, 50}},
+		{"right", "bbolt", bounds{-30, 50}}, {"right", "memory", bounds{-30, 50}},
+		{"full", "bbolt", bounds{-30, 50}}, {"full", "memory", bounds{-30, 50}},
+		// Bounds that exclude 0: records of one side come already past
+		// their cleanup time, and are emitted at once when unmatched.
+		{"full", "bbolt", bounds{90, 200}}, {"full", "memory", bounds{-200, -90}},
+	} {
+		kind, backend, lower, upper := tc.kind, tc.backend, tc.lower, tc.upper
+		t.Run(fmt.Sprintf("%s/%s/%d..%d", kind, backend, lower, upper), func(t *testing.T) {
+			t.Parallel()
+			es := events(9, 400)
+			outerLeft, outerRight := kind != "right", kind != "left"
+			var want []string
+			joined := map[int]bool{}
+			for i, l := range es {
+				for j, r := range es {
+					if l.topic == "left" && r.topic == "right" && l.key == r.key && r.ts-l.ts >= lower && r.ts-l.ts <= upper {
+						want = append(want, fmt.Sprintf("%s:%s|%s@%d", l.key, l.value, r.value, max(l.ts, r.ts)))
+						joined[i], joined[j] = true, true
 					}
 				}
-				for i, e := range es {
-					if !joined[i] && (e.topic == "left" && outerLeft || e.topic == "right" && outerRight) {
-						want = append(want, fmt.Sprintf("%s:%s|-@%d", e.key, e.value, e.ts))
+			}
+			for i, e := range es {
+				if !joined[i] && (e.topic == "left" && outerLeft || e.topic == "right" && outerRight) {
+					want = append(want, fmt.Sprintf("%s:%s|-@%d", e.key, e.value, e.ts))
+				}
+			}
+			slices.Sort(want)
+			if n := len(want); n < 150 {
+				t.Fatalf("the model has %d outputs: too few to test anything", n)
+			}
+			spec := join.IntervalSpec{
+				Name: "oj", Left: "left", Right: "right", Lower: time.Duration(lower) * time.Millisecond, Upper: time.Duration(upper) * time.Millisecond,
+				Timestamp: sluice.KafkaTime,
+				Join: func(key []byte, l, r join.Element) ([]byte, error) {
+					return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+				},
+			}
+			unmatched := func(_ []byte, e join.Element) []byte { return fmt.Appendf(nil, "%s|-", e.Value) }
+			if outerLeft {
+				spec.LeftUnmatched = unmatched
+			}
+			if outerRight {
+				spec.RightUnmatched = unmatched
+			}
+			job, err := join.Interval(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
+			sendWithAKill(h, es)
+			for i := range 10 {
+				for _, topic := range []string{"left", "right"} {
+					h.SendTo(topic, fmt.Appendf(nil, "z%d", i), []byte("flush"), at(10_000))
+				}
+			}
+			h.Settle()
+			var got []string
+			for _, s := range joinedAt(h.Output()) {
+				if !strings.HasPrefix(s, "z") {
+					got = append(got, s)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
+			}
+			if dl := h.DeadLetters(); len(dl) != 0 {
+				t.Fatalf("dead letters: %v", dl)
+			}
+			// Every record but the flush ones was cleaned, and its
+			// mark with it.
+			for _, name := range []string{"oj.left", "oj.right", "oj.left-matched", "oj.right-matched"} {
+				for _, e := range liveState(t, h, name) {
+					if !strings.HasPrefix(e, "z") {
+						t.Fatalf("%s holds %s after every cleanup", name, e)
 					}
 				}
-				slices.Sort(want)
-				if n := len(want); n < 150 {
-					t.Fatalf("the model has %d outputs: too few to test anything", n)
-				}
-				spec := join.IntervalSpec{
-					Name: "oj", Left: "left", Right: "right", Lower: lower * time.Millisecond, Upper: upper * time.Millisecond,
-					Timestamp: sluice.KafkaTime,
-					Join: func(key []byte, l, r join.Element) ([]byte, error) {
-						return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
-					},
-				}
-				unmatched := func(_ []byte, e join.Element) []byte { return fmt.Appendf(nil, "%s|-", e.Value) }
-				if outerLeft {
-					spec.LeftUnmatched = unmatched
-				}
-				if outerRight {
-					spec.RightUnmatched = unmatched
-				}
-				job, err := join.Interval(spec)
-				if err != nil {
-					t.Fatal(err)
-				}
-				h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
-				sendWithAKill(h, es)
-				for i := range 10 {
-					for _, topic := range []string{"left", "right"} {
-						h.SendTo(topic, fmt.Appendf(nil, "z%d", i), []byte("flush"), at(10_000))
-					}
-				}
-				h.Settle()
-				var got []string
-				for _, s := range joinedAt(h.Output()) {
-					if !strings.HasPrefix(s, "z") {
-						got = append(got, s)
-					}
-				}
-				if !slices.Equal(got, want) {
-					t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
-				}
-				if dl := h.DeadLetters(); len(dl) != 0 {
-					t.Fatalf("dead letters: %v", dl)
-				}
-			})
-		}
+			}
+		})
 	}
 }
 
@@ -568,8 +586,8 @@ func TestOuterIntervalJoinPastItsCleanup(t *testing.T) {
 	h.Settle()
 	h.SendTo("right", []byte("k"), []byte("R1"), at(1005)) // wants a left in [955, 995]: none
 	h.Settle()
-	// The watermark to 1045, which R2's cleanup time (1041) is behind and
-	// L's (1051) ahead of.
+	// The watermark to 1045, which R2's timer (1041, its cleanup time
+	// 1040 + 1) is behind and L's (1051) ahead of.
 	h.SendTo("left", []byte("y"), []byte("Y"), at(1060))
 	h.SendTo("right", []byte("y"), []byte("W"), at(1045))
 	h.Settle()
@@ -586,5 +604,129 @@ func TestOuterIntervalJoinPastItsCleanup(t *testing.T) {
 	}
 	if want := []string{"k:L|R2@1050", "k:R1|-@1005"}; !slices.Equal(got, want) {
 		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}
+
+// A record buffered under other bounds (Upper raised across a restart) is
+// cleaned by its new cleanup time, not its old one, and, unmatched, still
+// comes out: the old timer finds it not due and sets the new one.
+func TestOuterIntervalJoinBoundsChanged(t *testing.T) {
+	t.Parallel()
+	spec := func(upper time.Duration) sluice.Job {
+		job, err := join.Interval(join.IntervalSpec{
+			Name: "oj", Left: "left", Right: "right", Lower: 0, Upper: upper,
+			Timestamp: sluice.KafkaTime,
+			Join: func(_ []byte, l, r join.Element) ([]byte, error) {
+				return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+			},
+			LeftUnmatched: func(_ []byte, e join.Element) []byte { return fmt.Appendf(nil, "%s|-", e.Value) },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return job
+	}
+	before, after := spec(50*time.Millisecond), spec(100*time.Millisecond)
+	current := &before
+	job := before
+	job.Process = func(ctx sluice.Context, rec *sluice.Record) error { return current.Process(ctx, rec) }
+	job.OnTimer = func(ctx sluice.Context, tm sluice.Timer) error { return current.OnTimer(ctx, tm) }
+	h := sluicetest.New(t, job, options(1, "bbolt", 0))
+	h.SendTo("left", []byte("k"), []byte("L"), at(1000)) // its timer: 1051
+	h.Settle()
+	current = &after // L's cleanup time is now 1100
+	h.Restart()
+	for _, ms := range []int64{1060, 1200} { // past the old timer, then past the new one
+		h.SendTo("left", []byte("x"), []byte("X"), at(ms))
+		h.SendTo("right", []byte("x"), []byte("X"), at(ms))
+		h.Settle()
+	}
+	var got []string
+	for _, s := range joinedAt(h.Output()) {
+		if strings.HasPrefix(s, "k:") {
+			got = append(got, s)
+		}
+	}
+	if want := []string{"k:L|-@1000"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+	if live := liveState(t, h, "oj.left"); len(live) != 1 { // x's last left record only
+		t.Fatalf("left entries left: %v, want x's last", live)
+	}
+}
+
+// An outer join's unmatched record comes out once the watermark passes its
+// cleanup time, not when it reaches it; a Join error on a pair drops the
+// failed record's mark with its other writes, so its partner, joined by
+// nothing that committed, comes out unmatched.
+func TestOuterIntervalJoinTimingAndFailedPairs(t *testing.T) {
+	t.Parallel()
+	job, err := join.Interval(join.IntervalSpec{
+		Name: "oj", Left: "left", Right: "right", Lower: 0, Upper: 50 * time.Millisecond,
+		Timestamp: sluice.KafkaTime,
+		Join: func(_ []byte, l, r join.Element) ([]byte, error) {
+			if string(r.Value) == "bad" {
+				return nil, errors.New("cannot join bad")
+			}
+			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+		},
+		LeftUnmatched: func(_ []byte, e join.Element) []byte { return fmt.Appendf(nil, "%s|-", e.Value) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sluicetest.New(t, job, options(1, "bbolt", 0))
+	h.SendTo("left", []byte("k"), []byte("L"), at(1000)) // cleanup time 1050
+	h.SendTo("right", []byte("k"), []byte("bad"), at(1010))
+	h.Settle()
+	moveTo := func(ms int64) []string {
+		h.SendTo("left", []byte("x"), []byte("X"), at(ms))
+		h.SendTo("right", []byte("x"), []byte("X"), at(ms))
+		h.Settle()
+		var got []string
+		for _, s := range joinedAt(h.Output()) {
+			if strings.HasPrefix(s, "k:") {
+				got = append(got, s)
+			}
+		}
+		return got
+	}
+	if got := moveTo(1050); len(got) != 0 {
+		t.Fatalf("outputs %q with the watermark at L's cleanup time, want none yet", got)
+	}
+	if got, want := moveTo(1051), []string{"k:L|-@1000"}; !slices.Equal(got, want) {
+		t.Fatalf("outputs %q with the watermark past L's cleanup time, want %q", got, want)
+	}
+	if dl := h.DeadLetters(); len(dl) != 1 || string(dl[0].Value) != "bad" {
+		t.Fatalf("dead letters %v, want bad's", dl)
+	}
+}
+
+// An outer join declares its marks' states, an inner one none.
+func TestOuterIntervalJoinStates(t *testing.T) {
+	unmatched := func(_ []byte, e join.Element) []byte { return nil }
+	for _, tc := range []struct {
+		left, right bool
+		want        []string
+	}{
+		{false, false, []string{"ij.left", "ij.right", "ij.late-dropped"}},
+		{true, false, []string{"ij.left", "ij.right", "ij.late-dropped", "ij.left-matched"}},
+		{true, true, []string{"ij.left", "ij.right", "ij.late-dropped", "ij.left-matched", "ij.right-matched"}},
+	} {
+		spec := join.IntervalSpec{Name: "ij", Left: "left", Right: "right", Timestamp: sluice.KafkaTime,
+			Join: func([]byte, join.Element, join.Element) ([]byte, error) { return nil, nil }}
+		if tc.left {
+			spec.LeftUnmatched = unmatched
+		}
+		if tc.right {
+			spec.RightUnmatched = unmatched
+		}
+		job, err := join.Interval(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(job.States, tc.want) {
+			t.Errorf("left %v right %v: states %v, want %v", tc.left, tc.right, job.States, tc.want)
+		}
 	}
 }

@@ -158,17 +158,22 @@ func (o *tableTable) process(ctx sluice.Context, rec *sluice.Record) error {
 	return nil
 }
 
-// elementCodec stores an Element: its time (unix ms), partition and offset,
-// big-endian, then its value. It is durable state: savepoints carry it.
+// elementCodec stores an Element: a version byte (1), its time (unix ms),
+// partition and offset, big-endian, then its value. It is durable state:
+// savepoints carry it.
 type elementCodec struct{}
 
-const elementHeader = 8 + 4 + 8
+const (
+	elementVersion = 1
+	elementHeader  = 1 + 8 + 4 + 8
+)
 
 func (elementCodec) Encode(e Element) ([]byte, error) {
 	return elementCodec{}.AppendEncode(nil, e)
 }
 
 func (elementCodec) AppendEncode(dst []byte, e Element) ([]byte, error) {
+	dst = append(dst, elementVersion)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Timestamp.UnixMilli()))
 	dst = binary.BigEndian.AppendUint32(dst, uint32(e.Partition))
 	dst = binary.BigEndian.AppendUint64(dst, uint64(e.Offset))
@@ -176,13 +181,17 @@ func (elementCodec) AppendEncode(dst []byte, e Element) ([]byte, error) {
 }
 
 func (elementCodec) Decode(b []byte) (Element, error) {
-	if len(b) < elementHeader {
+	switch {
+	case len(b) < elementHeader:
 		return Element{}, fmt.Errorf("join: a stored table value of %d bytes, want at least %d", len(b), elementHeader)
+	case b[0] != elementVersion:
+		return Element{}, fmt.Errorf("join: a stored table value of version %d, want %d", b[0], elementVersion)
 	}
+	b = b[1:]
 	return Element{
 		Timestamp: time.UnixMilli(int64(binary.BigEndian.Uint64(b))),
 		Partition: int32(binary.BigEndian.Uint32(b[8:])),
 		Offset:    int64(binary.BigEndian.Uint64(b[12:])),
-		Value:     append([]byte{}, b[elementHeader:]...),
+		Value:     append([]byte{}, b[elementHeader-1:]...),
 	}, nil
 }

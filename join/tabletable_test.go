@@ -14,7 +14,8 @@ import (
 )
 
 // tablesJob joins tables "a" (left) and "b" (right) into
-// "<left>|<right>", "-" for a side without a value; "bad" fails.
+// "<left>|<right>", "-" for a side without a value; "bad" fails, and so
+// does "needs-left" without a left value.
 func tablesJob(t *testing.T, leftOuter, rightOuter bool) sluice.Job {
 	t.Helper()
 	val := func(e *join.Element) string {
@@ -26,8 +27,8 @@ func tablesJob(t *testing.T, leftOuter, rightOuter bool) sluice.Job {
 	job, err := join.TableTable(join.TableTableSpec{
 		Name: "tt", Left: "a", Right: "b", LeftOuter: leftOuter, RightOuter: rightOuter,
 		Join: func(key []byte, l, r *join.Element) ([]byte, error) {
-			if val(l) == "bad" || val(r) == "bad" {
-				return nil, fmt.Errorf("cannot join bad")
+			if val(l) == "bad" || val(r) == "bad" || l == nil && val(r) == "needs-left" {
+				return nil, fmt.Errorf("cannot join %s and %s", val(l), val(r))
 			}
 			return fmt.Appendf(nil, "%s|%s", val(l), val(r)), nil
 		},
@@ -201,5 +202,38 @@ func TestTableTableSpecIsChecked(t *testing.T) {
 		if _, err := join.TableTable(tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.spec, err, tc.want)
 		}
+	}
+}
+
+// In an outer join a delete that leaves a row calls Join; its error
+// dead-letters the delete, and the side keeps its value. An update of the
+// right side that comes after a later left value is stamped with the
+// left's time.
+func TestTableTableOuterJoinFailedDelete(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, tablesJob(t, true, true), tableOptions("bbolt", "a", "b"))
+	h.SendTo("a", []byte("k"), []byte("l1"), at(1))
+	h.SendTo("b", []byte("k"), []byte("bad"), at(2)) // fails: no right value
+	h.SendTo("b", []byte("k"), []byte("r1"), at(3))
+	h.Settle()
+	h.SendTo("a", []byte("k"), []byte("l2"), at(10))
+	h.Settle()
+	h.SendTo("b", []byte("k"), []byte("r2"), at(5)) // out of order: stamped 10
+	h.Settle()
+	if got, want := strings.Join(byKey(h.Output())["k"], ","), "l1|-@1,l1|r1@3,l2|r1@10,l2|r2@10"; got != want {
+		t.Fatalf("outputs %s, want %s", got, want)
+	}
+	// A left delete whose row Join refuses: the delete is dead-lettered
+	// and the left keeps l2, which r3 then joins.
+	h.SendTo("b", []byte("k"), []byte("needs-left"), at(11))
+	h.SendTo("a", []byte("k"), nil, at(12)) // Join(nil, needs-left) fails
+	h.SendTo("b", []byte("k"), []byte("r3"), at(13))
+	h.Settle()
+	if got, want := strings.Join(byKey(h.Output())["k"], ","), "l1|-@1,l1|r1@3,l2|r1@10,l2|r2@10,l2|needs-left@11,l2|r3@13"; got != want {
+		t.Fatalf("outputs %s, want %s", got, want)
+	}
+	dl := h.DeadLetters()
+	if len(dl) != 2 || string(dl[0].Value) != "bad" || dl[1].Value != nil || !strings.Contains(header(dl[1], sluice.HeaderError), "needs-left") {
+		t.Fatalf("dead letters %v, want bad's and the refused delete", dl)
 	}
 }
