@@ -155,10 +155,7 @@ func (t *task) behind(topic string) bool {
 	}
 	next, ok := t.next[topic]
 	if !ok {
-		next, ok = t.committed[topic]
-	}
-	if !ok {
-		return true
+		next = t.committed[topic] // 0 when none: from the start
 	}
 	if next >= ci.dataTo {
 		next = max(next, ci.fetchedTo)
@@ -237,17 +234,18 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			rewind.set(ftp.Topic, ftp.Partition, ftp.Records[0].Offset)
 			return
 		}
+		fetchedTo := ftp.Records[len(ftp.Records)-1].Offset + 1 // markers included
 		if ci := t.co[ftp.Topic]; ci != nil {
 			ci.hwm = max(ci.hwm, ftp.HighWatermark)
 			ftp.Records = ci.noteFetched(ftp.Records)
 		} else {
 			ftp.Records = dropControl(ftp.Records)
 		}
+		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-fetchedTo)))
 		if len(ftp.Records) == 0 {
-			return // markers only
+			t.skipMarkers(ftp.Topic) // markers only
+			return
 		}
-		last := ftp.Records[len(ftp.Records)-1]
-		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-last.Offset-1)))
 		if byTask[ftp.Partition] == nil {
 			byTask[ftp.Partition] = map[string][]*kgo.Record{}
 		}
@@ -293,7 +291,31 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			}
 			worked = worked || took
 		}
+		for topic := range t.co {
+			t.skipMarkers(topic)
+		}
 		return worked, nil
 	})
 	return l.afterProcess(rewind, worked, false, err)
+}
+
+// skipMarkers moves the task's next offset of topic past the markers and
+// aborted records fetched after its data, once it took every data record
+// fetched: the consumer is there, and the offsets the epoch commits must be
+// where it is (alignOffsets), or it would be moved back to fetch the
+// markers again at every epoch. Not past the end of the replay of a refused
+// commit (replayUntil), which takes nothing beyond it.
+func (t *task) skipMarkers(topic string) {
+	ci := t.co[topic]
+	if ci == nil {
+		return
+	}
+	next, ok := t.next[topic]
+	if !ok || next < ci.dataTo || ci.fetchedTo <= next {
+		return
+	}
+	if until, ok := t.replayUntil[topic]; ok && ci.fetchedTo > until {
+		return
+	}
+	t.next[topic] = ci.fetchedTo
 }

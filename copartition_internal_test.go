@@ -185,12 +185,47 @@ func TestBehind(t *testing.T) {
 		{"the markers fetched, a data record before them not taken", 4, 5, 10, true},
 		{"markers only, from its committed offset", 8, 0, 10, false},
 		{"markers fetched short of the end", 5, 5, 8, true},
+		{"no offset known, nothing fetched", -1, 0, 0, true},
+		{"no offset known, markers only fetched", -1, 0, 10, false},
+		{"no offset known, data fetched", -1, 3, 10, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ci := coInput{hwm: 10, dataTo: tt.dataTo, fetchedTo: tt.fetchedTo}
 			tk := &task{next: map[string]int64{"a": tt.next}, co: map[string]*coInput{"a": &ci}}
+			if tt.next < 0 {
+				tk.next = map[string]int64{} // neither next nor committed
+			}
 			if got := tk.behind("a"); got != tt.behind {
 				t.Fatalf("behind = %v, want %v", got, tt.behind)
+			}
+		})
+	}
+}
+
+// Once the task took every data record fetched, its next offset moves past
+// the markers after them, where the consumer is; not while a data record
+// is left, nor past the end of a replay.
+func TestSkipMarkers(t *testing.T) {
+	for _, tt := range []struct {
+		name              string
+		next, until       int64 // until < 0: no replay
+		dataTo, fetchedTo int64
+		want              int64
+	}{
+		{"markers after the data", 5, -1, 5, 8, 8},
+		{"a data record not taken", 4, -1, 5, 8, 4},
+		{"nothing after the data", 5, -1, 5, 5, 5},
+		{"a replay ending before the markers' end", 5, 6, 5, 8, 5},
+		{"a replay ending after them", 5, 9, 5, 8, 8},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tk := &task{next: map[string]int64{"a": tt.next}, co: map[string]*coInput{"a": {dataTo: tt.dataTo, fetchedTo: tt.fetchedTo}}}
+			if tt.until >= 0 {
+				tk.replayUntil = map[string]int64{"a": tt.until}
+			}
+			tk.skipMarkers("a")
+			if got := tk.next["a"]; got != tt.want {
+				t.Fatalf("next = %d, want %d", got, tt.want)
 			}
 		})
 	}
