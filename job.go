@@ -218,6 +218,13 @@ type Job struct {
 // record: none of the batch is processed, the instance reports not ready
 // (/readyz) and the batch comes again after a backoff. Any other error
 // stops the instance.
+//
+// In a job with Prefetch and EventTime, event-time timers fire after the
+// batch, between polls, not right after the record that moves the
+// watermark past them: a timer's handler changing a key's state inside
+// the batch would change it under what Prefetch computed before it. (So
+// records later than a timer can come before it, as in Flink, whose
+// watermarks come between records now and then.)
 type PrefetchFunc func(ctx PrefetchContext, recs []*Record) error
 
 // PrefetchContext is what a Prefetch gets: the task, the clock and read
@@ -232,6 +239,10 @@ type PrefetchContext interface {
 	Now() time.Time
 	// Store is the task's state; read only.
 	Store() *kstate.Store
+	// CurrentWatermark is the task's event-time watermark before the
+	// batch (Context.CurrentWatermark's): zero until the task has one,
+	// and always for a job that does not declare EventTime.
+	CurrentWatermark() time.Time
 }
 
 // UnavailableError says that the service a Prefetch calls cannot be reached

@@ -644,6 +644,9 @@ func (c batchContext) Context() context.Context { return c.ctx }
 func (c batchContext) Task() int32              { return c.t.p }
 func (c batchContext) Now() time.Time           { return c.now }
 func (c batchContext) Store() *kstate.Store     { return c.t.store }
+func (c batchContext) CurrentWatermark() time.Time {
+	return c.t.watermark()
+}
 
 // processOne processes r, which takeAt took: the epoch's transaction is
 // open and the task's next offset moves past r once the batch is done.
@@ -713,6 +716,13 @@ func (l *loop) processOne(t *task, r *kgo.Record) error {
 	// record registered at or behind the watermark.
 	if in.cfg.Job.EventTime {
 		t.clock.observe(r.Topic, ts, now)
+		if in.cfg.Job.Prefetch != nil {
+			// The batch's answers were computed before it: a timer
+			// firing inside it would change a key's state under an
+			// answer computed before the change. Its timers fire
+			// after the batch, between polls (refreshEventTime).
+			return nil
+		}
 		n, err := l.fireEventTimers(t)
 		if n > 0 {
 			// Timers read the clock afresh; the records after them

@@ -50,7 +50,7 @@ func (o Options) Budget() time.Duration {
 // flight, and leaves each key's outcome in it. It returns a
 // *sluice.UnavailableError, and no outcome counts, if the function could
 // not be reached (or ctx ended: the batch then comes again).
-func (f *fn) run(ctx context.Context, task int32, now time.Time, keys []*keyCall) error {
+func (f *fn) run(ctx context.Context, task int32, at callTime, keys []*keyCall) error {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, f.o.Budget())
 	defer cancel()
@@ -59,7 +59,7 @@ func (f *fn) run(ctx context.Context, task int32, now time.Time, keys []*keyCall
 		down error
 	)
 	each(f.o.Concurrency, pack(keys, f.o.Batch), func(unit []*keyCall) {
-		err := f.runUnit(ctx, task, now, unit)
+		err := f.runUnit(ctx, task, at, unit)
 		if err != nil {
 			mu.Lock()
 			if down == nil {
@@ -120,15 +120,15 @@ func each[T any](n int, items []T, fn func(T)) {
 // runUnit runs one unit of keys; a single key with more events than a call
 // carries goes in chunks, in order, each call given the states the previous
 // one left, and its results merged.
-func (f *fn) runUnit(ctx context.Context, task int32, now time.Time, unit []*keyCall) error {
+func (f *fn) runUnit(ctx context.Context, task int32, at callTime, unit []*keyCall) error {
 	if len(unit) != 1 || len(unit[0].events) <= f.o.Batch {
-		return f.callKeys(ctx, task, now, unit)
+		return f.callKeys(ctx, task, at, unit)
 	}
 	k := unit[0]
 	merged := newMerged(k.states)
 	for chunk := range slices.Chunk(k.events, f.o.Batch) {
 		part := &keyCall{key: k.key, states: merged.current(), events: chunk}
-		if err := f.callKeys(ctx, task, now, []*keyCall{part}); err != nil {
+		if err := f.callKeys(ctx, task, at, []*keyCall{part}); err != nil {
 			return err
 		}
 		if part.err != nil {
@@ -145,11 +145,11 @@ func (f *fn) runUnit(ctx context.Context, task int32, now time.Time, unit []*key
 // retrying with backoff the keys whose call failed or that were answered
 // RETRY. After a failed call each key is retried in a call of its own, so
 // a key the function never answers does not hold back the others.
-func (f *fn) callKeys(ctx context.Context, task int32, now time.Time, ks []*keyCall) error {
+func (f *fn) callKeys(ctx context.Context, task int32, at callTime, ks []*keyCall) error {
 	pending := ks
 	for len(pending) > 0 {
 		var retry []*keyCall
-		resp, err := f.invoke(ctx, task, now, pending)
+		resp, err := f.invoke(ctx, task, at, pending)
 		switch {
 		case err != nil && (unreachable(err) || ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded)):
 			return err
@@ -190,7 +190,7 @@ func (f *fn) callKeys(ctx context.Context, task int32, now time.Time, ks []*keyC
 			var mu sync.Mutex
 			var down error
 			each(f.o.Concurrency, next, func(k *keyCall) {
-				if err := f.callKeys(ctx, task, now, []*keyCall{k}); err != nil {
+				if err := f.callKeys(ctx, task, at, []*keyCall{k}); err != nil {
 					mu.Lock()
 					down = err
 					mu.Unlock()
@@ -203,9 +203,17 @@ func (f *fn) callKeys(ctx context.Context, task int32, now time.Time, ks []*keyC
 	return nil
 }
 
+// callTime is the clocks a call tells the function: processing time, and
+// the task's watermark (zero before it has one).
+type callTime struct{ now, watermark time.Time }
+
 // invoke makes one call.
-func (f *fn) invoke(ctx context.Context, task int32, now time.Time, ks []*keyCall) (*functionv1.InvokeResponse, error) {
-	req := &functionv1.InvokeRequest{Task: task, NowMs: now.UnixMilli(), Keys: make([]*functionv1.KeyEvents, len(ks))}
+func (f *fn) invoke(ctx context.Context, task int32, at callTime, ks []*keyCall) (*functionv1.InvokeResponse, error) {
+	req := &functionv1.InvokeRequest{Task: task, NowMs: at.now.UnixMilli(), Keys: make([]*functionv1.KeyEvents, len(ks))}
+	if f.eventTime && !at.watermark.IsZero() {
+		wm := at.watermark.UnixMilli()
+		req.WatermarkMs = &wm
+	}
 	events := 0
 	for i, k := range ks {
 		req.Keys[i] = &functionv1.KeyEvents{Key: k.key, States: k.states, Events: k.events}
@@ -282,8 +290,13 @@ func (f *fn) check(key []byte, r *functionv1.KeyResult) error {
 		}
 	}
 	for _, t := range r.GetTimers() {
-		if t.GetAtMs() < 0 {
+		switch {
+		case t.GetAtMs() < 0:
 			return fmt.Errorf("the result sets a timer at %d ms, before 1970", t.GetAtMs())
+		case t.GetDomain() == functionv1.TimeDomain_EVENT_TIME && !f.eventTime:
+			return errors.New("the result sets an event-time timer, and the function did not declare event_time")
+		case t.GetDomain() != functionv1.TimeDomain_EVENT_TIME && t.GetDomain() != functionv1.TimeDomain_PROCESSING_TIME:
+			return fmt.Errorf("the result sets a timer of an unknown domain %d", t.GetDomain())
 		}
 	}
 	return nil

@@ -27,6 +27,9 @@ func (e *DescribeError) Error() string {
 type Spec struct {
 	States      []StateSpec
 	SideOutputs []string
+	// EventTime: the function works in event time (the Kafka record
+	// times drive a watermark, and it may set event-time timers).
+	EventTime bool
 }
 
 // StateSpec is one declared state.
@@ -100,5 +103,6 @@ func checkSpec(url string, d *functionv1.DescribeResponse) (Spec, error) {
 		tags[tag] = true
 		s.SideOutputs = append(s.SideOutputs, tag)
 	}
+	s.EventTime = d.GetEventTime()
 	return s, nil
 }

@@ -465,3 +465,37 @@ func TestCloseLetsANewJobTakeTheRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The Python SDK in event time: the call's watermark, an event-time timer
+// set and fired as the watermark passes it.
+func TestPythonEventTime(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
+	}
+	sock := filepath.Join(t.TempDir(), "fn.sock")
+	cmd := exec.Command(py, filepath.Join("testdata", "event_timer.py"))
+	cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	job := newJob(t, function.Options{URL: "unix://" + sock})
+	if !job.EventTime {
+		t.Fatal("the job of a function declaring event_time is not in event time")
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	h.Send([]byte("k"), []byte("v"), t0)
+	h.Settle()
+	h.Send([]byte("x"), []byte("v"), t0.Add(20*time.Second))
+	h.Settle()
+	ms := t0.UnixMilli()
+	want := map[string][]string{
+		"k": {"seen wm=None", fmt.Sprintf("fired %d event=True wm=%d", ms+10000, ms+20000)},
+		"x": {fmt.Sprintf("seen wm=%d", ms)},
+	}
+	if got := valuesByKey(h.Output()); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}

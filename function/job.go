@@ -51,6 +51,11 @@ func New(ctx context.Context, o Options) (sluice.Job, error) {
 		OnTimer:  f.onTimer,
 		Close:    f.close,
 	}
+	if spec.EventTime {
+		// The records' Kafka times: a function in another language
+		// cannot be asked for each record's time before its batch.
+		job.EventTime, job.Timestamp = true, sluice.KafkaTime
+	}
 	for _, st := range spec.States {
 		job.States = append(job.States, st.Name)
 	}
@@ -75,6 +80,8 @@ type fn struct {
 	batches map[int32]map[recordID]*recordPlan
 	idle    func() // closes the client's idle connections
 	closed  atomic.Bool
+	// eventTime: the function declared event_time.
+	eventTime bool
 }
 
 // errClosed is what a closed job answers when run again: its metrics are
@@ -109,7 +116,7 @@ func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec)
 	if err != nil {
 		return nil, err
 	}
-	f := &fn{o: o, client: client, m: m, index: map[string]int{}, tags: map[string]bool{}, batches: map[int32]map[recordID]*recordPlan{}}
+	f := &fn{o: o, client: client, m: m, index: map[string]int{}, tags: map[string]bool{}, batches: map[int32]map[recordID]*recordPlan{}, eventTime: spec.EventTime}
 	for i, st := range spec.States {
 		var opts []kstate.Option
 		if st.TTL > 0 {
@@ -183,7 +190,7 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 		}
 		k.states = states
 	}
-	if err := f.run(pc.Context(), pc.Task(), pc.Now(), keys); err != nil {
+	if err := f.run(pc.Context(), pc.Task(), callTime{pc.Now(), pc.CurrentWatermark()}, keys); err != nil {
 		return err
 	}
 	f.batches[pc.Task()] = plans
@@ -211,20 +218,21 @@ func (f *fn) onTimer(ctx sluice.Context, t sluice.Timer) error {
 	if f.closed.Load() {
 		return sluice.Fatal(errClosed)
 	}
-	if t.Domain != sluice.ProcessingTime {
-		return fmt.Errorf("function: %s timers are not supported", t.Domain)
+	domain := functionv1.TimeDomain_PROCESSING_TIME
+	if t.Domain == sluice.EventTime {
+		domain = functionv1.TimeDomain_EVENT_TIME
 	}
 	states, err := f.readStates(ctx)
 	if err != nil {
 		return err
 	}
-	k := &keyCall{key: t.Key, states: states, events: []*functionv1.Event{{Event: &functionv1.Event_Timer{Timer: &functionv1.Timer{AtMs: t.At.UnixMilli()}}}}}
+	k := &keyCall{key: t.Key, states: states, events: []*functionv1.Event{{Event: &functionv1.Event_Timer{Timer: &functionv1.Timer{AtMs: t.At.UnixMilli(), Domain: domain}}}}}
 	// A timer cannot wait for a later poll like a batch can: while the
 	// function is unreachable it is retried here, and once the budget is
 	// spent the instance stops (and the timer fires again after the
 	// restart, the epoch being aborted).
 	for attempt := 1; ; attempt++ {
-		err := f.run(ctx.Context(), ctx.Task(), ctx.Now(), []*keyCall{k})
+		err := f.run(ctx.Context(), ctx.Task(), callTime{ctx.Now(), ctx.CurrentWatermark()}, []*keyCall{k})
 		if err == nil {
 			break
 		}
@@ -284,9 +292,15 @@ func (f *fn) apply(ctx sluice.Context, r *functionv1.KeyResult) error {
 	}
 	for _, t := range r.GetTimers() {
 		at := time.UnixMilli(t.GetAtMs())
-		if t.GetDelete() {
+		event := t.GetDomain() == functionv1.TimeDomain_EVENT_TIME // checked on arrival
+		switch {
+		case t.GetDelete() && event:
+			ctx.Timers().DeleteEventTime(at)
+		case t.GetDelete():
 			ctx.Timers().DeleteProcessingTime(at)
-		} else {
+		case event:
+			ctx.Timers().RegisterEventTime(at)
+		default:
 			ctx.Timers().RegisterProcessingTime(at)
 		}
 	}

@@ -3,9 +3,12 @@ package function_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,5 +206,145 @@ func TestCallsForOtherKeysRunConcurrently(t *testing.T) {
 	}
 	if dl := h.DeadLetters(); len(dl) != 0 {
 		t.Fatalf("dead letters: %q", values(dl))
+	}
+}
+
+// A function in event time: each call carries the task's watermark, and an
+// event-time timer it sets fires once the watermark passes it (moved by
+// another key's record), over each protocol.
+func TestEventTimeThroughTheFunction(t *testing.T) {
+	url := startGo(t, sdk.Declaration{EventTime: true}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		for _, e := range c.Events {
+			if e.Record == nil {
+				r.Emit(c.Key, fmt.Appendf(nil, "fired %d event=%v wm=%d", e.Timer.UnixMilli(), e.EventTime, c.Watermark.UnixMilli()))
+				continue
+			}
+			r.Emit(c.Key, fmt.Appendf(nil, "seen wm=%d", c.Watermark.UnixMilli()))
+			r.SetEventTimer(time.UnixMilli(e.Record.GetTimestampMs()).Add(10 * time.Second))
+		}
+		return r
+	})
+	for _, p := range []function.Protocol{function.JSON, function.GRPC} {
+		t.Run(string(p), func(t *testing.T) {
+			job := newJob(t, function.Options{URL: url, Protocol: p})
+			if !job.EventTime {
+				t.Fatal("the job of a function declaring event_time is not in event time")
+			}
+			h := sluicetest.New(t, job, sluicetest.Options{})
+			t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+			h.Send([]byte("k"), []byte("v"), t0)
+			h.Settle()
+			h.Send([]byte("x"), []byte("v"), t0.Add(20*time.Second)) // past k's timer
+			h.Settle()
+			ms := t0.UnixMilli()
+			want := map[string][]string{
+				"k": {"seen wm=" + fmt.Sprint(time.Time{}.UnixMilli()), fmt.Sprintf("fired %d event=true wm=%d", ms+10000, ms+20000)},
+				"x": {fmt.Sprintf("seen wm=%d", ms)},
+			}
+			if got := valuesByKey(h.Output()); !maps.EqualFunc(got, want, slices.Equal) {
+				t.Fatalf("outputs %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// A function not declared in event time that sets an event-time timer has
+// its key's records dead-lettered, saying why.
+func TestEventTimerWithoutEventTimeIsRefused(t *testing.T) {
+	url := startGo(t, sdk.Declaration{}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		r.SetEventTimer(c.Now)
+		return r
+	})
+	job := newJob(t, function.Options{URL: url})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("k"), []byte("v"), time.Time{})
+	h.Settle()
+	dl := h.DeadLetters()
+	if len(dl) != 1 || !strings.Contains(header(dl[0], "sluice.error"), "did not declare event_time") {
+		t.Fatalf("dead letters %v, want the record's, naming event_time", dl)
+	}
+}
+
+// An event-time timer the function deletes does not fire.
+func TestEventTimerDeleted(t *testing.T) {
+	url := startGo(t, sdk.Declaration{EventTime: true}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		for _, e := range c.Events {
+			switch {
+			case e.Record == nil:
+				r.Emit(c.Key, []byte("fired"))
+			case string(e.Record.GetValue()) == "cancel": // the timer the record a second before set
+				r.DeleteEventTimer(time.UnixMilli(e.Record.GetTimestampMs()).Add(9 * time.Second))
+			default:
+				r.SetEventTimer(time.UnixMilli(e.Record.GetTimestampMs()).Add(10 * time.Second))
+			}
+		}
+		return r
+	})
+	h := sluicetest.New(t, newJob(t, function.Options{URL: url}), sluicetest.Options{})
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	h.Send([]byte("k"), []byte("v"), t0)
+	h.Settle()
+	h.Send([]byte("k"), []byte("cancel"), t0.Add(time.Second))
+	h.Settle()
+	h.Send([]byte("x"), []byte("cancel"), t0.Add(20*time.Second)) // past k's timer
+	h.Settle()
+	if out := h.Output(); len(out) != 0 {
+		t.Fatalf("outputs %q, want none: the timer was deleted", values(out))
+	}
+}
+
+// A batch's answers are computed before it, so an event-time timer that
+// its records move the watermark past fires after the batch: its handler
+// sees and changes the state the batch left, never one a later answer of
+// the batch overwrites. Each record counts in state and sets a timer a
+// second on; each timer emits the count and clears it: the emitted counts
+// add up to the records, however they are batched. (A timer fired inside
+// the batch counted the records before it twice.)
+func TestEventTimersFireAfterTheBatch(t *testing.T) {
+	url := startGo(t, sdk.Declaration{EventTime: true, States: []sdk.State{{Name: "n"}}}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		n, _ := strconv.Atoi(string(c.States["n"]))
+		for _, e := range c.Events {
+			if e.Record == nil {
+				r.Emit(c.Key, []byte(strconv.Itoa(n)))
+				n = 0
+				continue
+			}
+			n++
+			r.SetEventTimer(time.UnixMilli(e.Record.GetTimestampMs()).Add(time.Second))
+		}
+		if n == 0 {
+			r.Delete("n")
+		} else {
+			r.Set("n", []byte(strconv.Itoa(n)))
+		}
+		return r
+	})
+	h := sluicetest.New(t, newJob(t, function.Options{URL: url}), sluicetest.Options{})
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	h.Send([]byte("k"), []byte("1"), t0) // its timer: t0+1s
+	h.Settle()
+	// One batch: they wait while no instance runs, and the restarted one
+	// polls them together. The first moves the watermark past t0+1s.
+	h.Kill()
+	h.Send([]byte("k"), []byte("2"), t0.Add(2*time.Second))
+	h.Send([]byte("k"), []byte("3"), t0.Add(3*time.Second))
+	h.Restart()
+	h.Settle()
+	h.Send([]byte("x"), []byte("flush"), t0.Add(time.Minute))
+	h.Settle()
+	sum := 0
+	for _, v := range valuesByKey(h.Output())["k"] {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum += n
+	}
+	if sum != 3 {
+		t.Fatalf("the timers emitted counts adding up to %d (%q), want the 3 records", sum, valuesByKey(h.Output())["k"])
 	}
 }

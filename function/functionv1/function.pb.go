@@ -32,6 +32,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// The clock a timer runs on.
+type TimeDomain int32
+
+const (
+	// The processor's processing-time clock (now_ms).
+	TimeDomain_PROCESSING_TIME TimeDomain = 0
+	// The task's watermark; only for a function that declares event_time.
+	TimeDomain_EVENT_TIME TimeDomain = 1
+)
+
+// Enum value maps for TimeDomain.
+var (
+	TimeDomain_name = map[int32]string{
+		0: "PROCESSING_TIME",
+		1: "EVENT_TIME",
+	}
+	TimeDomain_value = map[string]int32{
+		"PROCESSING_TIME": 0,
+		"EVENT_TIME":      1,
+	}
+)
+
+func (x TimeDomain) Enum() *TimeDomain {
+	p := new(TimeDomain)
+	*p = x
+	return p
+}
+
+func (x TimeDomain) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TimeDomain) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_function_v1_function_proto_enumTypes[0].Descriptor()
+}
+
+func (TimeDomain) Type() protoreflect.EnumType {
+	return &file_sluice_function_v1_function_proto_enumTypes[0]
+}
+
+func (x TimeDomain) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TimeDomain.Descriptor instead.
+func (TimeDomain) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{0}
+}
+
 type Status int32
 
 const (
@@ -69,11 +118,11 @@ func (x Status) String() string {
 }
 
 func (Status) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_function_v1_function_proto_enumTypes[0].Descriptor()
+	return file_sluice_function_v1_function_proto_enumTypes[1].Descriptor()
 }
 
 func (Status) Type() protoreflect.EnumType {
-	return &file_sluice_function_v1_function_proto_enumTypes[0]
+	return &file_sluice_function_v1_function_proto_enumTypes[1]
 }
 
 func (x Status) Number() protoreflect.EnumNumber {
@@ -82,7 +131,7 @@ func (x Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Status.Descriptor instead.
 func (Status) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{0}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{1}
 }
 
 type DescribeRequest struct {
@@ -148,7 +197,12 @@ type DescribeResponse struct {
 	States []*StateSpec `protobuf:"bytes,2,rep,name=states,proto3" json:"states,omitempty"`
 	// Side-output tags the function may write to; each must be bound to a
 	// topic in the processor's configuration.
-	SideOutputs   []string `protobuf:"bytes,3,rep,name=side_outputs,json=sideOutputs,proto3" json:"side_outputs,omitempty"`
+	SideOutputs []string `protobuf:"bytes,3,rep,name=side_outputs,json=sideOutputs,proto3" json:"side_outputs,omitempty"`
+	// The function works in event time: each task keeps a watermark from its
+	// records' Kafka timestamps (less the processor's
+	// SLUICE_MAX_OUT_OF_ORDERNESS), sent with every call, and the function
+	// may set event-time timers, which fire as the watermark passes them.
+	EventTime     bool `protobuf:"varint,4,opt,name=event_time,json=eventTime,proto3" json:"event_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,6 +256,13 @@ func (x *DescribeResponse) GetSideOutputs() []string {
 		return x.SideOutputs
 	}
 	return nil
+}
+
+func (x *DescribeResponse) GetEventTime() bool {
+	if x != nil {
+		return x.EventTime
+	}
+	return false
 }
 
 type StateSpec struct {
@@ -266,7 +327,11 @@ type InvokeRequest struct {
 	// The keys, each with its events in partition order. A key appears once.
 	Keys []*KeyEvents `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	// The processor's processing-time clock, unix milliseconds.
-	NowMs         int64 `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	NowMs int64 `protobuf:"varint,3,opt,name=now_ms,json=nowMs,proto3" json:"now_ms,omitempty"`
+	// The task's event-time watermark when the call was made, unix
+	// milliseconds: no record with an earlier timestamp is expected. Absent
+	// before the task has one, and for a function not in event time.
+	WatermarkMs   *int64 `protobuf:"varint,4,opt,name=watermark_ms,json=watermarkMs,proto3,oneof" json:"watermark_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -318,6 +383,13 @@ func (x *InvokeRequest) GetKeys() []*KeyEvents {
 func (x *InvokeRequest) GetNowMs() int64 {
 	if x != nil {
 		return x.NowMs
+	}
+	return 0
+}
+
+func (x *InvokeRequest) GetWatermarkMs() int64 {
+	if x != nil && x.WatermarkMs != nil {
+		return *x.WatermarkMs
 	}
 	return 0
 }
@@ -664,11 +736,12 @@ func (x *Header) GetValue() []byte {
 	return nil
 }
 
-// A processing-time timer of the key that fired.
+// A timer of the key that fired.
 type Timer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The timer's time, unix milliseconds.
-	AtMs          int64 `protobuf:"varint,1,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	AtMs          int64      `protobuf:"varint,1,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	Domain        TimeDomain `protobuf:"varint,2,opt,name=domain,proto3,enum=sluice.function.v1.TimeDomain" json:"domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -708,6 +781,13 @@ func (x *Timer) GetAtMs() int64 {
 		return x.AtMs
 	}
 	return 0
+}
+
+func (x *Timer) GetDomain() TimeDomain {
+	if x != nil {
+		return x.Domain
+	}
+	return TimeDomain_PROCESSING_TIME
 }
 
 type InvokeResponse struct {
@@ -765,7 +845,7 @@ type KeyResult struct {
 	States []*StateMutation `protobuf:"bytes,4,rep,name=states,proto3" json:"states,omitempty"`
 	// Records to produce, in order.
 	Outputs []*Output `protobuf:"bytes,5,rep,name=outputs,proto3" json:"outputs,omitempty"`
-	// Processing-time timers of the key to set or delete.
+	// Timers of the key to set or delete.
 	Timers        []*TimerMutation `protobuf:"bytes,6,rep,name=timers,proto3" json:"timers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -990,7 +1070,9 @@ type TimerMutation struct {
 	// Unix milliseconds.
 	AtMs int64 `protobuf:"varint,1,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
 	// Delete the key's timer at at_ms instead of setting it.
-	Delete        bool `protobuf:"varint,2,opt,name=delete,proto3" json:"delete,omitempty"`
+	Delete bool `protobuf:"varint,2,opt,name=delete,proto3" json:"delete,omitempty"`
+	// EVENT_TIME only for a function that declares event_time.
+	Domain        TimeDomain `protobuf:"varint,3,opt,name=domain,proto3,enum=sluice.function.v1.TimeDomain" json:"domain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1039,6 +1121,13 @@ func (x *TimerMutation) GetDelete() bool {
 	return false
 }
 
+func (x *TimerMutation) GetDomain() TimeDomain {
+	if x != nil {
+		return x.Domain
+	}
+	return TimeDomain_PROCESSING_TIME
+}
+
 var File_sluice_function_v1_function_proto protoreflect.FileDescriptor
 
 const file_sluice_function_v1_function_proto_rawDesc = "" +
@@ -1046,18 +1135,22 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"!sluice/function/v1/function.proto\x12\x12sluice.function.v1\"S\n" +
 	"\x0fDescribeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x15\n" +
-	"\x06app_id\x18\x02 \x01(\tR\x05appId\"\x97\x01\n" +
+	"\x06app_id\x18\x02 \x01(\tR\x05appId\"\xb6\x01\n" +
 	"\x10DescribeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x125\n" +
 	"\x06states\x18\x02 \x03(\v2\x1d.sluice.function.v1.StateSpecR\x06states\x12!\n" +
-	"\fside_outputs\x18\x03 \x03(\tR\vsideOutputs\"6\n" +
+	"\fside_outputs\x18\x03 \x03(\tR\vsideOutputs\x12\x1d\n" +
+	"\n" +
+	"event_time\x18\x04 \x01(\bR\teventTime\"6\n" +
 	"\tStateSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x15\n" +
-	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"m\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"\xa6\x01\n" +
 	"\rInvokeRequest\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\x05R\x04task\x121\n" +
 	"\x04keys\x18\x02 \x03(\v2\x1d.sluice.function.v1.KeyEventsR\x04keys\x12\x15\n" +
-	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\"\x83\x01\n" +
+	"\x06now_ms\x18\x03 \x01(\x03R\x05nowMs\x12&\n" +
+	"\fwatermark_ms\x18\x04 \x01(\x03H\x00R\vwatermarkMs\x88\x01\x01B\x0f\n" +
+	"\r_watermark_ms\"\x83\x01\n" +
 	"\tKeyEvents\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x121\n" +
 	"\x06states\x18\x02 \x03(\v2\x19.sluice.function.v1.StateR\x06states\x121\n" +
@@ -1079,9 +1172,10 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\aheaders\x18\a \x03(\v2\x1a.sluice.function.v1.HeaderR\aheaders\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x1c\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"T\n" +
 	"\x05Timer\x12\x13\n" +
-	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\"I\n" +
+	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x126\n" +
+	"\x06domain\x18\x02 \x01(\x0e2\x1e.sluice.function.v1.TimeDomainR\x06domain\"I\n" +
 	"\x0eInvokeResponse\x127\n" +
 	"\aresults\x18\x01 \x03(\v2\x1d.sluice.function.v1.KeyResultR\aresults\"\x95\x02\n" +
 	"\tKeyResult\x12\x10\n" +
@@ -1101,10 +1195,16 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\aheaders\x18\x03 \x03(\v2\x1a.sluice.function.v1.HeaderR\aheaders\x12\x10\n" +
 	"\x03tag\x18\x04 \x01(\tR\x03tag\x12&\n" +
 	"\ftimestamp_ms\x18\x05 \x01(\x03H\x00R\vtimestampMs\x88\x01\x01B\x0f\n" +
-	"\r_timestamp_ms\"<\n" +
+	"\r_timestamp_ms\"t\n" +
 	"\rTimerMutation\x12\x13\n" +
 	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x12\x16\n" +
-	"\x06delete\x18\x02 \x01(\bR\x06delete*,\n" +
+	"\x06delete\x18\x02 \x01(\bR\x06delete\x126\n" +
+	"\x06domain\x18\x03 \x01(\x0e2\x1e.sluice.function.v1.TimeDomainR\x06domain*1\n" +
+	"\n" +
+	"TimeDomain\x12\x13\n" +
+	"\x0fPROCESSING_TIME\x10\x00\x12\x0e\n" +
+	"\n" +
+	"EVENT_TIME\x10\x01*,\n" +
 	"\x06Status\x12\x06\n" +
 	"\x02OK\x10\x00\x12\t\n" +
 	"\x05RETRY\x10\x01\x12\x0f\n" +
@@ -1125,49 +1225,52 @@ func file_sluice_function_v1_function_proto_rawDescGZIP() []byte {
 	return file_sluice_function_v1_function_proto_rawDescData
 }
 
-var file_sluice_function_v1_function_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_sluice_function_v1_function_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_sluice_function_v1_function_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_sluice_function_v1_function_proto_goTypes = []any{
-	(Status)(0),              // 0: sluice.function.v1.Status
-	(*DescribeRequest)(nil),  // 1: sluice.function.v1.DescribeRequest
-	(*DescribeResponse)(nil), // 2: sluice.function.v1.DescribeResponse
-	(*StateSpec)(nil),        // 3: sluice.function.v1.StateSpec
-	(*InvokeRequest)(nil),    // 4: sluice.function.v1.InvokeRequest
-	(*KeyEvents)(nil),        // 5: sluice.function.v1.KeyEvents
-	(*State)(nil),            // 6: sluice.function.v1.State
-	(*Event)(nil),            // 7: sluice.function.v1.Event
-	(*Record)(nil),           // 8: sluice.function.v1.Record
-	(*Header)(nil),           // 9: sluice.function.v1.Header
-	(*Timer)(nil),            // 10: sluice.function.v1.Timer
-	(*InvokeResponse)(nil),   // 11: sluice.function.v1.InvokeResponse
-	(*KeyResult)(nil),        // 12: sluice.function.v1.KeyResult
-	(*StateMutation)(nil),    // 13: sluice.function.v1.StateMutation
-	(*Output)(nil),           // 14: sluice.function.v1.Output
-	(*TimerMutation)(nil),    // 15: sluice.function.v1.TimerMutation
+	(TimeDomain)(0),          // 0: sluice.function.v1.TimeDomain
+	(Status)(0),              // 1: sluice.function.v1.Status
+	(*DescribeRequest)(nil),  // 2: sluice.function.v1.DescribeRequest
+	(*DescribeResponse)(nil), // 3: sluice.function.v1.DescribeResponse
+	(*StateSpec)(nil),        // 4: sluice.function.v1.StateSpec
+	(*InvokeRequest)(nil),    // 5: sluice.function.v1.InvokeRequest
+	(*KeyEvents)(nil),        // 6: sluice.function.v1.KeyEvents
+	(*State)(nil),            // 7: sluice.function.v1.State
+	(*Event)(nil),            // 8: sluice.function.v1.Event
+	(*Record)(nil),           // 9: sluice.function.v1.Record
+	(*Header)(nil),           // 10: sluice.function.v1.Header
+	(*Timer)(nil),            // 11: sluice.function.v1.Timer
+	(*InvokeResponse)(nil),   // 12: sluice.function.v1.InvokeResponse
+	(*KeyResult)(nil),        // 13: sluice.function.v1.KeyResult
+	(*StateMutation)(nil),    // 14: sluice.function.v1.StateMutation
+	(*Output)(nil),           // 15: sluice.function.v1.Output
+	(*TimerMutation)(nil),    // 16: sluice.function.v1.TimerMutation
 }
 var file_sluice_function_v1_function_proto_depIdxs = []int32{
-	3,  // 0: sluice.function.v1.DescribeResponse.states:type_name -> sluice.function.v1.StateSpec
-	5,  // 1: sluice.function.v1.InvokeRequest.keys:type_name -> sluice.function.v1.KeyEvents
-	6,  // 2: sluice.function.v1.KeyEvents.states:type_name -> sluice.function.v1.State
-	7,  // 3: sluice.function.v1.KeyEvents.events:type_name -> sluice.function.v1.Event
-	8,  // 4: sluice.function.v1.Event.record:type_name -> sluice.function.v1.Record
-	10, // 5: sluice.function.v1.Event.timer:type_name -> sluice.function.v1.Timer
-	9,  // 6: sluice.function.v1.Record.headers:type_name -> sluice.function.v1.Header
-	12, // 7: sluice.function.v1.InvokeResponse.results:type_name -> sluice.function.v1.KeyResult
-	0,  // 8: sluice.function.v1.KeyResult.status:type_name -> sluice.function.v1.Status
-	13, // 9: sluice.function.v1.KeyResult.states:type_name -> sluice.function.v1.StateMutation
-	14, // 10: sluice.function.v1.KeyResult.outputs:type_name -> sluice.function.v1.Output
-	15, // 11: sluice.function.v1.KeyResult.timers:type_name -> sluice.function.v1.TimerMutation
-	9,  // 12: sluice.function.v1.Output.headers:type_name -> sluice.function.v1.Header
-	1,  // 13: sluice.function.v1.FunctionService.Describe:input_type -> sluice.function.v1.DescribeRequest
-	4,  // 14: sluice.function.v1.FunctionService.Invoke:input_type -> sluice.function.v1.InvokeRequest
-	2,  // 15: sluice.function.v1.FunctionService.Describe:output_type -> sluice.function.v1.DescribeResponse
-	11, // 16: sluice.function.v1.FunctionService.Invoke:output_type -> sluice.function.v1.InvokeResponse
-	15, // [15:17] is the sub-list for method output_type
-	13, // [13:15] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	4,  // 0: sluice.function.v1.DescribeResponse.states:type_name -> sluice.function.v1.StateSpec
+	6,  // 1: sluice.function.v1.InvokeRequest.keys:type_name -> sluice.function.v1.KeyEvents
+	7,  // 2: sluice.function.v1.KeyEvents.states:type_name -> sluice.function.v1.State
+	8,  // 3: sluice.function.v1.KeyEvents.events:type_name -> sluice.function.v1.Event
+	9,  // 4: sluice.function.v1.Event.record:type_name -> sluice.function.v1.Record
+	11, // 5: sluice.function.v1.Event.timer:type_name -> sluice.function.v1.Timer
+	10, // 6: sluice.function.v1.Record.headers:type_name -> sluice.function.v1.Header
+	0,  // 7: sluice.function.v1.Timer.domain:type_name -> sluice.function.v1.TimeDomain
+	13, // 8: sluice.function.v1.InvokeResponse.results:type_name -> sluice.function.v1.KeyResult
+	1,  // 9: sluice.function.v1.KeyResult.status:type_name -> sluice.function.v1.Status
+	14, // 10: sluice.function.v1.KeyResult.states:type_name -> sluice.function.v1.StateMutation
+	15, // 11: sluice.function.v1.KeyResult.outputs:type_name -> sluice.function.v1.Output
+	16, // 12: sluice.function.v1.KeyResult.timers:type_name -> sluice.function.v1.TimerMutation
+	10, // 13: sluice.function.v1.Output.headers:type_name -> sluice.function.v1.Header
+	0,  // 14: sluice.function.v1.TimerMutation.domain:type_name -> sluice.function.v1.TimeDomain
+	2,  // 15: sluice.function.v1.FunctionService.Describe:input_type -> sluice.function.v1.DescribeRequest
+	5,  // 16: sluice.function.v1.FunctionService.Invoke:input_type -> sluice.function.v1.InvokeRequest
+	3,  // 17: sluice.function.v1.FunctionService.Describe:output_type -> sluice.function.v1.DescribeResponse
+	12, // 18: sluice.function.v1.FunctionService.Invoke:output_type -> sluice.function.v1.InvokeResponse
+	17, // [17:19] is the sub-list for method output_type
+	15, // [15:17] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_sluice_function_v1_function_proto_init() }
@@ -1175,6 +1278,7 @@ func file_sluice_function_v1_function_proto_init() {
 	if File_sluice_function_v1_function_proto != nil {
 		return
 	}
+	file_sluice_function_v1_function_proto_msgTypes[3].OneofWrappers = []any{}
 	file_sluice_function_v1_function_proto_msgTypes[6].OneofWrappers = []any{
 		(*Event_Record)(nil),
 		(*Event_Timer)(nil),
@@ -1185,7 +1289,7 @@ func file_sluice_function_v1_function_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_function_v1_function_proto_rawDesc), len(file_sluice_function_v1_function_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,

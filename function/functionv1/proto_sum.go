@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "7571065c9c0ac27eb73473f035bf08fb5e765c9cafce2e6f5326102bb48ede07"
+const ProtoSHA256 = "69455c6c54cf0feb81bf10c555594decfe87bf499d5e98e650d3fbe2f4c1ec42"

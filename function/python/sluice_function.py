@@ -41,13 +41,16 @@ class State:
 
 
 class Event:
-    """A record (timer_at_ms is None) or a fired processing-time timer."""
+    """A record (timer_at_ms is None) or a fired timer (is_event_timer says
+    its domain: event time, or processing time)."""
 
     def __init__(self, d):
         r = d.get("record")
-        self.timer_at_ms = None
+        self.timer_at_ms, self.is_event_timer = None, False
         if r is None:
-            self.timer_at_ms = int(d.get("timer", {}).get("atMs", 0))
+            t = d.get("timer", {})
+            self.timer_at_ms = int(t.get("atMs", 0))
+            self.is_event_timer = t.get("domain") in ("EVENT_TIME", 1)
             r = {}
         self.topic = r.get("topic", "")
         self.partition = int(r.get("partition", 0))
@@ -64,13 +67,15 @@ class Event:
 
 class Call:
     """One key's events: key, states (name -> bytes, unset ones absent),
-    events (oldest first), task and now_ms (the processor's clock)."""
+    events (oldest first), task, now_ms (the processor's clock) and, for a
+    function in event time, watermark_ms (the task's watermark; None
+    before it has one)."""
 
-    def __init__(self, d, task, now_ms):
+    def __init__(self, d, task, now_ms, watermark_ms=None):
         self.key = _b(d.get("key"))
         self.states = {s["name"]: _b(s.get("value")) for s in d.get("states", [])}
         self.events = [Event(e) for e in d.get("events", [])]
-        self.task, self.now_ms = task, now_ms
+        self.task, self.now_ms, self.watermark_ms = task, now_ms, watermark_ms
 
 
 class Result:
@@ -95,10 +100,19 @@ class Result:
         self._outputs.append((key, value, list(headers), tag, timestamp_ms))
 
     def set_timer(self, at_ms):
-        self._timers.append((int(at_ms), False))
+        """Set a processing-time timer of the key."""
+        self._timers.append((int(at_ms), False, False))
 
     def delete_timer(self, at_ms):
-        self._timers.append((int(at_ms), True))
+        self._timers.append((int(at_ms), True, False))
+
+    def set_event_timer(self, at_ms):
+        """Set an event-time timer of the key (a function in event time):
+        it fires once the task's watermark reaches at_ms."""
+        self._timers.append((int(at_ms), False, True))
+
+    def delete_event_timer(self, at_ms):
+        self._timers.append((int(at_ms), True, True))
 
     def retry(self, reason=""):
         self.status, self.reason = "RETRY", reason
@@ -123,7 +137,8 @@ class Result:
             if ts is not None:
                 o["timestampMs"] = str(int(ts))
             out["outputs"].append(o)
-        out["timers"] = [{"atMs": str(at), "delete": d} for at, d in self._timers]
+        out["timers"] = [{"atMs": str(at), "delete": d, "domain": "EVENT_TIME" if ev else "PROCESSING_TIME"}
+                         for at, d, ev in self._timers]
         return out
 
 
@@ -137,10 +152,11 @@ def _e(b):
     return base64.b64encode(b or b"").decode("ascii")
 
 
-def _handler(fn, states, side_outputs):
+def _handler(fn, states, side_outputs, event_time=False):
     describe = {"protocolVersion": PROTOCOL_VERSION,
                 "states": [{"name": s.name, "ttlMs": str(s.ttl_ms)} for s in states],
-                "sideOutputs": list(side_outputs)}
+                "sideOutputs": list(side_outputs),
+                "eventTime": bool(event_time)}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: one connection per caller
@@ -157,9 +173,11 @@ def _handler(fn, states, side_outputs):
             try:
                 req = json.loads(body or b"{}")
                 task, now = int(req.get("task", 0)), int(req.get("nowMs", 0))
+                wm = req.get("watermarkMs")
+                wm = int(wm) if wm is not None else None
                 results = []
                 for k in req.get("keys", []):
-                    call = Call(k, task, now)
+                    call = Call(k, task, now, wm)
                     results.append(fn(call).to_json(call.key))
             except Exception as e:  # the processor retries, then dead-letters
                 return self._reply(500, {"code": "internal", "message": repr(e)})
@@ -184,11 +202,12 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         return conn, ("unix", 0)  # http.server wants a (host, port)
 
 
-def serve(fn, states=(), side_outputs=(), address=None):
+def serve(fn, states=(), side_outputs=(), address=None, event_time=False):
     """Serve fn until the process ends. address defaults to
-    $FUNCTION_LISTEN, then 127.0.0.1:8080."""
+    $FUNCTION_LISTEN, then 127.0.0.1:8080. event_time=True declares the
+    function in event time (watermarks in calls, event-time timers)."""
     address = address or os.environ.get("FUNCTION_LISTEN", "127.0.0.1:8080")
-    handler = _handler(fn, states, side_outputs)
+    handler = _handler(fn, states, side_outputs, event_time)
     if address.startswith("unix:"):
         path = address[len("unix:"):]
         if os.path.exists(path):

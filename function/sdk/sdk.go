@@ -24,22 +24,30 @@ type State struct {
 type Declaration struct {
 	States      []State
 	SideOutputs []string
+	// EventTime: the function works in event time. Each call carries the
+	// task's watermark (Call.Watermark), and the function may set
+	// event-time timers (Result.SetEventTimer).
+	EventTime bool
 }
 
 // Call is one key's events with its current states (unset states absent).
 type Call struct {
-	Task   int32
-	Now    time.Time // the processor's processing-time clock
-	Key    []byte
-	States map[string][]byte
-	Events []Event
+	Task int32
+	Now  time.Time // the processor's processing-time clock
+	// Watermark is the task's event-time watermark when the call was made,
+	// for a function in event time; zero before the task has one.
+	Watermark time.Time
+	Key       []byte
+	States    map[string][]byte
+	Events    []Event
 }
 
-// Event is a record, or a processing-time timer of the key that fired
-// (Record nil, Timer set).
+// Event is a record, or a timer of the key that fired (Record nil, Timer
+// set; EventTime says its domain).
 type Event struct {
-	Record *functionv1.Record
-	Timer  time.Time
+	Record    *functionv1.Record
+	Timer     time.Time
+	EventTime bool // the timer is an event-time timer
 }
 
 // Func handles one key. It must be a pure function of the call: the same
@@ -84,9 +92,20 @@ func (r *Result) SetTimer(at time.Time) {
 	r.r.Timers = append(r.r.Timers, &functionv1.TimerMutation{AtMs: at.UnixMilli()})
 }
 
-// DeleteTimer deletes the key's timer at at.
+// DeleteTimer deletes the key's processing-time timer at at.
 func (r *Result) DeleteTimer(at time.Time) {
 	r.r.Timers = append(r.r.Timers, &functionv1.TimerMutation{AtMs: at.UnixMilli(), Delete: true})
+}
+
+// SetEventTimer sets an event-time timer of the key: it fires once the
+// task's watermark reaches at. Only for a function declared in event time.
+func (r *Result) SetEventTimer(at time.Time) {
+	r.r.Timers = append(r.r.Timers, &functionv1.TimerMutation{AtMs: at.UnixMilli(), Domain: functionv1.TimeDomain_EVENT_TIME})
+}
+
+// DeleteEventTimer deletes the key's event-time timer at at.
+func (r *Result) DeleteEventTimer(at time.Time) {
+	r.r.Timers = append(r.r.Timers, &functionv1.TimerMutation{AtMs: at.UnixMilli(), Delete: true, Domain: functionv1.TimeDomain_EVENT_TIME})
 }
 
 // Retry asks for the key's events again (within the processor's budget).
@@ -114,7 +133,7 @@ type service struct {
 }
 
 func (s *service) Describe(context.Context, *connect.Request[functionv1.DescribeRequest]) (*connect.Response[functionv1.DescribeResponse], error) {
-	resp := &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: s.d.SideOutputs}
+	resp := &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: s.d.SideOutputs, EventTime: s.d.EventTime}
 	for _, st := range s.d.States {
 		resp.States = append(resp.States, &functionv1.StateSpec{Name: st.Name, TtlMs: st.TTL.Milliseconds()})
 	}
@@ -126,12 +145,15 @@ func (s *service) Invoke(ctx context.Context, req *connect.Request[functionv1.In
 	out := &functionv1.InvokeResponse{Results: make([]*functionv1.KeyResult, 0, len(in.GetKeys()))}
 	for _, k := range in.GetKeys() {
 		c := &Call{Task: in.GetTask(), Now: time.UnixMilli(in.GetNowMs()), Key: k.GetKey(), States: make(map[string][]byte, len(k.GetStates())), Events: make([]Event, len(k.GetEvents()))}
+		if in.WatermarkMs != nil {
+			c.Watermark = time.UnixMilli(in.GetWatermarkMs())
+		}
 		for _, st := range k.GetStates() {
 			c.States[st.GetName()] = st.GetValue()
 		}
 		for i, e := range k.GetEvents() {
 			if t := e.GetTimer(); t != nil {
-				c.Events[i] = Event{Timer: time.UnixMilli(t.GetAtMs())}
+				c.Events[i] = Event{Timer: time.UnixMilli(t.GetAtMs()), EventTime: t.GetDomain() == functionv1.TimeDomain_EVENT_TIME}
 			} else {
 				c.Events[i] = Event{Record: e.GetRecord()}
 			}
