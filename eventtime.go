@@ -16,7 +16,9 @@ const noTime = math.MinInt64
 // The watermark is monotonic. It is part of the epoch like state: the open
 // epoch moves it, a commit keeps it (in the marker and the task's meta), an
 // abort rewinds it with the input, so a replayed record sees the watermark
-// it saw the first time and late records are judged the same way.
+// it saw the first time and late records are judged the same way (a job
+// with Prefetch sees the watermark before its batch, and its timers fire
+// after the batch: both follow where polls end).
 //
 // A task reads partition p of every input topic. A topic that has had no
 // record for idle (when idle > 0) stops holding the watermark back, as

@@ -325,6 +325,11 @@ func (l *loop) pollWait() time.Duration {
 	if l.in.woken.Swap(false) {
 		return 0
 	}
+	for _, t := range l.tasks {
+		if t.eventTimersDue() {
+			return 0 // left by the bound on a burst (refreshEventTime)
+		}
+	}
 	wall := time.Now()
 	d := l.byDue(max(l.in.cfg.Checkpoint.Interval/2, 5*time.Millisecond), wall)
 	if l.in.cfg.Clock != nil {

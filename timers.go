@@ -24,7 +24,10 @@ import (
 //     never existed.
 //   - Event-time timers fire after the record that moved the watermark past
 //     them, before the next record, all of them: the order of records and
-//     timers is then the same on every replay. Processing-time timers fire
+//     timers is then the same on every replay. A job with Prefetch is the
+//     exception: its batch was computed before it, so its event-time timers
+//     fire after the batch, between polls (refreshEventTime), at most
+//     Options.MaxPollRecords an iteration. Processing-time timers fire
 //     between polls, at most Options.MaxPollRecords per iteration, so a burst
 //     of them does not starve the input.
 //   - Nothing is scanned while no timer is due: each task keeps the
@@ -115,6 +118,12 @@ func (t *task) noteRegistered() {
 	}
 }
 
+// eventTimersDue reports whether the watermark passed an event-time timer
+// of the task that has not fired yet.
+func (t *task) eventTimersDue() bool {
+	return t.clock != nil && t.clock.wm != noTime && t.clock.wm >= t.timers.next[kstate.EventTime]
+}
+
 // fireEventTimers fires the task's event-time timers the watermark passed.
 func (l *loop) fireEventTimers(t *task) (int, error) {
 	wm := t.clock.wm
@@ -196,6 +205,15 @@ func (l *loop) refreshEventTime() (bool, error) {
 	}
 	now := l.in.clock.Now()
 	fired := false
+	// A job with Prefetch fires its event-time timers here, after its
+	// batches (processOne): at most a poll's worth an iteration across
+	// tasks, as processing-time timers, so that a burst (a window closing
+	// for many keys, a call each for the function job) leaves the loop
+	// to end its epoch between; pollWait does not wait while some are due.
+	budget := 0 // no bound
+	if l.in.cfg.Job.Prefetch != nil {
+		budget = l.in.cfg.MaxPollRecords
+	}
 	for _, t := range l.tasks {
 		// The watermark may move for idle inputs; and a processing-time
 		// timer's handler may have registered an event-time timer the
@@ -204,10 +222,15 @@ func (l *loop) refreshEventTime() (bool, error) {
 			t.clock.advance(now)
 		}
 		if t.clock.wm != noTime && t.clock.wm >= t.timers.next[kstate.EventTime] {
-			n, err := l.fireEventTimers(t)
+			n, err := l.fireDue(t, kstate.EventTime, t.clock.wm, budget)
 			fired = fired || n > 0
 			if err != nil {
 				return fired, err
+			}
+			if budget > 0 {
+				if budget -= n; budget <= 0 {
+					break
+				}
 			}
 		}
 	}

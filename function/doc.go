@@ -18,8 +18,9 @@
 // left). Process then applies each key's answer at the key's last record of
 // the batch (state writes, outputs, timers), so it commits with the epoch
 // exactly like an in-process job's effects; the key's earlier records do
-// nothing. Timers are processing time only: they fire between polls, and
-// OnTimer makes one call for the timer's key.
+// nothing. Timers, processing-time and (for a function that declares
+// event_time) event-time ones, fire between polls, never inside a batch,
+// and OnTimer makes one call for the timer's key.
 //
 // Failures: a function that cannot be reached makes the batch wait (see
 // sluice.UnavailableError); a call that times out or fails, or a key

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/examples/function-go/aggregate"
 	"github.com/sluicehq/sluice/function"
 	"github.com/sluicehq/sluice/function/sdk"
@@ -286,13 +287,14 @@ func TestEventTimerDeleted(t *testing.T) {
 	h := sluicetest.New(t, newJob(t, function.Options{URL: url}), sluicetest.Options{})
 	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	h.Send([]byte("k"), []byte("v"), t0)
+	h.Send([]byte("kept"), []byte("v"), t0) // its timer is not deleted
 	h.Settle()
 	h.Send([]byte("k"), []byte("cancel"), t0.Add(time.Second))
 	h.Settle()
-	h.Send([]byte("x"), []byte("cancel"), t0.Add(20*time.Second)) // past k's timer
+	h.Send([]byte("x"), []byte("cancel"), t0.Add(20*time.Second)) // past both timers
 	h.Settle()
-	if out := h.Output(); len(out) != 0 {
-		t.Fatalf("outputs %q, want none: the timer was deleted", values(out))
+	if got, want := valuesByKey(h.Output()), map[string][]string{"kept": {"fired"}}; !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("outputs %q, want %q: k's timer was deleted", got, want)
 	}
 }
 
@@ -304,8 +306,15 @@ func TestEventTimerDeleted(t *testing.T) {
 // add up to the records, however they are batched. (A timer fired inside
 // the batch counted the records before it twice.)
 func TestEventTimersFireAfterTheBatch(t *testing.T) {
+	var mu sync.Mutex
+	most := 0 // the most records of k in one call
 	url := startGo(t, sdk.Declaration{EventTime: true, States: []sdk.State{{Name: "n"}}}, func(_ context.Context, c *sdk.Call) *sdk.Result {
 		r := &sdk.Result{}
+		mu.Lock()
+		if string(c.Key) == "k" {
+			most = max(most, len(c.Events))
+		}
+		mu.Unlock()
 		n, _ := strconv.Atoi(string(c.States["n"]))
 		for _, e := range c.Events {
 			if e.Record == nil {
@@ -346,5 +355,41 @@ func TestEventTimersFireAfterTheBatch(t *testing.T) {
 	}
 	if sum != 3 {
 		t.Fatalf("the timers emitted counts adding up to %d (%q), want the 3 records", sum, valuesByKey(h.Output())["k"])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != 2 {
+		t.Fatalf("at most %d of k's records in a call, want 2: the test needs records 2 and 3 in one batch", most)
+	}
+}
+
+// A burst of due event-time timers fires a poll's worth (MaxPollRecords)
+// an iteration, a call each, and all of them fire.
+func TestEventTimerBurstIsBounded(t *testing.T) {
+	url := startGo(t, sdk.Declaration{EventTime: true}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		for _, e := range c.Events {
+			if e.Record == nil {
+				r.Emit(c.Key, []byte("fired"))
+				continue
+			}
+			r.SetEventTimer(time.UnixMilli(e.Record.GetTimestampMs()).Add(time.Second))
+		}
+		return r
+	})
+	h := sluicetest.New(t, newJob(t, function.Options{URL: url}), sluicetest.Options{
+		Configure: func(o *sluice.Options) { o.MaxPollRecords = 2 }})
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 7 {
+		h.Send(fmt.Appendf(nil, "k%d", i), []byte("v"), t0)
+	}
+	h.Settle()
+	h.Send([]byte("flush"), []byte("v"), t0.Add(time.Minute))
+	h.Settle()
+	got := valuesByKey(h.Output())
+	for i := range 7 {
+		if k := fmt.Sprintf("k%d", i); !slices.Equal(got[k], []string{"fired"}) {
+			t.Fatalf("%s: outputs %q, want its timer's", k, got[k])
+		}
 	}
 }

@@ -381,7 +381,8 @@ func (h *Harness) Advance(d time.Duration) {
 // timer due are readable with Output, SideOutput and DeadLetters.
 //
 // An event-time timer is due once the watermark reaches it; one a record
-// registers at or behind the watermark fires right after that record.
+// registers at or behind the watermark fires right after that record (for
+// a job with Prefetch, such as the function job, after its batch).
 func (h *Harness) Settle() {
 	h.t.Helper()
 	if h.cur == nil {
