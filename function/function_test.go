@@ -480,22 +480,9 @@ func TestPythonEventTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	job := newJob(t, function.Options{URL: "unix://" + sock})
-	if !job.EventTime {
-		t.Fatal("the job of a function declaring event_time is not in event time")
-	}
-	h := sluicetest.New(t, job, sluicetest.Options{})
-	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
-	h.Send([]byte("k"), []byte("v"), t0)
-	h.Settle()
-	h.Send([]byte("x"), []byte("v"), t0.Add(20*time.Second))
-	h.Settle()
-	ms := t0.UnixMilli()
-	want := map[string][]string{
+	ms := eventTimeT0.UnixMilli()
+	runEventTime(t, newJob(t, function.Options{URL: "unix://" + sock}), map[string][]string{
 		"k": {"seen wm=None", fmt.Sprintf("fired %d event=True wm=%d", ms+10000, ms+20000)},
 		"x": {fmt.Sprintf("seen wm=%d", ms)},
-	}
-	if got := valuesByKey(h.Output()); !maps.EqualFunc(got, want, slices.Equal) {
-		t.Fatalf("outputs %q, want %q", got, want)
-	}
+	})
 }

@@ -228,25 +228,33 @@ func TestEventTimeThroughTheFunction(t *testing.T) {
 	})
 	for _, p := range []function.Protocol{function.JSON, function.GRPC} {
 		t.Run(string(p), func(t *testing.T) {
-			job := newJob(t, function.Options{URL: url, Protocol: p})
-			if !job.EventTime {
-				t.Fatal("the job of a function declaring event_time is not in event time")
-			}
-			h := sluicetest.New(t, job, sluicetest.Options{})
-			t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
-			h.Send([]byte("k"), []byte("v"), t0)
-			h.Settle()
-			h.Send([]byte("x"), []byte("v"), t0.Add(20*time.Second)) // past k's timer
-			h.Settle()
-			ms := t0.UnixMilli()
-			want := map[string][]string{
+			ms := eventTimeT0.UnixMilli()
+			runEventTime(t, newJob(t, function.Options{URL: url, Protocol: p}), map[string][]string{
 				"k": {"seen wm=" + fmt.Sprint(time.Time{}.UnixMilli()), fmt.Sprintf("fired %d event=true wm=%d", ms+10000, ms+20000)},
 				"x": {fmt.Sprintf("seen wm=%d", ms)},
-			}
-			if got := valuesByKey(h.Output()); !maps.EqualFunc(got, want, slices.Equal) {
-				t.Fatalf("outputs %q, want %q", got, want)
-			}
+			})
 		})
+	}
+}
+
+// eventTimeT0 is runEventTime's first record's time.
+var eventTimeT0 = time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+
+// runEventTime runs job, a function in event time, on a record of key k
+// at eventTimeT0 and then one of key x 20 s later, each settled, and
+// checks its outputs by key.
+func runEventTime(t *testing.T, job sluice.Job, want map[string][]string) {
+	t.Helper()
+	if !job.EventTime {
+		t.Fatal("the job of a function declaring event_time is not in event time")
+	}
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("k"), []byte("v"), eventTimeT0)
+	h.Settle()
+	h.Send([]byte("x"), []byte("v"), eventTimeT0.Add(20*time.Second)) // past k's timer
+	h.Settle()
+	if got := valuesByKey(h.Output()); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("outputs %q, want %q", got, want)
 	}
 }
 

@@ -596,12 +596,7 @@ func TestOuterIntervalJoinPastItsCleanup(t *testing.T) {
 	h.SendTo("left", []byte("z"), []byte("flush"), at(5000))
 	h.SendTo("right", []byte("z"), []byte("flush"), at(5000))
 	h.Settle()
-	var got []string
-	for _, s := range joinedAt(h.Output()) {
-		if strings.HasPrefix(s, "k:") {
-			got = append(got, s)
-		}
-	}
+	got := outputsOf(h, "k")
 	if want := []string{"k:L|R2@1050", "k:R1|-@1005"}; !slices.Equal(got, want) {
 		t.Fatalf("outputs %q, want %q", got, want)
 	}
@@ -641,12 +636,7 @@ func TestOuterIntervalJoinBoundsChanged(t *testing.T) {
 		h.SendTo("right", []byte("x"), []byte("X"), at(ms))
 		h.Settle()
 	}
-	var got []string
-	for _, s := range joinedAt(h.Output()) {
-		if strings.HasPrefix(s, "k:") {
-			got = append(got, s)
-		}
-	}
+	got := outputsOf(h, "k")
 	if want := []string{"k:L|-@1000"}; !slices.Equal(got, want) {
 		t.Fatalf("outputs %q, want %q", got, want)
 	}
@@ -683,13 +673,7 @@ func TestOuterIntervalJoinTimingAndFailedPairs(t *testing.T) {
 		h.SendTo("left", []byte("x"), []byte("X"), at(ms))
 		h.SendTo("right", []byte("x"), []byte("X"), at(ms))
 		h.Settle()
-		var got []string
-		for _, s := range joinedAt(h.Output()) {
-			if strings.HasPrefix(s, "k:") {
-				got = append(got, s)
-			}
-		}
-		return got
+		return outputsOf(h, "k")
 	}
 	if got := moveTo(1050); len(got) != 0 {
 		t.Fatalf("outputs %q with the watermark at L's cleanup time, want none yet", got)
@@ -729,4 +713,15 @@ func TestOuterIntervalJoinStates(t *testing.T) {
 			t.Errorf("left %v right %v: states %v, want %v", tc.left, tc.right, job.States, tc.want)
 		}
 	}
+}
+
+// outputsOf is joinedAt of the outputs of key.
+func outputsOf(h *sluicetest.Harness, key string) []string {
+	var got []string
+	for _, s := range joinedAt(h.Output()) {
+		if strings.HasPrefix(s, key+":") {
+			got = append(got, s)
+		}
+	}
+	return got
 }
