@@ -14,8 +14,8 @@ import (
 
 // Permanent produce failures. An output the broker or the client will never
 // accept (larger than max.message.bytes, a timestamp out of the topic's
-// bounds, a record the topic refuses) would
-// abort its epoch on every replay, and nothing after it would ever commit.
+// bounds, a record the topic refuses) would abort its epoch on every
+// replay, and nothing after it would ever commit.
 // Such an input is a poison record: it goes to the dead-letter topic
 // (stage "emit", the produce error in the headers), its state writes and
 // other outputs are dropped, and the epoch is replayed without it.

@@ -14,8 +14,9 @@ import "time"
 // and Flink. WithTimestamp is for an output that stands for something
 // else: a window's result stamped with the window's last millisecond
 // (package window does so), a join's pair with the later of its two times
-// (package join). A time before 1970, which Kafka cannot carry, stamps
-// the output with the processing time instead (docs/time.md).
+// (package join). A time before 1970, which Kafka cannot carry, or after
+// 2262, which franz-go cannot encode, stamps the output with the processing
+// time instead; Forward keeps one before 1970 (docs/time.md).
 //
 // ctx should be the Context the engine passed to the job, or one
 // WithTimestamp returned; any other only has its Timestamp changed.
