@@ -23,5 +23,5 @@
 //	})
 //	opts.InputTopics = []string{"orders", "payments"}
 //
-// See docs/topology.md, "Joins".
+// See docs/joins.md.
 package join
