@@ -427,21 +427,30 @@ func TestIntervalJoinKeepsWhatCanStillJoin(t *testing.T) {
 	}
 }
 
-// sendWithAKill sends es, the first 150 settled, then 150 more before the
-// instance is killed (what it had not committed is processed again) and
-// restarted, then the rest.
+// sendWithAKill sends es, as sendKilled does: the first 150, then 150
+// more, then the rest.
 func sendWithAKill(h *sluicetest.Harness, es []event) {
-	send := func(es []event) {
-		for _, e := range es {
-			h.SendTo(e.topic, []byte(e.key), []byte(e.value), at(e.ts))
+	sendKilled(h, len(es), 150, 300, func(i int) {
+		e := es[i]
+		h.SendTo(e.topic, []byte(e.key), []byte(e.value), at(e.ts))
+	})
+}
+
+// sendKilled sends records 0 to n-1 with send: those before settled are
+// settled, then those up to killed are sent before the instance is killed
+// (what it had not committed is processed again) and restarted, then the
+// rest.
+func sendKilled(h *sluicetest.Harness, n, settled, killed int, send func(i int)) {
+	for i := range n {
+		switch i {
+		case settled:
+			h.Settle()
+		case killed:
+			h.Kill()
+			h.Restart()
 		}
+		send(i)
 	}
-	send(es[:150])
-	h.Settle()
-	send(es[150:300])
-	h.Kill()
-	h.Restart()
-	send(es[300:])
 }
 
 // events is the model tests' stream: n records of five keys on either

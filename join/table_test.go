@@ -90,17 +90,9 @@ func TestTableJoinMatchesModel(t *testing.T) {
 			slices.Sort(want)
 
 			h := sluicetest.New(t, enrich(t), tableOptions(backend))
-			send := func(from, to int) {
-				for i := from; i < to; i++ {
-					h.SendTo(recs[i].topic, []byte(recs[i].key), recs[i].value, at(int64(i)))
-				}
-			}
-			send(0, 100)
-			h.Settle()
-			send(100, 200)
-			h.Kill()
-			h.Restart()
-			send(200, len(recs))
+			sendKilled(h, len(recs), 100, 200, func(i int) {
+				h.SendTo(recs[i].topic, []byte(recs[i].key), recs[i].value, at(int64(i)))
+			})
 			h.Settle()
 			if got := joinedAt(h.Output()); !slices.Equal(got, want) {
 				t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))

@@ -124,17 +124,9 @@ func TestTableTableJoinMatchesModel(t *testing.T) {
 					t.Fatalf("the model has %d outputs: too few to test anything", n)
 				}
 				h := sluicetest.New(t, tablesJob(t, kind.leftOuter, kind.rightOuter), tableOptions(backend, "a", "b"))
-				send := func(from, to int) {
-					for i := from; i < to; i++ {
-						h.SendTo(recs[i].topic, []byte(recs[i].key), recs[i].value, at(int64(i)))
-					}
-				}
-				send(0, 100)
-				h.Settle()
-				send(100, 200)
-				h.Kill()
-				h.Restart()
-				send(200, len(recs))
+				sendKilled(h, len(recs), 100, 200, func(i int) {
+					h.SendTo(recs[i].topic, []byte(recs[i].key), recs[i].value, at(int64(i)))
+				})
 				h.Settle()
 				if got := byKey(h.Output()); !maps.EqualFunc(got, want, func(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }) {
 					for k := range want {
