@@ -94,24 +94,20 @@ func (ci *coInput) noteFetched(recs []*kgo.Record) []*kgo.Record {
 		return recs
 	}
 	ci.fetchedTo = max(ci.fetchedTo, recs[len(recs)-1].Offset+1)
-	data := recs[:0]
-	for _, r := range recs {
-		if r.Attrs.IsControl() {
-			continue
-		}
-		data = append(data, r)
-	}
+	data := slices.DeleteFunc(recs, func(r *kgo.Record) bool { return r.Attrs.IsControl() })
 	if len(data) > 0 {
 		ci.dataTo = max(ci.dataTo, data[len(data)-1].Offset+1)
 	}
-	clear(recs[len(data):])
 	return data
 }
 
-// dropControl drops the control records of a fetch of a partition no task
-// runs, in place.
-func dropControl(recs []*kgo.Record) []*kgo.Record {
-	return slices.DeleteFunc(recs, func(r *kgo.Record) bool { return r.Attrs.IsControl() })
+// at is where a task whose next offset is next stands in the topic: there,
+// or, once it took every data record fetched, where the fetches went.
+func (ci *coInput) at(next int64) int64 {
+	if next >= ci.dataTo {
+		return max(next, ci.fetchedTo)
+	}
+	return next
 }
 
 // learnEnds sets the known high-water marks of tasks just installed, with
@@ -157,10 +153,7 @@ func (t *task) behind(topic string) bool {
 	if !ok {
 		next = t.committed[topic] // 0 when none: from the start
 	}
-	if next >= ci.dataTo {
-		next = max(next, ci.fetchedTo)
-	}
-	return next < ci.hwm
+	return ci.at(next) < ci.hwm
 }
 
 // merged returns the records of a poll for task t in the order the task
@@ -235,12 +228,10 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			return
 		}
 		fetchedTo := ftp.Records[len(ftp.Records)-1].Offset + 1 // markers included
-		if ci := t.co[ftp.Topic]; ci != nil {
-			ci.hwm = max(ci.hwm, ftp.HighWatermark)
-			ftp.Records = ci.noteFetched(ftp.Records)
-		} else {
-			ftp.Records = dropControl(ftp.Records)
-		}
+		// learnEnds gave the task one for each input.
+		ci := t.co[ftp.Topic]
+		ci.hwm = max(ci.hwm, ftp.HighWatermark)
+		ftp.Records = ci.noteFetched(ftp.Records)
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-fetchedTo)))
 		if len(ftp.Records) == 0 {
 			t.skipMarkers(ftp.Topic) // markers only
@@ -311,11 +302,11 @@ func (t *task) skipMarkers(topic string) {
 		return
 	}
 	next, ok := t.next[topic]
-	if !ok || next < ci.dataTo || ci.fetchedTo <= next {
+	if !ok {
 		return
 	}
 	if until, ok := t.replayUntil[topic]; ok && ci.fetchedTo > until {
 		return
 	}
-	t.next[topic] = ci.fetchedTo
+	t.next[topic] = ci.at(next)
 }

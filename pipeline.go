@@ -265,9 +265,10 @@ func Forward(ctx Context, key, value []byte, headers ...Header) error {
 	r := c.t.record(false)
 	r.Topic, r.Key, r.Value, r.Headers, r.Timestamp = c.in.cfg.forwardTopic, key, value, kgoHeaders(headers), ts
 	if ts.UnixMilli() > maxStampMs {
-		// Unlike an output's, a time before 1970 is kept: the next
-		// stage reads it back as the record's event time.
-		r.Timestamp = c.stamp(ts)
+		// Not encodable (see stamp). Unlike an output's, a time before
+		// 1970 is kept: the next stage reads it back as the record's
+		// event time.
+		r.Timestamp = c.wall
 	}
 	c.out = append(c.out, r)
 	return nil

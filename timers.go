@@ -126,11 +126,10 @@ func (t *task) eventTimersDue() bool {
 
 // fireEventTimers fires the task's event-time timers the watermark passed.
 func (l *loop) fireEventTimers(t *task) (int, error) {
-	wm := t.clock.wm
-	if wm == noTime || wm < t.timers.next[kstate.EventTime] {
+	if !t.eventTimersDue() {
 		return 0, nil
 	}
-	return l.fireDue(t, kstate.EventTime, wm, 0)
+	return l.fireDue(t, kstate.EventTime, t.clock.wm, 0)
 }
 
 // fireProcessingTimers fires due processing-time timers across tasks, at
@@ -210,7 +209,7 @@ func (l *loop) refreshEventTime() (bool, error) {
 	// tasks, as processing-time timers, so that a burst (a window closing
 	// for many keys, a call each for the function job) leaves the loop
 	// to end its epoch between; pollWait does not wait while some are due.
-	budget := 0 // no bound
+	budget, spent := 0, false // 0: no bound
 	if l.in.cfg.Job.Prefetch != nil {
 		budget = l.in.cfg.MaxPollRecords
 	}
@@ -221,17 +220,17 @@ func (l *loop) refreshEventTime() (bool, error) {
 		if t.clock.idleMatters() {
 			t.clock.advance(now)
 		}
-		if t.clock.wm != noTime && t.clock.wm >= t.timers.next[kstate.EventTime] {
-			n, err := l.fireDue(t, kstate.EventTime, t.clock.wm, budget)
-			fired = fired || n > 0
-			if err != nil {
-				return fired, err
-			}
-			if budget > 0 {
-				if budget -= n; budget <= 0 {
-					break
-				}
-			}
+		if spent || !t.eventTimersDue() {
+			continue
+		}
+		n, err := l.fireDue(t, kstate.EventTime, t.clock.wm, budget)
+		fired = fired || n > 0
+		if err != nil {
+			return fired, err
+		}
+		if budget > 0 {
+			budget -= n
+			spent = budget <= 0
 		}
 	}
 	return fired, nil

@@ -21,11 +21,8 @@ import "time"
 // ctx should be the Context the engine passed to the job, or one
 // WithTimestamp returned; any other only has its Timestamp changed.
 func WithTimestamp(ctx Context, t time.Time) Context {
-	switch c := ctx.(type) {
-	case *recordContext:
+	if c, _, ok := engineContext(ctx); ok {
 		return &stampedContext{c, t}
-	case *stampedContext:
-		return &stampedContext{c.recordContext, t}
 	}
 	return otherStamped{ctx, t}
 }

@@ -1,7 +1,6 @@
 package join
 
 import (
-	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -227,41 +226,32 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	if !isLeft {
 		mine, others, lo, hi = o.right, o.left, ts-o.upper, ts-o.lower
 	}
-	var pairs []Element
+	// Entries come in the map's encoded key order, which is time, then
+	// partition and offset (TestEntryKeyOrderAndRoundTrip): the early stop
+	// rests on it, and the pairs come out in that order.
+	var pairs []entry
 	err := others.entries.Entries(ctx, func(k string, v []byte) error {
-		t, p, off, err := decodeEntryKey(k)
+		e, err := decodeEntry(k, v)
 		if err != nil {
 			return err
 		}
-		if t > hi {
-			return errStop // entries come in time order
-		}
-		if t >= lo {
-			pairs = append(pairs, Element{Value: v, Timestamp: time.UnixMilli(t), Partition: p, Offset: off})
+		if t := e.Timestamp.UnixMilli(); t > hi {
+			return errStop
+		} else if t >= lo {
+			pairs = append(pairs, entry{k, e})
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errStop) {
 		return err
 	}
-	// Entries come in the map's encoded key order, which is time, then
-	// partition and offset (TestEntryKeyOrderAndRoundTrip): the early stop
-	// above rests on it. The sort only makes the outputs' order explicit.
-	slices.SortFunc(pairs, func(a, b Element) int {
-		if c := a.Timestamp.Compare(b.Timestamp); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.Partition, b.Partition); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Offset, b.Offset)
-	})
 	key := rec.Key
-	for _, p := range pairs {
+	for _, pe := range pairs {
 		// In an outer join on the other side, the entry joined.
-		if err := others.markMatched(ctx, entryKey(p.Timestamp.UnixMilli(), p.Partition, p.Offset)); err != nil {
+		if err := others.markMatched(ctx, pe.k); err != nil {
 			return err
 		}
+		p := pe.e
 		l, r := me, p
 		if !isLeft {
 			l, r = p, me
@@ -298,8 +288,9 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	if err := mine.entries.Put(ctx, k, rec.Value); err != nil {
 		return err
 	}
-	if len(pairs) > 0 {
-		if err := mine.markMatched(ctx, k); err != nil {
+	if len(pairs) > 0 && mine.matched != nil {
+		// It joined already (and was not buffered before).
+		if err := mine.matched.Put(ctx, k, marked); err != nil {
 			return err
 		}
 	}
@@ -348,14 +339,13 @@ func (o *interval) onTimer(ctx sluice.Context, t sluice.Timer) error {
 // with timerTime(t + keep) <= at. In an outer join on the side, those that
 // joined nothing are emitted first, in time order.
 func (s side) clean(ctx sluice.Context, at int64) error {
-	var gone []string
-	var values [][]byte
+	var gone []entry
 	err := s.entries.Entries(ctx, func(k string, v []byte) error {
-		t, _, _, err := decodeEntryKey(k)
+		e, err := decodeEntry(k, v)
 		if err != nil {
 			return err
 		}
-		if due := timerTime(t + s.keep); due > at {
+		if due := timerTime(e.Timestamp.UnixMilli() + s.keep); due > at {
 			// Entries come in time order, and so do their cleanup
 			// times. The first not due has a timer of its own, unless
 			// the bounds changed since it was buffered (a restart with
@@ -371,46 +361,46 @@ func (s side) clean(ctx sluice.Context, at int64) error {
 			}
 			return errStop
 		}
-		gone = append(gone, k)
-		if s.unmatched != nil {
-			values = append(values, v) // the codec decoded a copy
-		}
+		gone = append(gone, entry{k, e}) // the codec decoded a copy of v
 		return nil
 	})
 	if err != nil && !errors.Is(err, errStop) {
 		return err
 	}
-	for i, k := range gone {
+	for _, g := range gone {
 		if s.matched != nil {
-			_, joined, err := s.matched.Get(ctx, k)
+			_, joined, err := s.matched.Get(ctx, g.k)
 			if err != nil {
 				return err
 			}
 			if joined {
-				err = s.matched.Remove(ctx, k)
+				if err := s.matched.Remove(ctx, g.k); err != nil {
+					return err
+				}
 			} else {
-				err = s.emitEntry(ctx, k, values[i])
-			}
-			if err != nil {
-				return err
+				emitUnmatched(ctx, s, ctx.Key(), g.e)
 			}
 		}
-		if err := s.entries.Remove(ctx, k); err != nil {
+		if err := s.entries.Remove(ctx, g.k); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// emitEntry emits the output of the entry of key k and value v that joined
-// nothing.
-func (s side) emitEntry(ctx sluice.Context, k string, v []byte) error {
+// entry is a buffered record: its map key and what it holds.
+type entry struct {
+	k string
+	e Element
+}
+
+// decodeEntry is the Element of the entry of map key k and value v.
+func decodeEntry(k string, v []byte) (Element, error) {
 	t, p, off, err := decodeEntryKey(k)
 	if err != nil {
-		return err
+		return Element{}, err
 	}
-	emitUnmatched(ctx, s, ctx.Key(), Element{Value: v, Timestamp: time.UnixMilli(t), Partition: p, Offset: off})
-	return nil
+	return Element{Value: v, Timestamp: time.UnixMilli(t), Partition: p, Offset: off}, nil
 }
 
 // late handles a record whose time is before the watermark.

@@ -94,9 +94,10 @@ func (o *tableTable) row(left, right bool) bool {
 
 func (o *tableTable) process(ctx sluice.Context, rec *sluice.Record) error {
 	var mine, other *kstate.ValueState[Element]
+	var isLeft bool
 	switch rec.Topic {
 	case o.spec.Left:
-		mine, other = o.left, o.right
+		mine, other, isLeft = o.left, o.right, true
 	case o.spec.Right:
 		mine, other = o.right, o.left
 	default:
@@ -124,7 +125,6 @@ func (o *tableTable) process(ctx sluice.Context, rec *sluice.Record) error {
 		return err
 	}
 	// The sides as left and right, before the update and after.
-	isLeft := rec.Topic == o.spec.Left
 	l0, r0, l1, r1 := had, has, present, has
 	if !isLeft {
 		l0, r0, l1, r1 = has, had, has, present
@@ -134,7 +134,6 @@ func (o *tableTable) process(ctx sluice.Context, rec *sluice.Record) error {
 	if has && theirs.Timestamp.After(at) {
 		at = theirs.Timestamp
 	}
-	out := sluice.WithTimestamp(ctx, at)
 	switch {
 	case isRow:
 		var l, r *Element
@@ -151,9 +150,9 @@ func (o *tableTable) process(ctx sluice.Context, rec *sluice.Record) error {
 		if err != nil {
 			return err
 		}
-		out.Emit(rec.Key, v)
+		sluice.WithTimestamp(ctx, at).Emit(rec.Key, v)
 	case wasRow:
-		out.Emit(rec.Key, nil) // the row is gone
+		sluice.WithTimestamp(ctx, at).Emit(rec.Key, nil) // the row is gone
 	}
 	return nil
 }
