@@ -59,7 +59,7 @@ func parseLocation(s string) (location, error) {
 		if u.Host == "" {
 			return location{}, fmt.Errorf("%w: %q names no bucket (want %s://bucket/prefix)", ErrLocation, s, u.Scheme)
 		}
-		return location{scheme: strings.ToLower(u.Scheme), bucket: u.Host, prefix: strings.Trim(path.Clean("/"+u.Path), "/"), rawQuery: u.RawQuery}, nil
+		return location{scheme: u.Scheme, bucket: u.Host, prefix: strings.Trim(path.Clean("/"+u.Path), "/"), rawQuery: u.RawQuery}, nil
 	}
 	return location{}, fmt.Errorf("%w: %q: scheme %s:// is not supported (a path, file://path, s3://bucket/prefix or gs://bucket/prefix)", ErrLocation, s, scheme)
 }

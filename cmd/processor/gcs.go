@@ -8,6 +8,3 @@ package main
 // the binary touched by its packages' init); `go build -tags nogcs` leaves it out
 // (docs/savepoints.md, "Storage").
 import _ "github.com/sluicehq/sluice/savepoint/gcs"
-
-// gcsBuilt says whether this build has the gs:// driver.
-const gcsBuilt = true
