@@ -94,12 +94,14 @@ func (ci *coInput) noteFetched(recs []*kgo.Record) []*kgo.Record {
 		return recs
 	}
 	ci.fetchedTo = max(ci.fetchedTo, recs[len(recs)-1].Offset+1)
-	data := slices.DeleteFunc(recs, func(r *kgo.Record) bool { return r.Attrs.IsControl() })
+	data := slices.DeleteFunc(recs, isControl)
 	if len(data) > 0 {
 		ci.dataTo = max(ci.dataTo, data[len(data)-1].Offset+1)
 	}
 	return data
 }
+
+func isControl(r *kgo.Record) bool { return r.Attrs.IsControl() }
 
 // at is where a task whose next offset is next stands in the topic: there,
 // or, once it took every data record fetched, where the fetches went.
@@ -228,10 +230,12 @@ func (l *loop) processMerged(fs kgo.Fetches) error {
 			return
 		}
 		fetchedTo := ftp.Records[len(ftp.Records)-1].Offset + 1 // markers included
-		// learnEnds gave the task one for each input.
-		ci := t.co[ftp.Topic]
-		ci.hwm = max(ci.hwm, ftp.HighWatermark)
-		ftp.Records = ci.noteFetched(ftp.Records)
+		if ci := t.co[ftp.Topic]; ci != nil {
+			ci.hwm = max(ci.hwm, ftp.HighWatermark)
+			ftp.Records = ci.noteFetched(ftp.Records)
+		} else { // a task learnEnds did not install
+			ftp.Records = slices.DeleteFunc(ftp.Records, isControl)
+		}
 		in.m.lag.WithLabelValues(ftp.Topic, t.label).Set(float64(max(0, ftp.HighWatermark-fetchedTo)))
 		if len(ftp.Records) == 0 {
 			t.skipMarkers(ftp.Topic) // markers only
