@@ -11,7 +11,9 @@
 // is Kafka Streams' KStream-KTable join: each record of a stream topic
 // joined with its key's latest value in a table topic. TableTable is its
 // KTable-KTable join: the joined table of two table topics, updated at
-// every change of either.
+// every change of either. Window is Flink's window join: the pairs of each
+// window of a key when it fires (package window's windows), or both sides'
+// records of the window (CoGroup, for outer joins).
 //
 //	job, err := join.Interval(join.IntervalSpec{
 //		Name: "orders-payments", Left: "orders", Right: "payments",

@@ -182,9 +182,9 @@ func (elementCodec) AppendEncode(dst []byte, e Element) ([]byte, error) {
 func (elementCodec) Decode(b []byte) (Element, error) {
 	switch {
 	case len(b) < elementHeader:
-		return Element{}, fmt.Errorf("join: a stored table value of %d bytes, want at least %d", len(b), elementHeader)
+		return Element{}, fmt.Errorf("join: a stored element of %d bytes, want at least %d", len(b), elementHeader)
 	case b[0] != elementVersion:
-		return Element{}, fmt.Errorf("join: a stored table value of version %d, want %d", b[0], elementVersion)
+		return Element{}, fmt.Errorf("join: a stored element of version %d, want %d", b[0], elementVersion)
 	}
 	b = b[1:]
 	return Element{

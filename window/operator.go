@@ -2,6 +2,7 @@ package window
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -161,7 +162,8 @@ func (o *operator[IN, OUT]) unregister(ctx sluice.Context, ms int64) {
 // tooLate handles a record that no window takes.
 func (o *operator[IN, OUT]) tooLate(ctx sluice.Context, rec *sluice.Record) error {
 	if o.spec.LateOutput != "" {
-		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, rec.Headers...)
+		hs := append(slices.Clip(rec.Headers), sluice.Header{Key: sluice.HeaderTopic, Value: []byte(rec.Topic)})
+		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, hs...)
 		return nil
 	}
 	n, _, err := o.st.dropped.Get(ctx)

@@ -39,7 +39,9 @@ type Spec[IN, OUT any] struct {
 	// fires. Processing-time windows take none.
 	AllowedLateness time.Duration
 	// LateOutput, if set, is the side output that records too late for
-	// every window they belong to go to, unchanged. Unset, they are
+	// every window they belong to go to, unchanged but for one more
+	// header, sluice.HeaderTopic, naming the topic each came from (which
+	// tells them apart in a job of several input topics). Unset, they are
 	// dropped and counted (state <name>.late-dropped per key, and
 	// LateDropped). Event time only.
 	LateOutput sluice.OutputTag

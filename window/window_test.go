@@ -2,6 +2,7 @@ package window_test
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -158,8 +159,12 @@ func TestAllowedLateness(t *testing.T) {
 			// Late firings too; the late record keeps its own time.
 			expectStampedAtMaxTimestamp(t, h.Output())
 			expectInOrder(t, "late side output", values(h.SideOutput(late)), string(a(2, 8).value()))
-			if ts := h.SideOutput(late)[0].Timestamp.UnixMilli(); ts != at(2) {
+			lr := h.SideOutput(late)[0]
+			if ts := lr.Timestamp.UnixMilli(); ts != at(2) {
 				t.Fatalf("late record stamped %d, want its event time %d", ts, at(2))
+			}
+			if i := slices.IndexFunc(lr.Headers, func(hd sluice.Header) bool { return hd.Key == sluice.HeaderTopic }); i < 0 || string(lr.Headers[i].Value) != sluicetest.InputTopic {
+				t.Fatalf("late record's headers %v, want %s naming its topic", lr.Headers, sluice.HeaderTopic)
 			}
 		})
 		t.Run(f.name+"/dropped", func(t *testing.T) {
