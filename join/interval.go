@@ -74,7 +74,9 @@ type IntervalSpec struct {
 type Element struct {
 	Value []byte
 	// Timestamp is the record's event time (IntervalSpec.Timestamp) in an
-	// interval join, its Kafka record time in a table join.
+	// interval join, its Kafka record time in a table join; in a window
+	// join its event time (WindowSpec.Timestamp), or in processing time
+	// its Kafka record time.
 	Timestamp time.Time
 	// Partition and Offset are where the record was read in its topic.
 	Partition int32

@@ -36,7 +36,8 @@ type WindowSpec struct {
 	// Join makes the value of the output record of one pair of a window
 	// that fires: every left record of the window with every right one,
 	// the left ones in the order they came, each with the right ones in
-	// the order they came. The output is keyed by their key and stamped
+	// the order they came (in a session that merged others, session by
+	// session, as window.ProcessFunc gets them). The output is keyed by their key and stamped
 	// with the window's last millisecond (window.Window.MaxTimestamp), as
 	// Flink stamps it; a nil value emits nothing for the pair. An error
 	// fails the window's firing as a window function's error does
@@ -44,14 +45,17 @@ type WindowSpec struct {
 	// CoGroup, not both.
 	Join func(key []byte, w window.Window, left, right Element) ([]byte, error)
 	// CoGroup gets all the left and all the right records of a window that
-	// fires, each side in the order they came, one of the two possibly
+	// fires, each side in the order they came (session by session in a
+	// session that merged others), one of the two possibly
 	// empty (never both), and emits any number of values, keyed and
 	// stamped as Join's; a nil value emits nothing. An error fails the
 	// firing as Join's does.
 	CoGroup func(key []byte, w window.Window, left, right []Element, emit func(value []byte)) error
 	// Timestamp gives a record's event time; required by event-time
-	// assigners (sluice.KafkaTime takes the Kafka record time). In
-	// processing time an Element's Timestamp is its Kafka record time.
+	// assigners (sluice.KafkaTime takes the Kafka record time). It is
+	// called twice a record (by the engine, and for the Element) and, as
+	// every extractor, must answer the same each time. In processing time
+	// an Element's Timestamp is its Kafka record time.
 	Timestamp sluice.TimestampFunc
 	// AllowedLateness keeps an event-time window this long past its end:
 	// a record that comes after the window fired, but before the
@@ -109,6 +113,10 @@ func Window(s WindowSpec) (sluice.Job, error) {
 		LateDropped:     s.LateDropped,
 	})
 	if err != nil {
+		// Without window.Job's own "window job <name>: ".
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner
+		}
 		return sluice.Job{}, fmt.Errorf("window join %q: %w", s.Name, err)
 	}
 	// Join and CoGroup get no Context, so these are all its state: a

@@ -389,6 +389,49 @@ func TestWindowJoinLateRecords(t *testing.T) {
 	}
 }
 
+// With AllowedLateness a record that comes after its window fired, within
+// the lateness, fires the window again with every pair it holds; at end +
+// lateness the window is cleared, and a record later than that is dropped.
+func TestWindowJoinAllowedLateness(t *testing.T) {
+	t.Parallel()
+	dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "dropped", Help: "late records dropped"})
+	job, err := join.Window(join.WindowSpec{
+		Name: "wj", Left: "left", Right: "right", Assigner: window.TumblingEventTime(time.Second),
+		Timestamp: sluice.KafkaTime, AllowedLateness: time.Second, LateDropped: dropped,
+		Join: func(key []byte, w window.Window, l, r join.Element) ([]byte, error) {
+			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sluicetest.New(t, job, options(1, "", 0))
+	h.SendTo("left", []byte("k"), []byte("L1"), at(100))
+	h.SendTo("right", []byte("k"), []byte("R1"), at(200))
+	h.SendTo("left", []byte("k"), []byte("L2"), at(1000))
+	h.SendTo("right", []byte("k"), []byte("R2"), at(1000)) // [0,1000) fires
+	h.Settle()
+	h.SendTo("right", []byte("k"), []byte("Rlate"), at(500)) // within the lateness: fires again
+	h.Settle()
+	h.SendTo("left", []byte("k"), []byte("L3"), at(2000))
+	h.SendTo("right", []byte("k"), []byte("R3"), at(2000)) // [0,1000) cleared; [1000,2000) fires
+	h.Settle()
+	h.SendTo("right", []byte("k"), []byte("Rlater"), at(600)) // past the lateness: dropped
+	h.Settle()
+	want := []string{"k:L1|R1@999", "k:L1|R1@999", "k:L1|Rlate@999", "k:L2|R2@1999"}
+	if got := joinedAt(h.Output()); !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+	if n := value(t, dropped); n != 1 {
+		t.Fatalf("%v dropped, want 1 (Rlater)", n)
+	}
+	// Left are the windows [1000,2000) (fired, within its lateness) and
+	// [2000,3000).
+	if n := len(liveState(t, h, "wj.elements")); n != 4 {
+		t.Fatalf("%d elements in state, want 4: L2, R2, L3, R3 (the first window's are cleared)", n)
+	}
+}
+
 // In processing time a record joins the window of the clock's reading when
 // it is processed, and its Element's Timestamp is its Kafka time.
 func TestWindowJoinInProcessingTime(t *testing.T) {
