@@ -13,8 +13,10 @@ import (
 //
 // The window index (stores.windows) is the truth about a key's windows;
 // timers only say when to look at it. A timer at T fires every window of
-// the key that has not fired and ends at T, and clears every window whose
-// end + lateness is T. So a timer shared by two windows (one per key,
+// the key that has not fired and ends at T, clears every window whose
+// end + lateness is T, and, with Spec.EarlyInterval, fires early every
+// window still open at T that changed since it last fired, when T is a
+// multiple of the interval. So a timer shared by two windows (one per key,
 // domain and millisecond: one window's end can be another's cleanup time)
 // serves both, and a stale timer finds nothing to do.
 //
@@ -26,16 +28,21 @@ type operator[IN, OUT any] struct {
 	fn       Function[IN, OUT]
 	assigner Assigner
 	lateness int64 // ms
-	st       stores[IN]
+	// earlyEvery and earlyCount are Spec.EarlyInterval (ms) and
+	// EarlyCount; 0 for none.
+	earlyEvery, earlyCount int64
+	st                     stores[IN]
 }
 
 func newOperator[IN, OUT any](s Spec[IN, OUT]) *operator[IN, OUT] {
 	return &operator[IN, OUT]{
-		spec:     s,
-		fn:       s.Function,
-		assigner: s.Assigner,
-		lateness: s.AllowedLateness.Milliseconds(),
-		st:       newStores(s.Name, s.Function.elements),
+		spec:       s,
+		fn:         s.Function,
+		assigner:   s.Assigner,
+		lateness:   s.AllowedLateness.Milliseconds(),
+		earlyEvery: s.EarlyInterval.Milliseconds(),
+		earlyCount: int64(s.EarlyCount),
+		st:         newStores(s.Name, s.Function.elements),
 	}
 }
 
@@ -106,18 +113,47 @@ func (o *operator[IN, OUT]) process(ctx sluice.Context, rec *sluice.Record) erro
 // timer, behind the watermark, fires right after this record): a late
 // firing, with everything the window holds, as Flink's default trigger
 // does.
+//
+// Early firings: the first element since the window was made or last
+// fired early arms a timer at the next multiple of EarlyInterval after the
+// clock, if the window has not ended by then (a timer already armed is the
+// same one); an element that brings the count to a multiple of EarlyCount
+// fires the window at once.
 func (o *operator[IN, OUT]) add(ctx sluice.Context, s span, e *entry, created bool, in IN, c clock) error {
 	if err := o.addElement(ctx, e, in); err != nil {
 		return err
 	}
-	if created || e.fired || c.ok && s.end <= c.wm {
+	ended := e.fired || c.ok && s.end <= c.wm
+	if created || ended {
 		o.register(ctx, s.end)
 	}
 	if created && o.lateness > 0 {
 		o.register(ctx, s.end+o.lateness)
 	}
-	e.fired = false
+	if o.earlyEvery > 0 && !ended && (created || e.emitted) {
+		if next := o.nextEarly(s, c); next < s.end {
+			o.register(ctx, next)
+		}
+	}
+	e.fired, e.emitted = false, false
+	if o.earlyCount > 0 && !ended && e.count%o.earlyCount == 0 {
+		if err := o.fire(ctx, window{s, *e}); err != nil {
+			return err
+		}
+		e.emitted = true
+	}
 	return o.st.windows.Put(ctx, s, *e)
+}
+
+// nextEarly is the first multiple of EarlyInterval after the clock (the
+// watermark, once the task has one, or the processing time) and after the
+// window's start.
+func (o *operator[IN, OUT]) nextEarly(s span, c clock) int64 {
+	from := s.start
+	if c.ok || !o.assigner.EventTime() {
+		from = max(from, c.wm)
+	}
+	return from - floorMod(from, o.earlyEvery) + o.earlyEvery
 }
 
 func (o *operator[IN, OUT]) addElement(ctx sluice.Context, e *entry, in IN) error {
@@ -215,6 +251,16 @@ func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
 		// again.
 		fire := !w.e.fired && timerTime(w.s.end) == at
 		cleanup := timerTime(w.s.end+o.lateness) == at
+		if o.early(w, at) {
+			if err := o.fire(ctx, w); err != nil {
+				return err
+			}
+			w.e.emitted = true
+			if err := o.st.windows.Put(ctx, w.s, w.e); err != nil {
+				return err
+			}
+			continue
+		}
 		if fire {
 			if err := o.fire(ctx, w); err != nil {
 				return err
@@ -233,6 +279,14 @@ func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
 		}
 	}
 	return nil
+}
+
+// early reports whether a timer at at fires w early: at is a multiple of
+// EarlyInterval before w's end, and w changed since it last fired. The
+// timer may be another window's (timers are one per key and millisecond):
+// w's own early timer would be at the same multiple.
+func (o *operator[IN, OUT]) early(w window, at int64) bool {
+	return o.earlyEvery > 0 && at%o.earlyEvery == 0 && at < w.s.end && !w.e.fired && !w.e.emitted
 }
 
 // fire computes the window's results and emits them, keyed by the key and

@@ -69,6 +69,11 @@ func (o *operator[IN, OUT]) addToSession(ctx sluice.Context, rec *sluice.Record,
 		if at == timerTime(merged.end) || at == timerTime(merged.end+o.lateness) {
 			return true
 		}
+		if o.earlyEvery > 0 && at%o.earlyEvery == 0 {
+			// Possibly an early timer of the merged session or
+			// another; a stale one finds nothing to fire.
+			return true
+		}
 		for _, w := range others {
 			if !w.e.fired && timerTime(w.s.end) == at || timerTime(w.s.end+o.lateness) == at {
 				return true

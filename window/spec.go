@@ -45,6 +45,22 @@ type Spec[IN, OUT any] struct {
 	// dropped and counted (state <name>.late-dropped per key, and
 	// LateDropped). Event time only.
 	LateOutput sluice.OutputTag
+	// EarlyInterval, if set, fires a window before its end with its
+	// result so far, each time the assigner's clock (the watermark, or
+	// the processing time) passes a multiple of EarlyInterval since the
+	// Unix epoch while the window holds elements it has not fired with:
+	// Flink's ContinuousEventTimeTrigger and
+	// ContinuousProcessingTimeTrigger, but a window that did not change
+	// since its last firing is not fired again. The firing at the
+	// window's end stays, so readers see several results for a window,
+	// the one at its end complete. Whole milliseconds.
+	EarlyInterval time.Duration
+	// EarlyCount, if set, fires a window before its end with its result
+	// so far each time an element brings its count to a multiple of
+	// EarlyCount, right after that element (Flink's CountTrigger, with the
+	// firing at the end kept). Sessions that merge add their counts, so a
+	// merge can step over a multiple.
+	EarlyCount int
 	// LateDropped, if set, is incremented for each record dropped as too
 	// late (committed or not: a replayed epoch counts again).
 	LateDropped prometheus.Counter
@@ -90,6 +106,10 @@ func (s Spec[IN, OUT]) validate() error {
 		return errors.New("Encode is nil")
 	case s.AllowedLateness < 0:
 		return fmt.Errorf("AllowedLateness %s: want 0 or more", s.AllowedLateness)
+	case s.EarlyInterval < 0 || s.EarlyInterval%time.Millisecond != 0:
+		return fmt.Errorf("EarlyInterval %s: want 0 (none) or whole milliseconds", s.EarlyInterval)
+	case s.EarlyCount < 0:
+		return fmt.Errorf("EarlyCount %d: want 0 (none) or more", s.EarlyCount)
 	case s.Assigner.EventTime() && s.Timestamp == nil:
 		return errors.New("event-time windows need a Timestamp extractor (sluice.KafkaTime takes the Kafka record time)")
 	case !s.Assigner.EventTime() && s.AllowedLateness > 0:

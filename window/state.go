@@ -25,6 +25,10 @@ type entry struct {
 	// window that fired stays until its cleanup time so that late
 	// elements update it and fire it again.
 	fired bool
+	// emitted: an early firing (Spec.EarlyInterval, EarlyCount) sent the
+	// window's result so far and no element came since, so the next
+	// early time has nothing new to fire.
+	emitted bool
 	// slot is where the window's elements are stored: the window itself,
 	// except for a session that absorbed others, which keeps the slot of
 	// the one with the most elements so that they need not move (Flink's
@@ -39,7 +43,10 @@ type entry struct {
 // entryFormat versions the encoding of entry, which is durable state.
 const entryFormat byte = 1
 
-const flagFired byte = 1
+const (
+	flagFired   byte = 1
+	flagEmitted byte = 2 // a reader without it ignores it: no format change
+)
 
 // entryCodec encodes an entry as
 //
@@ -51,6 +58,9 @@ func (entryCodec) Encode(e entry) ([]byte, error) {
 	var flags byte
 	if e.fired {
 		flags |= flagFired
+	}
+	if e.emitted {
+		flags |= flagEmitted
 	}
 	b = append(b, entryFormat, flags)
 	b = appendSpan(b, e.slot)
@@ -70,7 +80,7 @@ func (entryCodec) Decode(b []byte) (entry, error) {
 	if size <= 0 {
 		return entry{}, errors.New("window: malformed window entry count")
 	}
-	e := entry{fired: b[1]&flagFired != 0, slot: slot, count: int64(n)}
+	e := entry{fired: b[1]&flagFired != 0, emitted: b[1]&flagEmitted != 0, slot: slot, count: int64(n)}
 	if rest := b[2+spanLen+size:]; len(rest) > 0 {
 		// A copy: Decode must not retain the store's bytes.
 		e.acc = append([]byte(nil), rest...)
