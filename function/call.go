@@ -22,8 +22,11 @@ type keyCall struct {
 	states []*functionv1.State
 	events []*functionv1.Event
 
-	result   *functionv1.KeyResult
-	err      error // the key failed for good: DEAD_LETTER, out of retries, an invalid result
+	result *functionv1.KeyResult
+	err    error // the key failed for good: DEAD_LETTER, out of retries, an invalid result
+	// failed are the events a PARTIAL result lists, by their index in
+	// events, with the function's reason.
+	failed   map[int]string
 	attempts int
 	lastErr  error
 }
@@ -126,16 +129,24 @@ func (f *fn) runUnit(ctx context.Context, task int32, at callTime, unit []*keyCa
 	}
 	k := unit[0]
 	merged := newMerged(k.states)
+	from := 0 // the chunk's first event in k.events
 	for chunk := range slices.Chunk(k.events, f.o.Batch) {
 		part := &keyCall{key: k.key, states: merged.current(), events: chunk}
 		if err := f.callKeys(ctx, task, at, []*keyCall{part}); err != nil {
 			return err
 		}
 		if part.err != nil {
-			k.err = part.err
+			k.err, k.failed = part.err, nil
 			return nil
 		}
+		for i, reason := range part.failed {
+			if k.failed == nil {
+				k.failed = map[int]string{}
+			}
+			k.failed[from+i] = reason
+		}
 		merged.add(part.result)
+		from += len(chunk)
 	}
 	k.result = merged.result(k.key)
 	return nil
@@ -255,16 +266,20 @@ func (f *fn) settle(ks []*keyCall, resp *functionv1.InvokeResponse) (retry []*ke
 			retry = append(retry, k)
 		case r.GetStatus() == functionv1.Status_DEAD_LETTER:
 			k.err = fmt.Errorf("the function answered DEAD_LETTER: %s", r.GetReason())
-		case r.GetStatus() != functionv1.Status_OK:
+		case r.GetStatus() != functionv1.Status_OK && r.GetStatus() != functionv1.Status_PARTIAL:
 			k.err = fmt.Errorf("the function answered an unknown status %d", r.GetStatus())
 		default:
-			if err := f.check(k.key, r); err != nil {
+			err := f.check(k.key, r)
+			if err == nil {
+				k.failed, err = checkFailed(k, r)
+			}
+			if err != nil {
 				k.err = err
 			} else {
 				k.result = r
 			}
 		}
-		failed = failed || k.err != nil || k.result == nil
+		failed = failed || k.err != nil || k.result == nil || len(k.failed) > 0
 	}
 	if failed {
 		f.m.calls.WithLabelValues(resultKeyFailed).Inc()
@@ -272,6 +287,35 @@ func (f *fn) settle(ks []*keyCall, resp *functionv1.InvokeResponse) (retry []*ke
 		f.m.calls.WithLabelValues(resultOK).Inc()
 	}
 	return retry
+}
+
+// checkFailed returns the events a PARTIAL result lists, or why the list is
+// invalid: an OK result lists none, an event is listed once and exists, and
+// a result that fails every event changes nothing (there is no event left
+// to apply it at, and nothing it could stand for).
+func checkFailed(k *keyCall, r *functionv1.KeyResult) (map[int]string, error) {
+	fs := r.GetFailedEvents()
+	switch {
+	case len(fs) == 0:
+		return nil, nil
+	case r.GetStatus() != functionv1.Status_PARTIAL:
+		return nil, errors.New("the result lists failed events without the status PARTIAL")
+	}
+	failed := make(map[int]string, len(fs))
+	for _, e := range fs {
+		i := int(e.GetIndex())
+		switch _, dup := failed[i]; {
+		case i < 0 || i >= len(k.events):
+			return nil, fmt.Errorf("the result fails event %d of a call of %d events", i, len(k.events))
+		case dup:
+			return nil, fmt.Errorf("the result fails event %d twice", i)
+		}
+		failed[i] = e.GetReason()
+	}
+	if len(failed) == len(k.events) && (len(r.GetStates()) > 0 || len(r.GetOutputs()) > 0 || len(r.GetTimers()) > 0) {
+		return nil, errors.New("the result fails every event of the key and yet changes state, emits or sets timers")
+	}
+	return failed, nil
 }
 
 // check validates a key's OK result against the declarations.

@@ -27,7 +27,9 @@
 // answered RETRY, is retried with backoff up to Options.Retries; a key
 // answered DEAD_LETTER, or out of retries, fails each of its records in the
 // batch: to the dead-letter topic with sluice.stage=function, or, with
-// Options.OnFailure = Fail, the instance stops.
+// Options.OnFailure = Fail, the instance stops. A key answered PARTIAL
+// fails the records its result lists in the same way, and its result
+// applies at its last record not listed.
 //
 // The subpackages: functionv1 is the generated protocol code; sdk is the
 // small Go SDK (an http.Handler from a function value); the Python SDK is

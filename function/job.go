@@ -105,10 +105,12 @@ type recordID struct {
 }
 
 // recordPlan is what Process does for one record: apply the key's result
-// at its last record, fail every record of a failed key, nothing else.
+// at its last record the result does not fail, fail every record of a
+// failed key and each record a PARTIAL result lists, nothing else.
 type recordPlan struct {
-	key  *keyCall
-	last bool
+	key   *keyCall
+	index int // in key.events
+	last  bool
 }
 
 func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec) (*fn, error) {
@@ -167,7 +169,7 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 	var keys []*keyCall
 	byKey := map[string]*keyCall{}
 	plans := make(map[recordID]*recordPlan, len(recs))
-	last := map[string]recordID{}
+	ids := map[*keyCall][]recordID{} // each key's records, in order
 	for _, r := range recs {
 		k := byKey[string(r.Key)]
 		if k == nil {
@@ -175,13 +177,10 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 			byKey[string(r.Key)] = k
 			keys = append(keys, k)
 		}
-		k.events = append(k.events, recordEvent(r))
 		id := recordID{r.Topic, r.Offset}
-		plans[id] = &recordPlan{key: k}
-		last[string(r.Key)] = id
-	}
-	for _, id := range last {
-		plans[id].last = true
+		plans[id] = &recordPlan{key: k, index: len(k.events)}
+		ids[k] = append(ids[k], id)
+		k.events = append(k.events, recordEvent(r))
 	}
 	for _, k := range keys {
 		states, err := f.readStates(keyScope{pc.Store(), k.key, pc.Now()})
@@ -192,6 +191,17 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 	}
 	if err := f.run(pc.Context(), pc.Task(), callTime{pc.Now(), pc.CurrentWatermark()}, keys); err != nil {
 		return err
+	}
+	// A result applies at the key's last record that it does not fail: a
+	// failed record is dead-lettered, which rolls back what it wrote. A
+	// result that fails them all changes nothing (checkFailed).
+	for k, kids := range ids {
+		for i := len(kids) - 1; i >= 0; i-- {
+			if _, failed := k.failed[i]; !failed {
+				plans[kids[i]].last = true
+				break
+			}
+		}
 	}
 	f.batches[pc.Task()] = plans
 	return nil
@@ -205,7 +215,10 @@ func (f *fn) process(ctx sluice.Context, rec *sluice.Record) error {
 		return sluice.Fatal(fmt.Errorf("function: task %d offset %d was not prefetched", ctx.Task(), rec.Offset))
 	}
 	if p.key.err != nil {
-		return f.failure(p.key)
+		return f.failure(p.key.key, p.key.err)
+	}
+	if reason, failed := p.key.failed[p.index]; failed {
+		return f.failure(p.key.key, failedErr(reason))
 	}
 	if !p.last {
 		return nil
@@ -244,15 +257,24 @@ func (f *fn) onTimer(ctx sluice.Context, t sluice.Timer) error {
 		}
 	}
 	if k.err != nil {
-		return f.failure(k)
+		return f.failure(k.key, k.err)
+	}
+	if reason, failed := k.failed[0]; failed {
+		return f.failure(k.key, failedErr(reason))
 	}
 	return f.apply(ctx, k.result)
 }
 
-// failure is the error a failed key's records return: a dead letter with
-// sluice.stage=function, or with OnFailure=Fail a fatal one.
-func (f *fn) failure(k *keyCall) error {
-	err := fmt.Errorf("key %q: %w", k.key, k.err)
+// failedErr is why a record or timer a PARTIAL result lists failed.
+func failedErr(reason string) error {
+	return fmt.Errorf("the function failed the event: %s", reason)
+}
+
+// failure is the error a failed key's records (or a failed record) return:
+// a dead letter with sluice.stage=function, or with OnFailure=Fail a fatal
+// one.
+func (f *fn) failure(key []byte, err error) error {
+	err = fmt.Errorf("key %q: %w", key, err)
 	if f.o.OnFailure == Fail {
 		return sluice.Fatal(fmt.Errorf("function: %w", err))
 	}

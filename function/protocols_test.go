@@ -2,9 +2,12 @@ package function_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -399,5 +402,153 @@ func TestEventTimerBurstIsBounded(t *testing.T) {
 		if k := fmt.Sprintf("k%d", i); !slices.Equal(got[k], []string{"fired"}) {
 			t.Fatalf("%s: outputs %q, want its timer's", k, got[k])
 		}
+	}
+}
+
+// failedEventsRun sends, in one poll, key k's "4", "x", "-1", "y" (two
+// values that do not parse, the last of them the key's last record) and
+// key z's "bad" alone, then "1" for k in a poll of its own, through the
+// aggregate function at url, and checks that exactly the three bad records
+// are dead-lettered, each with its reason, and that the others aggregate
+// as the built-in job's would: the result applies although the key's last
+// record failed.
+func failedEventsRun(t *testing.T, url string, o function.Options) {
+	t.Helper()
+	o.URL = url
+	job := newJob(t, o)
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Kill() // the records wait, so that one poll takes them together
+	for _, v := range []string{"4", "x", "-1", "y"} {
+		h.Send([]byte("k"), []byte(v), time.Time{})
+	}
+	h.Send([]byte("z"), []byte("bad"), time.Time{})
+	h.Restart()
+	h.Settle()
+	h.Send([]byte("k"), []byte("1"), time.Time{})
+	h.Settle()
+	want := []string{`{"count":1,"sum":4,"min":4,"max":4}`, `{"count":2,"sum":3,"min":-1,"max":4}`, `{"count":3,"sum":4,"min":-1,"max":4}`}
+	if got := values(h.Output()); !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+	dl := h.DeadLetters()
+	if got := values(dl); !slices.Equal(got, []string{"x", "y", "bad"}) {
+		t.Fatalf("dead letters %q, want x, y and bad alone", got)
+	}
+	for _, r := range dl {
+		if e := header(r, "sluice.error"); header(r, "sluice.stage") != "function" || !strings.Contains(e, "the function failed the event: ") || !strings.Contains(e, string(r.Value)) {
+			t.Fatalf("dead letter %q: stage %q, error %q; want the function's reason for it", r.Value, header(r, "sluice.stage"), e)
+		}
+	}
+}
+
+// A function fails single records with PARTIAL (the Go SDK's Result.Fail):
+// only those go to the dead-letter topic, each with its reason, and the
+// rest of the result applies, over each protocol, and with the key's
+// records split over calls (Options.Batch 2: the failed events' indices
+// are each call's).
+func TestFailedEventsDeadLetterOnlyThoseRecords(t *testing.T) {
+	var mu sync.Mutex
+	most := 0
+	url := startGo(t, aggregate.Declaration, func(ctx context.Context, c *sdk.Call) *sdk.Result {
+		mu.Lock()
+		most = max(most, len(c.Events))
+		mu.Unlock()
+		return aggregate.Func(ctx, c)
+	})
+	for _, tc := range []struct {
+		name string
+		o    function.Options
+	}{
+		{"json", function.Options{Protocol: function.JSON}},
+		{"proto", function.Options{Protocol: function.Proto}},
+		{"grpc", function.Options{Protocol: function.GRPC}},
+		{"batch of 2", function.Options{Batch: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { failedEventsRun(t, url, tc.o) })
+	}
+	if most < 4 {
+		t.Fatalf("no call carried k's four records (at most %d): the test tested nothing", most)
+	}
+}
+
+// The Python SDK's fail, through the example aggregate.
+func TestPythonFailedEvents(t *testing.T) {
+	failedEventsRun(t, startPython(t, "aggregate.py"), function.Options{})
+}
+
+// A PARTIAL result the processor cannot apply fails the whole key, saying
+// why: an event listed twice, one out of range, a list without PARTIAL's
+// status, and a result that fails every event yet changes state. A timer's
+// call that fails its event dead-letters the timer.
+func TestInvalidFailedEvents(t *testing.T) {
+	url := startGo(t, sdk.Declaration{States: []sdk.State{{Name: "s"}}}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		if c.Events[0].Record == nil {
+			return r.Fail(0, "timer refused")
+		}
+		switch v := string(c.Events[0].Record.GetValue()); v {
+		case "twice":
+			r.Fail(0, "a").Fail(0, "b")
+		case "range":
+			r.Fail(len(c.Events), "past the end")
+		case "all":
+			r.Set("s", []byte("x"))
+			r.Fail(0, "every event")
+		case "timer":
+			r.SetTimer(c.Now.Add(time.Minute))
+		}
+		return r
+	})
+	job := newJob(t, function.Options{URL: url, Retries: 0})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	for _, v := range []string{"twice", "range", "all", "timer"} {
+		h.Send([]byte(v), []byte(v), time.Time{})
+		h.Settle()
+	}
+	h.Advance(2 * time.Minute)
+	h.Settle()
+	want := map[string]string{
+		"twice": "fails event 0 twice",
+		"range": "fails event 1 of a call of 1 events",
+		"all":   "fails every event of the key and yet changes state",
+		"timer": "the function failed the event: timer refused",
+	}
+	dl := h.DeadLetters()
+	if len(dl) != len(want) {
+		t.Fatalf("dead letters %q, want one for each of %v", values(dl), slices.Sorted(maps.Keys(want)))
+	}
+	for _, r := range dl {
+		k := string(r.Key)
+		if !strings.Contains(header(r, "sluice.error"), want[k]) {
+			t.Errorf("dead letter of %s: error %q, want %q", k, header(r, "sluice.error"), want[k])
+		}
+		if k == "timer" && header(r, "sluice.stage") != "timer" {
+			t.Errorf("the timer's dead letter: stage %q, want timer", header(r, "sluice.stage"))
+		}
+	}
+	if out := h.Output(); len(out) != 0 {
+		t.Fatalf("outputs %q, want none", values(out))
+	}
+
+	// A list with the status OK, from a function speaking JSON by hand.
+	raw := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Keys []struct {
+				Key string `json:"key"`
+			} `json:"keys"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/Describe") {
+			io.WriteString(w, `{"protocolVersion":1}`)
+			return
+		}
+		fmt.Fprintf(w, `{"results":[{"key":%q,"status":"OK","failedEvents":[{"index":0,"reason":"r"}]}]}`, req.Keys[0].Key)
+	}))
+	h = sluicetest.New(t, newJob(t, function.Options{URL: raw, Protocol: function.JSON, Retries: 0}), sluicetest.Options{})
+	h.Send([]byte("k"), []byte("v"), time.Time{})
+	h.Settle()
+	if dl := h.DeadLetters(); len(dl) != 1 || !strings.Contains(header(dl[0], "sluice.error"), "without the status PARTIAL") {
+		t.Fatalf("dead letters %v, want the key's record, for failed events listed with OK", dl)
 	}
 }

@@ -1,8 +1,8 @@
 """The aggregate job as a Sluice function: count, sum, min and max of the
 base-10 integer values per key; for every record, emit the running
 aggregation {"count":C,"sum":S,"min":m,"max":M} keyed like the input
-(DESIGN section 7). A value that does not parse sends the key's records of
-the call to the dead-letter topic, state untouched."""
+(DESIGN section 7). A value that does not parse goes to the dead-letter
+topic on its own (res.fail), as with the built-in job: the others count."""
 
 import json
 import os
@@ -16,11 +16,13 @@ def aggregate(call):
     res = sf.Result()
     raw = call.states.get("aggregate")
     a = json.loads(raw) if raw else None
-    for ev in call.events:
+    changed = False
+    for i, ev in enumerate(call.events):
         try:
             v = int(ev.value)
         except ValueError:
-            return res.dead_letter("value %r is not a base-10 integer" % ev.value[:64])
+            res.fail(i, "value %r is not a base-10 integer" % ev.value[:64])
+            continue
         if a is None:
             a = {"count": 0, "sum": 0, "min": v, "max": v}
         a["count"] += 1
@@ -28,7 +30,8 @@ def aggregate(call):
         a["min"] = min(a["min"], v)
         a["max"] = max(a["max"], v)
         res.emit(ev.key, json.dumps(a, separators=(",", ":")).encode())
-    if a is not None:
+        changed = True
+    if changed:
         res.set("aggregate", json.dumps(a, separators=(",", ":")).encode())
     return res
 

@@ -2,7 +2,9 @@
 last reading ("id,epochSeconds,temperature", records keyed by sensor id) and
 emit {"id":...,"last":...,"current":...} when a reading differs from the last
 one by SLUICE_ALERT_THRESHOLD (default 10) or more; the first reading of a
-sensor only sets its state (docs/jobs.md)."""
+sensor only sets its state (docs/jobs.md). A reading that does not parse
+goes to the dead-letter topic on its own (res.fail), as with the built-in
+job."""
 
 import json
 import math
@@ -24,19 +26,21 @@ def alert(call):
     res = sf.Result()
     last = call.states.get("last-temperature")
     last = float(last) if last else None
-    for ev in call.events:
-        fields = ev.value.decode().split(",")
+    changed = False
+    for i, ev in enumerate(call.events):
         try:
+            fields = ev.value.decode().split(",")
             sensor, temp = fields[0].strip(), float(fields[2])
             if len(fields) != 3 or not sensor or not math.isfinite(temp):
                 raise ValueError
-        except (ValueError, IndexError):
-            return res.dead_letter("reading %r: want id,epochSeconds,temperature" % ev.value[:64])
+        except (ValueError, IndexError, UnicodeDecodeError):
+            res.fail(i, "reading %r: want id,epochSeconds,temperature" % ev.value[:64])
+            continue
         if last is not None and abs(temp - last) >= THRESHOLD:
             out = '{"id":%s,"last":%s,"current":%s}' % (json.dumps(sensor), number(last), number(temp))
             res.emit(sensor.encode(), out.encode())
-        last = temp
-    if last is not None:
+        last, changed = temp, True
+    if changed:
         res.set("last-temperature", repr(last).encode())
     return res
 

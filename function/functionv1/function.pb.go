@@ -91,6 +91,13 @@ const (
 	// The key's events cannot be handled: each goes to the dead-letter
 	// topic with the reason.
 	Status_DEAD_LETTER Status = 2
+	// Some of the key's events cannot be handled: each listed in
+	// failed_events goes to the dead-letter topic with its reason, and the
+	// result applies as for OK, being the key's state after the other
+	// events. (A processor that predates it answers it as an unknown
+	// status: the whole key goes to the dead-letter topic, never silently
+	// applied.)
+	Status_PARTIAL Status = 3
 )
 
 // Enum value maps for Status.
@@ -99,11 +106,13 @@ var (
 		0: "OK",
 		1: "RETRY",
 		2: "DEAD_LETTER",
+		3: "PARTIAL",
 	}
 	Status_value = map[string]int32{
 		"OK":          0,
 		"RETRY":       1,
 		"DEAD_LETTER": 2,
+		"PARTIAL":     3,
 	}
 )
 
@@ -846,7 +855,11 @@ type KeyResult struct {
 	// Records to produce, in order.
 	Outputs []*Output `protobuf:"bytes,5,rep,name=outputs,proto3" json:"outputs,omitempty"`
 	// Timers of the key to set or delete.
-	Timers        []*TimerMutation `protobuf:"bytes,6,rep,name=timers,proto3" json:"timers,omitempty"`
+	Timers []*TimerMutation `protobuf:"bytes,6,rep,name=timers,proto3" json:"timers,omitempty"`
+	// With PARTIAL: the events that cannot be handled, each once. If every
+	// event of the key is listed, the result must change nothing (no state,
+	// output or timer).
+	FailedEvents  []*FailedEvent `protobuf:"bytes,7,rep,name=failed_events,json=failedEvents,proto3" json:"failed_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -923,6 +936,68 @@ func (x *KeyResult) GetTimers() []*TimerMutation {
 	return nil
 }
 
+func (x *KeyResult) GetFailedEvents() []*FailedEvent {
+	if x != nil {
+		return x.FailedEvents
+	}
+	return nil
+}
+
+// An event of the request that the function cannot handle.
+type FailedEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event's position in the key's KeyEvents.events, from 0.
+	Index int32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Why, for the dead letter's sluice.error header.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FailedEvent) Reset() {
+	*x = FailedEvent{}
+	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FailedEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FailedEvent) ProtoMessage() {}
+
+func (x *FailedEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FailedEvent.ProtoReflect.Descriptor instead.
+func (*FailedEvent) Descriptor() ([]byte, []int) {
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *FailedEvent) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *FailedEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type StateMutation struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -935,7 +1010,7 @@ type StateMutation struct {
 
 func (x *StateMutation) Reset() {
 	*x = StateMutation{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -947,7 +1022,7 @@ func (x *StateMutation) String() string {
 func (*StateMutation) ProtoMessage() {}
 
 func (x *StateMutation) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -960,7 +1035,7 @@ func (x *StateMutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateMutation.ProtoReflect.Descriptor instead.
 func (*StateMutation) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{12}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StateMutation) GetName() string {
@@ -1002,7 +1077,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1089,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1102,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{13}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Output) GetKey() []byte {
@@ -1079,7 +1154,7 @@ type TimerMutation struct {
 
 func (x *TimerMutation) Reset() {
 	*x = TimerMutation{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1166,7 @@ func (x *TimerMutation) String() string {
 func (*TimerMutation) ProtoMessage() {}
 
 func (x *TimerMutation) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1179,7 @@ func (x *TimerMutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimerMutation.ProtoReflect.Descriptor instead.
 func (*TimerMutation) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{14}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TimerMutation) GetAtMs() int64 {
@@ -1177,14 +1252,18 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x126\n" +
 	"\x06domain\x18\x02 \x01(\x0e2\x1e.sluice.function.v1.TimeDomainR\x06domain\"I\n" +
 	"\x0eInvokeResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.sluice.function.v1.KeyResultR\aresults\"\x95\x02\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.sluice.function.v1.KeyResultR\aresults\"\xdb\x02\n" +
 	"\tKeyResult\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x122\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1a.sluice.function.v1.StatusR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x129\n" +
 	"\x06states\x18\x04 \x03(\v2!.sluice.function.v1.StateMutationR\x06states\x124\n" +
 	"\aoutputs\x18\x05 \x03(\v2\x1a.sluice.function.v1.OutputR\aoutputs\x129\n" +
-	"\x06timers\x18\x06 \x03(\v2!.sluice.function.v1.TimerMutationR\x06timers\"Q\n" +
+	"\x06timers\x18\x06 \x03(\v2!.sluice.function.v1.TimerMutationR\x06timers\x12D\n" +
+	"\rfailed_events\x18\a \x03(\v2\x1f.sluice.function.v1.FailedEventR\ffailedEvents\";\n" +
+	"\vFailedEvent\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"Q\n" +
 	"\rStateMutation\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x16\n" +
@@ -1204,11 +1283,12 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"TimeDomain\x12\x13\n" +
 	"\x0fPROCESSING_TIME\x10\x00\x12\x0e\n" +
 	"\n" +
-	"EVENT_TIME\x10\x01*,\n" +
+	"EVENT_TIME\x10\x01*9\n" +
 	"\x06Status\x12\x06\n" +
 	"\x02OK\x10\x00\x12\t\n" +
 	"\x05RETRY\x10\x01\x12\x0f\n" +
-	"\vDEAD_LETTER\x10\x022\xb9\x01\n" +
+	"\vDEAD_LETTER\x10\x02\x12\v\n" +
+	"\aPARTIAL\x10\x032\xb9\x01\n" +
 	"\x0fFunctionService\x12U\n" +
 	"\bDescribe\x12#.sluice.function.v1.DescribeRequest\x1a$.sluice.function.v1.DescribeResponse\x12O\n" +
 	"\x06Invoke\x12!.sluice.function.v1.InvokeRequest\x1a\".sluice.function.v1.InvokeResponseB;Z9github.com/sluicehq/sluice/function/functionv1;functionv1b\x06proto3"
@@ -1226,7 +1306,7 @@ func file_sluice_function_v1_function_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_function_v1_function_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sluice_function_v1_function_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_sluice_function_v1_function_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_sluice_function_v1_function_proto_goTypes = []any{
 	(TimeDomain)(0),          // 0: sluice.function.v1.TimeDomain
 	(Status)(0),              // 1: sluice.function.v1.Status
@@ -1242,9 +1322,10 @@ var file_sluice_function_v1_function_proto_goTypes = []any{
 	(*Timer)(nil),            // 11: sluice.function.v1.Timer
 	(*InvokeResponse)(nil),   // 12: sluice.function.v1.InvokeResponse
 	(*KeyResult)(nil),        // 13: sluice.function.v1.KeyResult
-	(*StateMutation)(nil),    // 14: sluice.function.v1.StateMutation
-	(*Output)(nil),           // 15: sluice.function.v1.Output
-	(*TimerMutation)(nil),    // 16: sluice.function.v1.TimerMutation
+	(*FailedEvent)(nil),      // 14: sluice.function.v1.FailedEvent
+	(*StateMutation)(nil),    // 15: sluice.function.v1.StateMutation
+	(*Output)(nil),           // 16: sluice.function.v1.Output
+	(*TimerMutation)(nil),    // 17: sluice.function.v1.TimerMutation
 }
 var file_sluice_function_v1_function_proto_depIdxs = []int32{
 	4,  // 0: sluice.function.v1.DescribeResponse.states:type_name -> sluice.function.v1.StateSpec
@@ -1257,20 +1338,21 @@ var file_sluice_function_v1_function_proto_depIdxs = []int32{
 	0,  // 7: sluice.function.v1.Timer.domain:type_name -> sluice.function.v1.TimeDomain
 	13, // 8: sluice.function.v1.InvokeResponse.results:type_name -> sluice.function.v1.KeyResult
 	1,  // 9: sluice.function.v1.KeyResult.status:type_name -> sluice.function.v1.Status
-	14, // 10: sluice.function.v1.KeyResult.states:type_name -> sluice.function.v1.StateMutation
-	15, // 11: sluice.function.v1.KeyResult.outputs:type_name -> sluice.function.v1.Output
-	16, // 12: sluice.function.v1.KeyResult.timers:type_name -> sluice.function.v1.TimerMutation
-	10, // 13: sluice.function.v1.Output.headers:type_name -> sluice.function.v1.Header
-	0,  // 14: sluice.function.v1.TimerMutation.domain:type_name -> sluice.function.v1.TimeDomain
-	2,  // 15: sluice.function.v1.FunctionService.Describe:input_type -> sluice.function.v1.DescribeRequest
-	5,  // 16: sluice.function.v1.FunctionService.Invoke:input_type -> sluice.function.v1.InvokeRequest
-	3,  // 17: sluice.function.v1.FunctionService.Describe:output_type -> sluice.function.v1.DescribeResponse
-	12, // 18: sluice.function.v1.FunctionService.Invoke:output_type -> sluice.function.v1.InvokeResponse
-	17, // [17:19] is the sub-list for method output_type
-	15, // [15:17] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	15, // 10: sluice.function.v1.KeyResult.states:type_name -> sluice.function.v1.StateMutation
+	16, // 11: sluice.function.v1.KeyResult.outputs:type_name -> sluice.function.v1.Output
+	17, // 12: sluice.function.v1.KeyResult.timers:type_name -> sluice.function.v1.TimerMutation
+	14, // 13: sluice.function.v1.KeyResult.failed_events:type_name -> sluice.function.v1.FailedEvent
+	10, // 14: sluice.function.v1.Output.headers:type_name -> sluice.function.v1.Header
+	0,  // 15: sluice.function.v1.TimerMutation.domain:type_name -> sluice.function.v1.TimeDomain
+	2,  // 16: sluice.function.v1.FunctionService.Describe:input_type -> sluice.function.v1.DescribeRequest
+	5,  // 17: sluice.function.v1.FunctionService.Invoke:input_type -> sluice.function.v1.InvokeRequest
+	3,  // 18: sluice.function.v1.FunctionService.Describe:output_type -> sluice.function.v1.DescribeResponse
+	12, // 19: sluice.function.v1.FunctionService.Invoke:output_type -> sluice.function.v1.InvokeResponse
+	18, // [18:20] is the sub-list for method output_type
+	16, // [16:18] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_sluice_function_v1_function_proto_init() }
@@ -1283,14 +1365,14 @@ func file_sluice_function_v1_function_proto_init() {
 		(*Event_Record)(nil),
 		(*Event_Timer)(nil),
 	}
-	file_sluice_function_v1_function_proto_msgTypes[13].OneofWrappers = []any{}
+	file_sluice_function_v1_function_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_function_v1_function_proto_rawDesc), len(file_sluice_function_v1_function_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

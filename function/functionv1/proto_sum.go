@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "69455c6c54cf0feb81bf10c555594decfe87bf499d5e98e650d3fbe2f4c1ec42"
+const ProtoSHA256 = "237e6f15432bec622cb6c96a1742b2eafac16fdd96961423aca43677f173947f"

@@ -84,6 +84,7 @@ class Result:
     def __init__(self):
         self.status, self.reason = "OK", ""
         self._states, self._outputs, self._timers = {}, [], []
+        self._failed = []
 
     def set(self, name, value):
         self._states[name] = value
@@ -122,12 +123,26 @@ class Result:
         self.status, self.reason = "DEAD_LETTER", reason
         return self
 
+    def fail(self, index, reason):
+        """Send one event of the call, call.events[index], to the
+        dead-letter topic with reason, and let the rest of the result
+        apply: it is then the key's state and outputs as of the other
+        events. Fail each event at most once; a result that fails every
+        event must set no state, emit nothing and set no timer. (A
+        processor that predates it dead-letters all the key's events of
+        the call instead.)"""
+        self.status = "PARTIAL"
+        self._failed.append({"index": int(index), "reason": reason})
+        return self
+
     def to_json(self, key):
         out = {"key": _e(key), "status": self.status}
         if self.reason:
             out["reason"] = self.reason
-        if self.status != "OK":
+        if self.status not in ("OK", "PARTIAL"):
             return out
+        if self._failed:
+            out["failedEvents"] = self._failed
         out["states"] = [{"name": n, "delete": True} if v is None else {"name": n, "value": _e(v)}
                          for n, v in self._states.items()]
         out["outputs"] = []

@@ -114,6 +114,20 @@ func (r *Result) Retry(reason string) *Result {
 	return r
 }
 
+// Fail sends one event of the call, c.Events[event], to the dead-letter
+// topic with reason, and lets the rest of the result apply: the result is
+// then the key's state and outputs as of the other events, which is what
+// the function computes by skipping the failed one. Fail each event at
+// most once. A result that fails every event must set no state, emit
+// nothing and set no timer. For a timer event, the timer is dead-lettered.
+// (A processor that predates Fail dead-letters all the key's events of the
+// call instead, as DeadLetter.)
+func (r *Result) Fail(event int, reason string) *Result {
+	r.r.Status = functionv1.Status_PARTIAL
+	r.r.FailedEvents = append(r.r.FailedEvents, &functionv1.FailedEvent{Index: int32(event), Reason: reason})
+	return r
+}
+
 // DeadLetter sends the key's events of the call to the dead-letter topic.
 func (r *Result) DeadLetter(reason string) *Result {
 	r.r = functionv1.KeyResult{Status: functionv1.Status_DEAD_LETTER, Reason: reason}

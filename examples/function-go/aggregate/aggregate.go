@@ -1,8 +1,9 @@
 // Package aggregate is the aggregate job as a sidecar function (the Go SDK's
 // example): count, sum, min and max of base-10 int64 values per key, and
 // for every record the running aggregation {"count":C,"sum":S,"min":m,"max":M}
-// keyed like the input (DESIGN §7). A value that does not parse sends the
-// key's records of the call to the dead-letter topic, state untouched.
+// keyed like the input (DESIGN §7). A value that does not parse goes to the
+// dead-letter topic on its own (Result.Fail), as with the built-in job: the
+// key's other records count.
 package aggregate
 
 import (
@@ -35,13 +36,14 @@ func Func(_ context.Context, c *sdk.Call) *sdk.Result {
 		}
 	}
 	var last []byte // the state is the last output: one encoding per event
-	for _, e := range c.Events {
+	for i, e := range c.Events {
 		if e.Record == nil {
 			continue // no timers are set
 		}
 		v, err := strconv.ParseInt(string(e.Record.GetValue()), 10, 64)
 		if err != nil {
-			return r.DeadLetter(err.Error())
+			r.Fail(i, err.Error())
+			continue
 		}
 		if a == nil {
 			a = &aggregation{Min: v, Max: v}
