@@ -1,11 +1,18 @@
 package window_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/sluicetest"
 	"github.com/sluicehq/sluice/window"
 )
@@ -103,7 +110,9 @@ func TestEarlyIntervalInProcessingTime(t *testing.T) {
 		15 * time.Second,     // nothing new: nothing armed
 		elem{Key: "a", V: 2}, // at 35 s: arms 40 s
 		10 * time.Second,     // fires early
-		15 * time.Second,     // 60 s: fires at its end
+		5 * time.Second,
+		elem{Key: "a", V: 3}, // at 50 s: 60 s is the end, not early
+		10 * time.Second,     // 60 s: fires at its end, and is cleared
 	} {
 		switch s := s.(type) {
 		case elem:
@@ -116,8 +125,142 @@ func TestEarlyIntervalInProcessingTime(t *testing.T) {
 	expectInOrder(t, "windows", values(h.Output()),
 		line("a", ms(0), ms(time.Minute), result{1, 1}),
 		line("a", ms(0), ms(time.Minute), result{2, 3}),
-		line("a", ms(0), ms(time.Minute), result{2, 3}),
+		line("a", ms(0), ms(time.Minute), result{3, 6}),
 	)
+	if live := liveWindows(t, h); len(live) != 0 {
+		t.Fatalf("windows left in state after their end: %q", live)
+	}
+}
+
+// liveWindows is the window index's entries (job "w") that the changelog
+// holds a value for, as "<key>/<encoded window>".
+func liveWindows(t *testing.T, h *sluicetest.Harness) []string {
+	t.Helper()
+	live := map[string]bool{}
+	for _, r := range h.Records(sluicetest.AppID + "-changelog") {
+		k, err := kstate.DecodeKey(r.Key)
+		if err != nil || k.Name != "w.windows" {
+			continue // markers and other state
+		}
+		live[fmt.Sprintf("%s/%x", k.UserKey, k.Sub)] = r.Value != nil
+	}
+	var out []string
+	for id, ok := range live {
+		if ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// An early firing that fails emits nothing, is counted and fails nothing
+// else: by count, the element that brought the count is kept (so every
+// later element is not dead-lettered in turn); by time, another window's
+// end firing at the same timer still goes out. At its end the failing
+// window's firing is dead-lettered, as any firing's.
+func TestEarlyFiringFailuresFailNothingElse(t *testing.T) {
+	t.Parallel()
+	at := func(s int64) int64 { return base + s*1000 }
+	a := func(s, v int64) elem { return elem{Key: "a", T: at(s), V: v} }
+	poisoned := window.Process(kstate.JSON[elem](), func(_ sluice.Context, _ window.Window, es []elem, emit func(result)) error {
+		var r result
+		for _, e := range es {
+			if e.V == 13 {
+				return errors.New("13 is poison")
+			}
+			r = sum{}.Add(e, r)
+		}
+		emit(r)
+		return nil
+	})
+	failedCount := func(t *testing.T, c prometheus.Counter) float64 {
+		t.Helper()
+		var m dto.Metric
+		if err := c.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	t.Run("count", func(t *testing.T) {
+		t.Parallel()
+		failed := prometheus.NewCounter(prometheus.CounterOpts{Name: "early_failed"})
+		h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+			Assigner: window.TumblingEventTime(10 * time.Second), Function: poisoned, EarlyCount: 2, EarlyFailed: failed,
+		}), sluicetest.Options{})
+		send(h, a(1, 13))
+		for i := range int64(10) {
+			send(h, a(1+i%8, i)) // counts 2 to 11 in [0,10): five early firings fail
+		}
+		send(h, a(12, 1), a(13, 2), a(30, 0))
+		h.Settle()
+		expectInOrder(t, "windows", values(h.Output()),
+			line("a", at(10), at(20), result{2, 3}),
+			line("a", at(10), at(20), result{2, 3}),
+		)
+		dl := h.DeadLetters()
+		if len(dl) != 1 || header(dl[0], sluice.HeaderStage) != "timer" {
+			t.Fatalf("dead letters %v, want the poisoned window's end firing alone", dl)
+		}
+		if n := failedCount(t, failed); n != 5 {
+			t.Fatalf("EarlyFailed %v, want 5", n)
+		}
+	})
+	t.Run("interval", func(t *testing.T) {
+		t.Parallel()
+		failed := prometheus.NewCounter(prometheus.CounterOpts{Name: "early_failed"})
+		h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+			Assigner: window.TumblingEventTime(10 * time.Second), Function: poisoned, EarlyInterval: 2 * time.Second, EarlyFailed: failed,
+		}), sluicetest.Options{MaxOutOfOrderness: 5 * time.Second})
+		send(h,
+			a(1, 1),   // [0,10) arms 2
+			a(12, 13), // [10,20) arms 12; watermark 7: [0,10) fires early at 2
+			// Watermark 11: the timer at 10 ends [0,10) and would fire
+			// [10,20) early, which fails.
+			a(16, 2),
+			a(40, 0), // [10,20) fails early at 12, then at its end
+		)
+		h.Settle()
+		expectInOrder(t, "windows", values(h.Output()),
+			line("a", at(0), at(10), result{1, 1}),
+			line("a", at(0), at(10), result{1, 1}),
+		)
+		dl := h.DeadLetters()
+		if len(dl) != 1 || header(dl[0], sluice.HeaderStage) != "timer" || header(dl[0], "sluice.timer.at") != strconv.FormatInt(at(20), 10) {
+			t.Fatalf("dead letters %v, want [10,20)'s end firing alone", dl)
+		}
+		if n := failedCount(t, failed); n != 2 {
+			t.Fatalf("EarlyFailed %v, want 2 (at 10 and 12)", n)
+		}
+	})
+}
+
+// A late element (within the lateness) that brings a fired window's count
+// to a multiple fires it once, as a late firing, not a second time by
+// count.
+func TestEarlyCountAndLateElements(t *testing.T) {
+	t.Parallel()
+	at := func(s int64) int64 { return base + s*1000 }
+	a := func(s, v int64) elem { return elem{Key: "a", T: at(s), V: v} }
+	h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+		Assigner: window.TumblingEventTime(10 * time.Second), Function: functions[0].fn, EarlyCount: 2, AllowedLateness: 5 * time.Second,
+	}), sluicetest.Options{})
+	send(h,
+		a(1, 1), a(2, 2), // count 2: fires early
+		a(3, 3),
+		a(10, 4), // watermark 10: [0,10) fires at its end
+		a(5, 5),  // late, count 4: the late firing only
+		a(30, 0), // [10,20) fires, and [0,10) is cleared
+	)
+	h.Settle()
+	expectInOrder(t, "windows", values(h.Output()),
+		line("a", at(0), at(10), result{2, 3}),
+		line("a", at(0), at(10), result{3, 6}),
+		line("a", at(0), at(10), result{4, 11}),
+		line("a", at(10), at(20), result{1, 4}),
+	)
+	if live := liveWindows(t, h); len(live) != 1 {
+		t.Fatalf("windows in state %q, want [30,40) alone", live)
+	}
 }
 
 // EarlyCount fires a window each time its count reaches a multiple, right
@@ -289,4 +432,64 @@ func sendWithKill(h *sluicetest.Harness, es []elem) {
 	h.Kill()
 	h.Restart()
 	send(h, es[2*third:]...)
+}
+
+// Early firings by count and by time share what was fired: an interval
+// timer after a count firing, with nothing new, fires nothing. And a
+// failed early firing does not end a window's early firings: the next
+// element arms the next one.
+func TestEarlyFiringsTakeTurns(t *testing.T) {
+	t.Parallel()
+	at := func(s int64) int64 { return base + s*1000 }
+	onlyA := func(lines []string) []string {
+		return slices.DeleteFunc(lines, func(l string) bool { return l[0] != 'a' })
+	}
+	t.Run("count then interval", func(t *testing.T) {
+		t.Parallel()
+		h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+			Assigner: window.TumblingEventTime(10 * time.Second), Function: functions[0].fn, EarlyInterval: 2 * time.Second, EarlyCount: 2,
+		}), sluicetest.Options{})
+		send(h,
+			elem{Key: "a", T: at(1), V: 1}, // arms 2
+			elem{Key: "a", T: at(1), V: 2}, // count 2: fires early
+			elem{Key: "b", T: at(3), V: 0}, // watermark 3: a's timer at 2 finds it unchanged
+			elem{Key: "b", T: at(30), V: 0},
+		)
+		h.Settle()
+		expectInOrder(t, "a's windows", onlyA(values(h.Output())),
+			line("a", at(0), at(10), result{2, 3}),
+			line("a", at(0), at(10), result{2, 3}),
+		)
+	})
+	t.Run("after a failure", func(t *testing.T) {
+		t.Parallel()
+		// Fails on a window of exactly two elements.
+		fn := window.Process(kstate.JSON[elem](), func(_ sluice.Context, _ window.Window, es []elem, emit func(result)) error {
+			if len(es) == 2 {
+				return errors.New("two")
+			}
+			var r result
+			for _, e := range es {
+				r = sum{}.Add(e, r)
+			}
+			emit(r)
+			return nil
+		})
+		h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+			Assigner: window.TumblingEventTime(10 * time.Second), Function: fn, EarlyInterval: 2 * time.Second,
+		}), sluicetest.Options{})
+		send(h,
+			elem{Key: "a", T: at(1), V: 1}, // arms 2
+			elem{Key: "a", T: at(1), V: 2},
+			elem{Key: "b", T: at(3), V: 0}, // watermark 3: a fails early at 2
+			elem{Key: "a", T: at(3), V: 3}, // arms 4
+			elem{Key: "b", T: at(5), V: 0}, // watermark 5: a fires early at 4
+			elem{Key: "b", T: at(30), V: 0},
+		)
+		h.Settle()
+		expectInOrder(t, "a's windows", onlyA(values(h.Output())),
+			line("a", at(0), at(10), result{3, 6}),
+			line("a", at(0), at(10), result{3, 6}),
+		)
+	})
 }

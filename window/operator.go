@@ -114,11 +114,12 @@ func (o *operator[IN, OUT]) process(ctx sluice.Context, rec *sluice.Record) erro
 // firing, with everything the window holds, as Flink's default trigger
 // does.
 //
-// Early firings: the first element since the window was made or last
-// fired early arms a timer at the next multiple of EarlyInterval after the
-// clock, if the window has not ended by then (a timer already armed is the
-// same one); an element that brings the count to a multiple of EarlyCount
-// fires the window at once.
+// Early firings: each element arms a timer at the next multiple of
+// EarlyInterval after the clock, if the window has not ended by then (the
+// same millisecond again is the same timer), so a window whose early
+// firing failed, or state from before EarlyInterval was set or changed,
+// gets one too; an element that brings the count to a multiple of
+// EarlyCount fires the window at once.
 func (o *operator[IN, OUT]) add(ctx sluice.Context, s span, e *entry, created bool, in IN, c clock) error {
 	if err := o.addElement(ctx, e, in); err != nil {
 		return err
@@ -130,17 +131,18 @@ func (o *operator[IN, OUT]) add(ctx sluice.Context, s span, e *entry, created bo
 	if created && o.lateness > 0 {
 		o.register(ctx, s.end+o.lateness)
 	}
-	if o.earlyEvery > 0 && !ended && (created || e.emitted) {
+	if o.earlyEvery > 0 && !ended {
 		if next := o.nextEarly(s, c); next < s.end {
 			o.register(ctx, next)
 		}
 	}
 	e.fired, e.emitted = false, false
 	if o.earlyCount > 0 && !ended && e.count%o.earlyCount == 0 {
-		if err := o.fire(ctx, window{s, *e}); err != nil {
+		fired, err := o.fireEarly(ctx, window{s, *e})
+		if err != nil {
 			return err
 		}
-		e.emitted = true
+		e.emitted = fired
 	}
 	return o.st.windows.Put(ctx, s, *e)
 }
@@ -252,12 +254,15 @@ func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
 		fire := !w.e.fired && timerTime(w.s.end) == at
 		cleanup := timerTime(w.s.end+o.lateness) == at
 		if o.early(w, at) {
-			if err := o.fire(ctx, w); err != nil {
+			fired, err := o.fireEarly(ctx, w)
+			if err != nil {
 				return err
 			}
-			w.e.emitted = true
-			if err := o.st.windows.Put(ctx, w.s, w.e); err != nil {
-				return err
+			if fired {
+				w.e.emitted = true
+				if err := o.st.windows.Put(ctx, w.s, w.e); err != nil {
+					return err
+				}
 			}
 			continue
 		}
@@ -284,7 +289,8 @@ func (o *operator[IN, OUT]) onTimer(ctx sluice.Context, t sluice.Timer) error {
 // early reports whether a timer at at fires w early: at is a multiple of
 // EarlyInterval before w's end, and w changed since it last fired. The
 // timer may be another window's (timers are one per key and millisecond):
-// w's own early timer would be at the same multiple.
+// w's own early timer would be at the same multiple. A failing early
+// firing fails nothing (fireEarly), so sharing the timer is safe.
 func (o *operator[IN, OUT]) early(w window, at int64) bool {
 	return o.earlyEvery > 0 && at%o.earlyEvery == 0 && at < w.s.end && !w.e.fired && !w.e.emitted
 }
@@ -294,6 +300,48 @@ func (o *operator[IN, OUT]) early(w window, at int64) bool {
 // that a later job's window of the same size takes them into the same
 // window, whether the firing is the timer's or a late record's.
 func (o *operator[IN, OUT]) fire(ctx sluice.Context, w window) error {
+	return o.compute(ctx, w, func(c sluice.Context, key, v []byte) { c.Emit(key, v) })
+}
+
+// fireEarly fires w early: its results go out only once the window
+// function and Encode have succeeded. An error of either drops this early
+// firing (fired false) and counts it (Spec.EarlyFailed): it does not fail
+// the record or timer at hand, whose other work (an element, another
+// window's firing at the same timer) would go with it. The window keeps
+// its elements and fires at its end, where an error that persists is
+// dead-lettered as any firing's. A sluice.Fatal error, or a state read
+// that fails, is returned.
+func (o *operator[IN, OUT]) fireEarly(ctx sluice.Context, w window) (fired bool, err error) {
+	var at sluice.Context
+	var key []byte
+	var vals [][]byte
+	err = o.compute(ctx, w, func(c sluice.Context, k, v []byte) { at, key, vals = c, k, append(vals, v) })
+	var read readError
+	switch {
+	case err == nil:
+		for _, v := range vals {
+			at.Emit(key, v)
+		}
+		return true, nil
+	case sluice.IsFatal(err) || errors.As(err, &read):
+		return false, err
+	}
+	if o.spec.EarlyFailed != nil {
+		o.spec.EarlyFailed.Inc()
+	}
+	return false, nil
+}
+
+// readError is a failure to read a window's elements from state: not the
+// window function's.
+type readError struct{ err error }
+
+func (e readError) Error() string { return e.err.Error() }
+func (e readError) Unwrap() error { return e.err }
+
+// compute runs the window function over w and hands each result, encoded,
+// to sink with the context stamped with the window's MaxTimestamp.
+func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window, sink func(c sluice.Context, key, v []byte)) error {
 	win := w.s.window()
 	ctx = sluice.WithTimestamp(ctx, win.MaxTimestamp())
 	key := ctx.Key()
@@ -307,16 +355,17 @@ func (o *operator[IN, OUT]) fire(ctx sluice.Context, w window) error {
 			emitErr = err
 			return
 		}
-		ctx.Emit(key, v)
+		sink(ctx, key, v)
 	}
 	var err error
 	if o.fn.incremental() {
 		err = o.fn.fire(ctx, win, w.e.acc, emit)
 	} else {
-		var elems []IN
-		if elems, err = o.elements(ctx, w.e); err == nil {
-			err = o.fn.process(ctx, win, elems, emit)
+		elems, rerr := o.elements(ctx, w.e)
+		if rerr != nil {
+			return readError{rerr}
 		}
+		err = o.fn.process(ctx, win, elems, emit)
 	}
 	if err != nil {
 		return err

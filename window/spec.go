@@ -53,17 +53,28 @@ type Spec[IN, OUT any] struct {
 	// ContinuousProcessingTimeTrigger, but a window that did not change
 	// since its last firing is not fired again. The firing at the
 	// window's end stays, so readers see several results for a window,
-	// the one at its end complete. Whole milliseconds.
+	// the one at its end complete. Whole milliseconds. Windows that end
+	// before 1970 do not fire early.
 	EarlyInterval time.Duration
 	// EarlyCount, if set, fires a window before its end with its result
 	// so far each time an element brings its count to a multiple of
 	// EarlyCount, right after that element (Flink's CountTrigger, with the
 	// firing at the end kept). Sessions that merge add their counts, so a
 	// merge can step over a multiple.
+	//
+	// An early firing whose window function or Encode fails emits
+	// nothing, is counted in EarlyFailed, and fails nothing else: the
+	// window keeps its elements and fires at its end, where an error
+	// that persists is dead-lettered as any firing's. (What the function
+	// writes through its Context itself, keyed state or ctx.Emit, stays.)
+	// sluice.Fatal stops the instance, as anywhere.
 	EarlyCount int
 	// LateDropped, if set, is incremented for each record dropped as too
 	// late (committed or not: a replayed epoch counts again).
 	LateDropped prometheus.Counter
+	// EarlyFailed, if set, is incremented for each early firing whose
+	// window function or Encode failed (committed or not).
+	EarlyFailed prometheus.Counter
 }
 
 // Job returns the sluice.Job that runs the spec, or an error saying what is
