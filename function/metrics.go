@@ -21,7 +21,7 @@ type metrics struct {
 // Results of a call, the calls_total label.
 const (
 	resultOK          = "ok"          // answered; every key OK
-	resultKeyFailed   = "key_failed"  // answered; some key RETRY or DEAD_LETTER, or an invalid result
+	resultKeyFailed   = "key_failed"  // answered; some key RETRY, DEAD_LETTER or PARTIAL, or an invalid result
 	resultError       = "error"       // timed out or failed (retried)
 	resultUnavailable = "unavailable" // the function could not be reached
 )
@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_function_calls_total",
-			Help: "Invoke calls to the function, by result: ok, key_failed (a key answered RETRY or DEAD_LETTER, or invalid), error (timed out or failed), unavailable (not reachable).",
+			Help: "Invoke calls to the function, by result: ok, key_failed (a key answered RETRY, DEAD_LETTER or PARTIAL, or invalid), error (timed out or failed), unavailable (not reachable).",
 		}, []string{"result"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sluice_function_call_duration_seconds",

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -494,6 +495,9 @@ func TestInvalidFailedEvents(t *testing.T) {
 		case "all":
 			r.Set("s", []byte("x"))
 			r.Fail(0, "every event")
+		case "dead":
+			r.DeadLetter("the whole key")
+			r.Fail(0, "after DeadLetter: does nothing")
 		case "timer":
 			r.SetTimer(c.Now.Add(time.Minute))
 		}
@@ -501,7 +505,7 @@ func TestInvalidFailedEvents(t *testing.T) {
 	})
 	job := newJob(t, function.Options{URL: url, Retries: 0})
 	h := sluicetest.New(t, job, sluicetest.Options{})
-	for _, v := range []string{"twice", "range", "all", "timer"} {
+	for _, v := range []string{"twice", "range", "all", "dead", "timer"} {
 		h.Send([]byte(v), []byte(v), time.Time{})
 		h.Settle()
 	}
@@ -511,6 +515,7 @@ func TestInvalidFailedEvents(t *testing.T) {
 		"twice": "fails event 0 twice",
 		"range": "fails event 1 of a call of 1 events",
 		"all":   "fails every event of the key and yet changes state",
+		"dead":  "the function answered DEAD_LETTER: the whole key",
 		"timer": "the function failed the event: timer refused",
 	}
 	dl := h.DeadLetters()
@@ -543,12 +548,37 @@ func TestInvalidFailedEvents(t *testing.T) {
 			io.WriteString(w, `{"protocolVersion":1}`)
 			return
 		}
-		fmt.Fprintf(w, `{"results":[{"key":%q,"status":"OK","failedEvents":[{"index":0,"reason":"r"}]}]}`, req.Keys[0].Key)
+		// Key "b2s=" ("ok"): a list with OK; "bmFtZQ==" ("name"):
+		// PARTIAL by its name, which this processor reads too.
+		status := `"OK"`
+		if req.Keys[0].Key == "bmFtZQ==" {
+			status = `"PARTIAL"`
+		}
+		fmt.Fprintf(w, `{"results":[{"key":%q,"status":%s,"failedEvents":[{"index":0,"reason":"r"}]}]}`, req.Keys[0].Key, status)
 	}))
 	h = sluicetest.New(t, newJob(t, function.Options{URL: raw, Protocol: function.JSON, Retries: 0}), sluicetest.Options{})
-	h.Send([]byte("k"), []byte("v"), time.Time{})
+	h.Send([]byte("ok"), []byte("v"), time.Time{})
 	h.Settle()
-	if dl := h.DeadLetters(); len(dl) != 1 || !strings.Contains(header(dl[0], "sluice.error"), "without the status PARTIAL") {
-		t.Fatalf("dead letters %v, want the key's record, for failed events listed with OK", dl)
+	h.Send([]byte("name"), []byte("v"), time.Time{})
+	h.Settle()
+	dl = h.DeadLetters()
+	if len(dl) != 2 || !strings.Contains(header(dl[0], "sluice.error"), "without the status PARTIAL") || !strings.Contains(header(dl[1], "sluice.error"), "the function failed the event: r") {
+		t.Fatalf("dead letters %v, want ok's for failed events listed with OK, then name's failed event", dl)
+	}
+}
+
+// The Go SDK writes enums in JSON as numbers, so that a processor that
+// predates PARTIAL fails the key rather than read PARTIAL as OK.
+func TestGoSDKWritesPartialAsANumber(t *testing.T) {
+	h := sdk.Handler(sdk.Declaration{}, func(_ context.Context, c *sdk.Call) *sdk.Result {
+		return (&sdk.Result{}).Fail(0, "bad")
+	})
+	req := httptest.NewRequest(http.MethodPost, "/sluice.function.v1.FunctionService/Invoke",
+		strings.NewReader(`{"keys":[{"key":"aw==","events":[{"record":{"value":"eA=="}}]}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, `"status":3`) || !strings.Contains(body, `"failedEvents":[{"reason":"bad"}]`) {
+		t.Fatalf("answer %d %s, want PARTIAL as 3 and the failed event", rec.Code, body)
 	}
 }

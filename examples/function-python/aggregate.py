@@ -2,7 +2,7 @@
 base-10 integer values per key; for every record, emit the running
 aggregation {"count":C,"sum":S,"min":m,"max":M} keyed like the input
 (DESIGN section 7). A value that does not parse goes to the dead-letter
-topic on its own (res.fail), as with the built-in job: the others count."""
+topic on its own (res.fail); the others count."""
 
 import json
 import os

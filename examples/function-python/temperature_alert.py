@@ -3,8 +3,7 @@ last reading ("id,epochSeconds,temperature", records keyed by sensor id) and
 emit {"id":...,"last":...,"current":...} when a reading differs from the last
 one by SLUICE_ALERT_THRESHOLD (default 10) or more; the first reading of a
 sensor only sets its state (docs/jobs.md). A reading that does not parse
-goes to the dead-letter topic on its own (res.fail), as with the built-in
-job."""
+goes to the dead-letter topic on its own (res.fail)."""
 
 import json
 import math

@@ -94,9 +94,11 @@ const (
 	// Some of the key's events cannot be handled: each listed in
 	// failed_events goes to the dead-letter topic with its reason, and the
 	// result applies as for OK, being the key's state after the other
-	// events. (A processor that predates it answers it as an unknown
-	// status: the whole key goes to the dead-letter topic, never silently
-	// applied.)
+	// events. A processor that predates it answers it as an unknown
+	// status: the whole key goes to the dead-letter topic. In JSON, send it
+	// as the number 3: such a processor reads an unknown name as OK (the
+	// JSON mapping drops it), and would apply the result without its
+	// failures.
 	Status_PARTIAL Status = 3
 )
 
@@ -1068,7 +1070,8 @@ type Output struct {
 	Tag string `protobuf:"bytes,4,opt,name=tag,proto3" json:"tag,omitempty"`
 	// The record's Kafka timestamp, unix milliseconds. Absent: the event
 	// time of what the result answers, which is the Kafka time of the key's
-	// last record in the batch, or a timer call's time. Before 1970
+	// last record in the batch that the result does not fail, or a timer
+	// call's time. Before 1970
 	// (negative) or after 2262: the processor's processing time.
 	TimestampMs   *int64 `protobuf:"varint,5,opt,name=timestamp_ms,json=timestampMs,proto3,oneof" json:"timestamp_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "237e6f15432bec622cb6c96a1742b2eafac16fdd96961423aca43677f173947f"
+const ProtoSHA256 = "eca32b5792cc2208f07cb26f153c7ea080c45ad5dfd6e2e759978343080a4852"

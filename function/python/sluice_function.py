@@ -97,7 +97,8 @@ class Result:
 
         timestamp_ms sets its Kafka timestamp (unix milliseconds); None
         stamps it with the time of what the call answers: the Kafka time
-        of the key's last record in the batch, or the timer's."""
+        of the key's last record in the batch that the result does not
+        fail, or the timer's."""
         self._outputs.append((key, value, list(headers), tag, timestamp_ms))
 
     def set_timer(self, at_ms):
@@ -128,15 +129,19 @@ class Result:
         dead-letter topic with reason, and let the rest of the result
         apply: it is then the key's state and outputs as of the other
         events. Fail each event at most once; a result that fails every
-        event must set no state, emit nothing and set no timer. (A
-        processor that predates it dead-letters all the key's events of
-        the call instead.)"""
+        event must set no state, emit nothing and set no timer. After
+        dead_letter or retry it does nothing. (A processor that predates
+        it dead-letters all the key's events of the call instead.)"""
+        if self.status in ("DEAD_LETTER", "RETRY"):
+            return self  # the whole key's fate is set already
         self.status = "PARTIAL"
         self._failed.append({"index": int(index), "reason": reason})
         return self
 
     def to_json(self, key):
-        out = {"key": _e(key), "status": self.status}
+        # PARTIAL as its number: a processor that predates it reads an
+        # unknown name as OK, and an unknown number as a failed key.
+        out = {"key": _e(key), "status": 3 if self.status == "PARTIAL" else self.status}
         if self.reason:
             out["reason"] = self.reason
         if self.status not in ("OK", "PARTIAL"):

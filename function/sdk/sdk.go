@@ -2,6 +2,8 @@ package sdk
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -9,6 +11,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	functionv1 "github.com/sluicehq/sluice/function/functionv1"
 	"github.com/sluicehq/sluice/function/functionv1/functionv1connect"
@@ -74,7 +78,8 @@ func (r *Result) Emit(key, value []byte, headers ...*functionv1.Header) {
 
 // EmitTo produces a record to a declared side output ("" is the output).
 // Emit and EmitTo stamp it with the time of what the call answers: the
-// Kafka time of the key's last record in the batch, or the timer's.
+// Kafka time of the key's last record in the batch that the result does
+// not Fail, or the timer's.
 func (r *Result) EmitTo(tag string, key, value []byte, headers ...*functionv1.Header) {
 	r.r.Outputs = append(r.r.Outputs, &functionv1.Output{Key: key, Value: value, Headers: headers, Tag: tag})
 }
@@ -120,9 +125,13 @@ func (r *Result) Retry(reason string) *Result {
 // the function computes by skipping the failed one. Fail each event at
 // most once. A result that fails every event must set no state, emit
 // nothing and set no timer. For a timer event, the timer is dead-lettered.
-// (A processor that predates Fail dead-letters all the key's events of the
-// call instead, as DeadLetter.)
+// After DeadLetter or Retry, Fail does nothing. (A processor that predates
+// Fail dead-letters all the key's events of the call instead, as
+// DeadLetter.)
 func (r *Result) Fail(event int, reason string) *Result {
+	if s := r.r.Status; s == functionv1.Status_DEAD_LETTER || s == functionv1.Status_RETRY {
+		return r // the whole key's fate is set already
+	}
 	r.r.Status = functionv1.Status_PARTIAL
 	r.r.FailedEvents = append(r.r.FailedEvents, &functionv1.FailedEvent{Index: int32(event), Reason: reason})
 	return r
@@ -137,8 +146,36 @@ func (r *Result) DeadLetter(reason string) *Result {
 // Handler serves fn under the protocol's paths.
 func Handler(d Declaration, fn Func) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(functionv1connect.NewFunctionServiceHandler(&service{d: d, fn: fn}))
+	mux.Handle(functionv1connect.NewFunctionServiceHandler(&service{d: d, fn: fn},
+		connect.WithCodec(jsonCodec{"json"}), connect.WithCodec(jsonCodec{"json; charset=utf-8"})))
 	return mux
+}
+
+// jsonCodec is connect's JSON codec but for enums, which it writes as
+// numbers: a processor that predates a status (PARTIAL) reads an unknown
+// name as 0, OK, and would apply a result without its failures, while an
+// unknown number stays itself and fails the key.
+type jsonCodec struct{ name string }
+
+func (c jsonCodec) Name() string { return c.name }
+
+func (jsonCodec) Marshal(m any) ([]byte, error) {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("sdk: %T is not a proto.Message", m)
+	}
+	return protojson.MarshalOptions{UseEnumNumbers: true}.Marshal(pm)
+}
+
+func (jsonCodec) Unmarshal(b []byte, m any) error {
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return fmt.Errorf("sdk: %T is not a proto.Message", m)
+	}
+	if len(b) == 0 {
+		return errors.New("sdk: a zero-length payload is not a JSON object")
+	}
+	return protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, pm)
 }
 
 type service struct {

@@ -2,8 +2,8 @@
 // example): count, sum, min and max of base-10 int64 values per key, and
 // for every record the running aggregation {"count":C,"sum":S,"min":m,"max":M}
 // keyed like the input (DESIGN §7). A value that does not parse goes to the
-// dead-letter topic on its own (Result.Fail), as with the built-in job: the
-// key's other records count.
+// dead-letter topic on its own (Result.Fail); the key's other records
+// count.
 package aggregate
 
 import (
