@@ -45,7 +45,7 @@ type StateSpec struct {
 func describe(ctx context.Context, o Options, client functionv1connect.FunctionServiceClient) (Spec, error) {
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, o.Timeout)
-		resp, err := client.Describe(cctx, connect.NewRequest(&functionv1.DescribeRequest{ProtocolVersion: ProtocolVersion, AppId: o.AppID}))
+		resp, err := client.Describe(cctx, connect.NewRequest(&functionv1.DescribeRequest{ProtocolVersion: ProtocolVersion, AppId: o.AppID, Features: features}))
 		cancel()
 		if err == nil {
 			return checkSpec(o.URL, resp.Msg)
@@ -57,6 +57,9 @@ func describe(ctx context.Context, o Options, client functionv1connect.FunctionS
 		case connect.CodeUnimplemented, connect.CodeNotFound:
 			// Something answers, but not the protocol: a wrong URL.
 			return Spec{}, &DescribeError{URL: o.URL, Reason: fmt.Sprintf("Describe is not served there (%v)", err)}
+		case connect.CodeFailedPrecondition:
+			// The function needs what this processor does not do.
+			return Spec{}, &DescribeError{URL: o.URL, Reason: fmt.Sprintf("the function refuses this processor: %v", err)}
 		}
 		wait := o.backoff(attempt)
 		o.Logger.Warn("function does not answer Describe yet; asking again", "url", o.URL, "retry_in", wait, "err", err)

@@ -3,6 +3,7 @@ package function_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -492,4 +493,68 @@ func TestPythonEventTime(t *testing.T) {
 		"k": {"seen wm=None", fmt.Sprintf("fired %d event=True wm=%d", ms+10000, ms+20000)},
 		"x": {fmt.Sprintf("seen wm=%d", ms)},
 	})
+}
+
+// A function in event time refuses a processor that does not list the
+// event_time feature in Describe (one that would take its event-time
+// timers for processing-time ones), with FAILED_PRECONDITION, in both
+// SDKs; and this processor stops on that answer with a DescribeError
+// rather than ask again.
+func TestEventTimeFunctionRefusesAProcessorWithoutIt(t *testing.T) {
+	describeWithout := func(t *testing.T, client functionv1connect.FunctionServiceClient) {
+		t.Helper()
+		_, err := client.Describe(context.Background(), connect.NewRequest(&functionv1.DescribeRequest{ProtocolVersion: 1}))
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "event time") {
+			t.Fatalf("Describe without features: %v, want FAILED_PRECONDITION about event time", err)
+		}
+		resp, err := client.Describe(context.Background(), connect.NewRequest(&functionv1.DescribeRequest{ProtocolVersion: 1, Features: []string{"event_time"}}))
+		if err != nil || !resp.Msg.GetEventTime() {
+			t.Fatalf("Describe with event_time: %v, %v", resp, err)
+		}
+	}
+	t.Run("go", func(t *testing.T) {
+		url := startGo(t, sdk.Declaration{EventTime: true}, func(context.Context, *sdk.Call) *sdk.Result { return &sdk.Result{} })
+		describeWithout(t, functionv1connect.NewFunctionServiceClient(http.DefaultClient, url, connect.WithProtoJSON()))
+		describeWithout(t, functionv1connect.NewFunctionServiceClient(http.DefaultClient, url))
+	})
+	t.Run("python", func(t *testing.T) {
+		py, err := exec.LookPath("python3")
+		if err != nil {
+			t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
+		}
+		sock := filepath.Join(t.TempDir(), "fn.sock")
+		cmd := exec.Command(py, filepath.Join("testdata", "event_timer.py"))
+		cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		// This processor's Describe (with its features) is answered...
+		newJob(t, function.Options{URL: "unix://" + sock})
+		// ...and one without them is refused.
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+		describeWithout(t, functionv1connect.NewFunctionServiceClient(hc, "http://fn", connect.WithProtoJSON()))
+	})
+	t.Run("processor", func(t *testing.T) {
+		mux := http.NewServeMux()
+		mux.Handle(functionv1connect.NewFunctionServiceHandler(refusing{}))
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := function.New(ctx, function.Options{URL: serve(t, mux)})
+		var de *function.DescribeError
+		if !errorAs(err, &de) || !strings.Contains(de.Reason, "the function refuses this processor") || !strings.Contains(de.Reason, "too old") {
+			t.Fatalf("New: %v, want a DescribeError with the function's reason", err)
+		}
+	})
+}
+
+// refusing answers Describe with FAILED_PRECONDITION.
+type refusing struct {
+	functionv1connect.UnimplementedFunctionServiceHandler
+}
+
+func (refusing) Describe(context.Context, *connect.Request[functionv1.DescribeRequest]) (*connect.Response[functionv1.DescribeResponse], error) {
+	return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("too old"))
 }

@@ -150,7 +150,14 @@ type DescribeRequest struct {
 	// The protocol version the processor speaks (1).
 	ProtocolVersion uint32 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	// The processor's application id (SLUICE_APP_ID), for the function's logs.
-	AppId         string `protobuf:"bytes,2,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
+	AppId string `protobuf:"bytes,2,opt,name=app_id,json=appId,proto3" json:"app_id,omitempty"`
+	// What the processor supports beyond the protocol's first form:
+	// "event_time" (DescribeResponse.event_time, InvokeRequest.watermark_ms,
+	// event-time timers), "partial" (Status PARTIAL), "output_timestamp"
+	// (Output.timestamp_ms). A function that needs one the list lacks answers
+	// Describe with the error FAILED_PRECONDITION saying so, which the
+	// processor reports and stops on, rather than run it without.
+	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,6 +204,13 @@ func (x *DescribeRequest) GetAppId() string {
 		return x.AppId
 	}
 	return ""
+}
+
+func (x *DescribeRequest) GetFeatures() []string {
+	if x != nil {
+		return x.Features
+	}
+	return nil
 }
 
 type DescribeResponse struct {
@@ -1210,10 +1224,11 @@ var File_sluice_function_v1_function_proto protoreflect.FileDescriptor
 
 const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\n" +
-	"!sluice/function/v1/function.proto\x12\x12sluice.function.v1\"S\n" +
+	"!sluice/function/v1/function.proto\x12\x12sluice.function.v1\"o\n" +
 	"\x0fDescribeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x15\n" +
-	"\x06app_id\x18\x02 \x01(\tR\x05appId\"\xb6\x01\n" +
+	"\x06app_id\x18\x02 \x01(\tR\x05appId\x12\x1a\n" +
+	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"\xb6\x01\n" +
 	"\x10DescribeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x125\n" +
 	"\x06states\x18\x02 \x03(\v2\x1d.sluice.function.v1.StateSpecR\x06states\x12!\n" +

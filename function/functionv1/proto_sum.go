@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "eca32b5792cc2208f07cb26f153c7ea080c45ad5dfd6e2e759978343080a4852"
+const ProtoSHA256 = "0dd28ec57a8e5228c1c3d9121a84f979b27ae6e458b2352dcd259576e7eced17"

@@ -187,6 +187,14 @@ def _handler(fn, states, side_outputs, event_time=False):
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if self.path == SERVICE + "Describe":
+                features = json.loads(body or b"{}").get("features", [])
+                if event_time and "event_time" not in features:
+                    # Connect's error for FAILED_PRECONDITION: the
+                    # processor reports it and stops, rather than run an
+                    # event-time function without event time.
+                    return self._reply(400, {"code": "failed_precondition", "message":
+                                             "this function works in event time, which the processor "
+                                             "does not support: upgrade the processor"})
                 return self._reply(200, describe)
             if self.path != SERVICE + "Invoke":
                 return self._reply(404, {"code": "unimplemented", "message": self.path})

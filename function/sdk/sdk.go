@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -183,7 +184,11 @@ type service struct {
 	fn Func
 }
 
-func (s *service) Describe(context.Context, *connect.Request[functionv1.DescribeRequest]) (*connect.Response[functionv1.DescribeResponse], error) {
+func (s *service) Describe(_ context.Context, req *connect.Request[functionv1.DescribeRequest]) (*connect.Response[functionv1.DescribeResponse], error) {
+	if s.d.EventTime && !slices.Contains(req.Msg.GetFeatures(), "event_time") {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			errors.New("this function works in event time, which the processor does not support (features "+strings.Join(req.Msg.GetFeatures(), ",")+"): upgrade the processor"))
+	}
 	resp := &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: s.d.SideOutputs, EventTime: s.d.EventTime}
 	for _, st := range s.d.States {
 		resp.States = append(resp.States, &functionv1.StateSpec{Name: st.Name, TtlMs: st.TTL.Milliseconds()})
