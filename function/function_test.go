@@ -36,12 +36,20 @@ import (
 // without it the test fails rather than skips.
 func startPython(t *testing.T, script string, env ...string) string {
 	t.Helper()
+	return startPythonAt(t, filepath.Join("..", "examples", "function-python", script), env...)
+}
+
+// startPythonAt runs the Python function at path on a unix socket and
+// returns its URL.
+func startPythonAt(t *testing.T, path string, env ...string) string {
+	t.Helper()
+	script := filepath.Base(path)
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
 	}
 	sock := filepath.Join(t.TempDir(), "fn.sock")
-	cmd := exec.Command(py, filepath.Join("..", "examples", "function-python", script))
+	cmd := exec.Command(py, path)
 	cmd.Env = append(os.Environ(), append(env, "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")...)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -367,18 +375,7 @@ func TestDescribeNotServedIsRefused(t *testing.T) {
 // kept; a minute after a sensor's first reading its timer reports how many
 // it saw and clears the count.
 func TestPythonSideOutputsHeadersAndTimers(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
-	}
-	sock := filepath.Join(t.TempDir(), "fn.sock")
-	cmd := exec.Command(py, filepath.Join("testdata", "split_timer.py"))
-	cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	job := newJob(t, function.Options{URL: "unix://" + sock})
+	job := newJob(t, function.Options{URL: startPythonAt(t, filepath.Join("testdata", "split_timer.py"))})
 	if !slices.Equal(job.SideOutputs, []sluice.OutputTag{"low"}) {
 		t.Fatalf("side outputs from Describe: %v", job.SideOutputs)
 	}
@@ -477,19 +474,8 @@ func TestCloseLetsANewJobTakeTheRegistry(t *testing.T) {
 // The Python SDK in event time: the call's watermark, an event-time timer
 // set and fired as the watermark passes it.
 func TestPythonEventTime(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
-	}
-	sock := filepath.Join(t.TempDir(), "fn.sock")
-	cmd := exec.Command(py, filepath.Join("testdata", "event_timer.py"))
-	cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	ms := eventTimeT0.UnixMilli()
-	runEventTime(t, newJob(t, function.Options{URL: "unix://" + sock}), map[string][]string{
+	runEventTime(t, newJob(t, function.Options{URL: startPythonAt(t, filepath.Join("testdata", "event_timer.py"))}), map[string][]string{
 		"k": {"seen wm=None", fmt.Sprintf("fired %d event=True wm=%d", ms+10000, ms+20000)},
 		"x": {fmt.Sprintf("seen wm=%d", ms)},
 	})
@@ -518,19 +504,10 @@ func TestEventTimeFunctionRefusesAProcessorWithoutIt(t *testing.T) {
 		describeWithout(t, functionv1connect.NewFunctionServiceClient(http.DefaultClient, url))
 	})
 	t.Run("python", func(t *testing.T) {
-		py, err := exec.LookPath("python3")
-		if err != nil {
-			t.Fatalf("python3 is needed for the Python SDK's tests: %v", err)
-		}
-		sock := filepath.Join(t.TempDir(), "fn.sock")
-		cmd := exec.Command(py, filepath.Join("testdata", "event_timer.py"))
-		cmd.Env = append(os.Environ(), "FUNCTION_LISTEN=unix:"+sock, "PYTHONDONTWRITEBYTECODE=1")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		url := startPythonAt(t, filepath.Join("testdata", "event_timer.py"))
+		sock := strings.TrimPrefix(url, "unix://")
 		// This processor's Describe (with its features) is answered...
-		newJob(t, function.Options{URL: "unix://" + sock})
+		newJob(t, function.Options{URL: url})
 		// ...and one without them is refused.
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)

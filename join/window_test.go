@@ -143,12 +143,7 @@ func TestWindowJoinMatchesModel(t *testing.T) {
 				dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "dropped", Help: "late records dropped"})
 				h := sluicetest.New(t, windowPairs(t, assigner, dropped, ""), options(2, backend, 100*time.Millisecond))
 				sendWithAKill(h, es)
-				for i := range 10 {
-					for _, topic := range []string{"left", "right"} {
-						h.SendTo(topic, fmt.Appendf(nil, "z%d", i), []byte("flush"), at(10_000))
-					}
-				}
-				h.Settle()
+				flush(h)
 				got := joinedAt(h.Output())
 				if !slices.Equal(got, want) {
 					t.Fatalf("%d outputs, want the model's %d pairs;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
@@ -248,19 +243,8 @@ func TestWindowCoGroupOuterJoin(t *testing.T) {
 	}
 	h := sluicetest.New(t, job, options(2, "", 100*time.Millisecond))
 	sendWithAKill(h, es)
-	for i := range 10 {
-		for _, topic := range []string{"left", "right"} {
-			h.SendTo(topic, fmt.Appendf(nil, "z%d", i), []byte("flush"), at(10_000))
-		}
-	}
-	h.Settle()
-	var got []string
-	for _, s := range joinedAt(h.Output()) {
-		if !strings.HasPrefix(s, "z") {
-			got = append(got, s)
-		}
-	}
-	if !slices.Equal(got, want) {
+	flush(h)
+	if got := unflushed(joinedAt(h.Output())); !slices.Equal(got, want) {
 		t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
 	}
 	if dl := h.DeadLetters(); len(dl) != 0 {
