@@ -26,7 +26,9 @@ type keyCall struct {
 	err    error // the key failed for good: DEAD_LETTER, out of retries, an invalid result
 	// failed are the events a PARTIAL result lists, by their index in
 	// events, with the function's reason.
-	failed   map[int]string
+	failed map[int]string
+	// applyAt is the event the result applies at (setApplyAt).
+	applyAt  int
 	attempts int
 	lastErr  error
 }
@@ -287,6 +289,19 @@ func (f *fn) settle(ks []*keyCall, resp *functionv1.InvokeResponse) (retry []*ke
 		f.m.calls.WithLabelValues(resultOK).Inc()
 	}
 	return retry
+}
+
+// setApplyAt sets applyAt to the key's last event that its result does not
+// fail: a failed record is dead-lettered, which rolls back what it wrote.
+// A result that fails them all changes nothing (checkFailed): -1.
+func (k *keyCall) setApplyAt() {
+	k.applyAt = len(k.events) - 1
+	for k.applyAt >= 0 {
+		if _, failed := k.failed[k.applyAt]; !failed {
+			return
+		}
+		k.applyAt--
+	}
 }
 
 // checkFailed returns the events a PARTIAL result lists, or why the list is

@@ -38,6 +38,11 @@ type StateSpec struct {
 	TTL  time.Duration // 0: never expires
 }
 
+// features are what this processor supports beyond the protocol's first
+// form, sent with Describe (DescribeRequest.features): a function that
+// needs one a processor lacks refuses it there.
+var features = []string{"event_time", "partial", "output_timestamp"}
+
 // describe asks the function for its Spec. While it cannot be reached or
 // fails to answer (it starts beside the processor and may not listen yet)
 // describe asks again with backoff until ctx ends; a server that does not

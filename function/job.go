@@ -105,12 +105,11 @@ type recordID struct {
 }
 
 // recordPlan is what Process does for one record: apply the key's result
-// at its last record the result does not fail, fail every record of a
-// failed key and each record a PARTIAL result lists, nothing else.
+// at its applyAt, fail every record of a failed key and each record a
+// PARTIAL result lists, nothing else.
 type recordPlan struct {
 	key   *keyCall
 	index int // in key.events
-	last  bool
 }
 
 func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec) (*fn, error) {
@@ -169,7 +168,6 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 	var keys []*keyCall
 	byKey := map[string]*keyCall{}
 	plans := make(map[recordID]*recordPlan, len(recs))
-	ids := map[*keyCall][]recordID{} // each key's records, in order
 	for _, r := range recs {
 		k := byKey[string(r.Key)]
 		if k == nil {
@@ -179,7 +177,6 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 		}
 		id := recordID{r.Topic, r.Offset}
 		plans[id] = &recordPlan{key: k, index: len(k.events)}
-		ids[k] = append(ids[k], id)
 		k.events = append(k.events, recordEvent(r))
 	}
 	for _, k := range keys {
@@ -192,16 +189,8 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 	if err := f.run(pc.Context(), pc.Task(), callTime{pc.Now(), pc.CurrentWatermark()}, keys); err != nil {
 		return err
 	}
-	// A result applies at the key's last record that it does not fail: a
-	// failed record is dead-lettered, which rolls back what it wrote. A
-	// result that fails them all changes nothing (checkFailed).
-	for k, kids := range ids {
-		for i := len(kids) - 1; i >= 0; i-- {
-			if _, failed := k.failed[i]; !failed {
-				plans[kids[i]].last = true
-				break
-			}
-		}
+	for _, k := range keys {
+		k.setApplyAt()
 	}
 	f.batches[pc.Task()] = plans
 	return nil
@@ -220,7 +209,7 @@ func (f *fn) process(ctx sluice.Context, rec *sluice.Record) error {
 	if reason, failed := p.key.failed[p.index]; failed {
 		return f.failure(p.key.key, failedErr(reason))
 	}
-	if !p.last {
+	if p.index != p.key.applyAt {
 		return nil
 	}
 	return f.apply(ctx, p.key.result)

@@ -39,11 +39,6 @@ const (
 // speaks; a function declaring another is refused.
 const ProtocolVersion = 1
 
-// features are what this processor supports beyond the protocol's first
-// form, sent with Describe (DescribeRequest.features): a function that
-// needs one a processor lacks refuses it there.
-var features = []string{"event_time", "partial", "output_timestamp"}
-
 // Options configure the function job. Zero values take the defaults named.
 type Options struct {
 	// URL is where the function listens: http://host:port, https://...,

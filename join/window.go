@@ -3,6 +3,7 @@ package join
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -72,6 +73,13 @@ type WindowSpec struct {
 	// LateDropped, if set, is incremented for each late record dropped
 	// (committed or not: a replayed epoch counts again).
 	LateDropped prometheus.Counter
+	// EarlyInterval, EarlyCount and EarlyFailed fire windows before their
+	// end, as window.Spec's (docs/windows.md#early-firings): each early
+	// firing gets every pair of the window so far, so readers see pairs
+	// again at each firing, the window's end included.
+	EarlyInterval time.Duration
+	EarlyCount    int
+	EarlyFailed   prometheus.Counter
 }
 
 // Window returns the sluice.Job that runs the spec, or an error saying
@@ -83,7 +91,7 @@ func Window(s WindowSpec) (sluice.Job, error) {
 	if err := s.validate(); err != nil {
 		return sluice.Job{}, fmt.Errorf("window join %q: %w", s.Name, err)
 	}
-	fn := s.coGroup
+	fn := s.CoGroup
 	if s.Join != nil {
 		fn = s.pairs
 	}
@@ -111,13 +119,14 @@ func Window(s WindowSpec) (sluice.Job, error) {
 		AllowedLateness: s.AllowedLateness,
 		LateOutput:      s.LateOutput,
 		LateDropped:     s.LateDropped,
+		EarlyInterval:   s.EarlyInterval,
+		EarlyCount:      s.EarlyCount,
+		EarlyFailed:     s.EarlyFailed,
 	})
 	if err != nil {
-		// Without window.Job's own "window job <name>: ".
-		if inner := errors.Unwrap(err); inner != nil {
-			err = inner
-		}
-		return sluice.Job{}, fmt.Errorf("window join %q: %w", s.Name, err)
+		// One name: without window.Job's own prefix.
+		msg, _ := strings.CutPrefix(err.Error(), fmt.Sprintf("window job %q: ", s.Name))
+		return sluice.Job{}, fmt.Errorf("window join %q: %s", s.Name, msg)
 	}
 	// Join and CoGroup get no Context, so these are all its state: a
 	// savepoint holding others is refused (Job.States).
@@ -153,10 +162,6 @@ func (s WindowSpec) pairs(key []byte, w window.Window, left, right []Element, em
 		}
 	}
 	return nil
-}
-
-func (s WindowSpec) coGroup(key []byte, w window.Window, left, right []Element, emit func([]byte)) error {
-	return s.CoGroup(key, w, left, right, emit)
 }
 
 // decode makes a record an element of its side. A record of neither topic

@@ -479,3 +479,35 @@ func TestWindowSpecIsChecked(t *testing.T) {
 		t.Fatalf("CoGroup alone: %v", err)
 	}
 }
+
+// Early firings: with EarlyCount 2 a window fires at its second and fourth
+// record with the pairs so far, then at its end with all of them.
+func TestWindowJoinEarlyFirings(t *testing.T) {
+	t.Parallel()
+	job, err := join.Window(join.WindowSpec{
+		Name: "wj", Left: "left", Right: "right", Assigner: window.TumblingEventTime(time.Second),
+		Timestamp: sluice.KafkaTime, EarlyCount: 2,
+		Join: func(key []byte, w window.Window, l, r join.Element) ([]byte, error) {
+			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sluicetest.New(t, job, options(1, "", 0))
+	h.SendTo("left", []byte("k"), []byte("L1"), at(100))
+	h.SendTo("right", []byte("k"), []byte("R1"), at(200)) // 2: L1|R1
+	h.SendTo("left", []byte("k"), []byte("L2"), at(300))
+	h.SendTo("right", []byte("k"), []byte("R2"), at(400)) // 4: the four pairs
+	h.SendTo("left", []byte("k"), []byte("L3"), at(2000))
+	h.SendTo("right", []byte("k"), []byte("R3"), at(3500)) // the end: the four again
+	h.Settle()
+	var got []string
+	for _, r := range h.Output() {
+		got = append(got, string(r.Value))
+	}
+	want := []string{"L1|R1", "L1|R1", "L1|R2", "L2|R1", "L2|R2", "L1|R1", "L1|R2", "L2|R1", "L2|R2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("outputs %q, want %q", got, want)
+	}
+}

@@ -1,7 +1,8 @@
 // Package window builds windowed jobs on Sluice's keyed state and timers:
 // tumbling, sliding and session windows, in event time or processing time,
 // with incremental aggregation (Reduce, Aggregate) or full-window functions
-// (Process), Flink's default trigger, allowed lateness and a side output
+// (Process), Flink's default trigger with early firings by time or count,
+// allowed lateness and a side output
 // for records too late for any window. It is a library over the public API
 // (sluice.Job, kstate, Context.Timers): window state is keyed state of the
 // record's key and its timers are the key's timers, so both are exactly

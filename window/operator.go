@@ -300,7 +300,12 @@ func (o *operator[IN, OUT]) early(w window, at int64) bool {
 // that a later job's window of the same size takes them into the same
 // window, whether the firing is the timer's or a late record's.
 func (o *operator[IN, OUT]) fire(ctx sluice.Context, w window) error {
-	return o.compute(ctx, w, func(c sluice.Context, key, v []byte) { c.Emit(key, v) })
+	c, vals, err := o.compute(ctx, w)
+	if err != nil {
+		return err
+	}
+	emitAll(c, vals)
+	return nil
 }
 
 // fireEarly fires w early: its results go out only once the window
@@ -312,16 +317,11 @@ func (o *operator[IN, OUT]) fire(ctx sluice.Context, w window) error {
 // dead-lettered as any firing's. A sluice.Fatal error, or a state read
 // that fails, is returned.
 func (o *operator[IN, OUT]) fireEarly(ctx sluice.Context, w window) (fired bool, err error) {
-	var at sluice.Context
-	var key []byte
-	var vals [][]byte
-	err = o.compute(ctx, w, func(c sluice.Context, k, v []byte) { at, key, vals = c, k, append(vals, v) })
+	c, vals, err := o.compute(ctx, w)
 	var read readError
 	switch {
 	case err == nil:
-		for _, v := range vals {
-			at.Emit(key, v)
-		}
+		emitAll(c, vals)
 		return true, nil
 	case sluice.IsFatal(err) || errors.As(err, &read):
 		return false, err
@@ -332,6 +332,13 @@ func (o *operator[IN, OUT]) fireEarly(ctx sluice.Context, w window) (fired bool,
 	return false, nil
 }
 
+// emitAll emits a firing's values keyed by c's key.
+func emitAll(c sluice.Context, vals [][]byte) {
+	for _, v := range vals {
+		c.Emit(c.Key(), v)
+	}
+}
+
 // readError is a failure to read a window's elements from state: not the
 // window function's.
 type readError struct{ err error }
@@ -339,12 +346,14 @@ type readError struct{ err error }
 func (e readError) Error() string { return e.err.Error() }
 func (e readError) Unwrap() error { return e.err }
 
-// compute runs the window function over w and hands each result, encoded,
-// to sink with the context stamped with the window's MaxTimestamp.
-func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window, sink func(c sluice.Context, key, v []byte)) error {
+// compute runs the window function over w and returns its results,
+// encoded, with the context stamped with the window's MaxTimestamp, which
+// they go out through.
+func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window) (sluice.Context, [][]byte, error) {
 	win := w.s.window()
 	ctx = sluice.WithTimestamp(ctx, win.MaxTimestamp())
 	key := ctx.Key()
+	var vals [][]byte
 	var emitErr error
 	emit := func(out OUT) {
 		if emitErr != nil {
@@ -355,7 +364,7 @@ func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window, sink func(c sl
 			emitErr = err
 			return
 		}
-		sink(ctx, key, v)
+		vals = append(vals, v)
 	}
 	var err error
 	if o.fn.incremental() {
@@ -363,14 +372,14 @@ func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window, sink func(c sl
 	} else {
 		elems, rerr := o.elements(ctx, w.e)
 		if rerr != nil {
-			return readError{rerr}
+			return nil, nil, readError{rerr}
 		}
 		err = o.fn.process(ctx, win, elems, emit)
 	}
-	if err != nil {
-		return err
+	if err == nil {
+		err = emitErr
 	}
-	return emitErr
+	return ctx, vals, err
 }
 
 func (o *operator[IN, OUT]) elements(ctx sluice.Context, e entry) ([]IN, error) {

@@ -71,7 +71,9 @@ func (o *operator[IN, OUT]) addToSession(ctx sluice.Context, rec *sluice.Record,
 		}
 		if o.earlyEvery > 0 && at%o.earlyEvery == 0 {
 			// Possibly an early timer of the merged session or
-			// another; a stale one finds nothing to fire.
+			// another; kept, it fires early whatever window of the
+			// key changed since it last fired, as that window's own
+			// timer at the multiple would.
 			return true
 		}
 		for _, w := range others {

@@ -61,19 +61,17 @@ type Spec[IN, OUT any] struct {
 	// EarlyCount, right after that element (Flink's CountTrigger, with the
 	// firing at the end kept). Sessions that merge add their counts, so a
 	// merge can step over a multiple.
-	//
-	// An early firing whose window function or Encode fails emits
-	// nothing, is counted in EarlyFailed, and fails nothing else: the
-	// window keeps its elements and fires at its end, where an error
-	// that persists is dead-lettered as any firing's. (What the function
-	// writes through its Context itself, keyed state or ctx.Emit, stays.)
-	// sluice.Fatal stops the instance, as anywhere.
 	EarlyCount int
 	// LateDropped, if set, is incremented for each record dropped as too
 	// late (committed or not: a replayed epoch counts again).
 	LateDropped prometheus.Counter
-	// EarlyFailed, if set, is incremented for each early firing whose
-	// window function or Encode failed (committed or not).
+	// EarlyFailed, if set, is incremented for each early firing (by
+	// EarlyInterval or EarlyCount) whose window function or Encode failed
+	// (committed or not). Such a firing emits nothing and fails nothing
+	// else: the window keeps its elements and fires at its end, where an
+	// error that persists is dead-lettered as any firing's. (What the
+	// function writes through its Context itself, keyed state or
+	// ctx.Emit, stays.) sluice.Fatal stops the instance, as anywhere.
 	EarlyFailed prometheus.Counter
 }
 

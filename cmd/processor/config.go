@@ -102,7 +102,7 @@ type FunctionConfig struct {
 	FunctionConcurrency   int           `env:"SLUICE_FUNCTION_CONCURRENCY" envDefault:"4" desc:"function: most calls in flight per task, each for other keys. Must be > 0."`
 	FunctionRetries       int           `env:"SLUICE_FUNCTION_RETRIES" envDefault:"3" desc:"function: retries of a key whose call timed out or failed, or that the function answered RETRY; then SLUICE_FUNCTION_ON_FAILURE applies. Must be >= 0."`
 	FunctionBackoff       time.Duration `env:"SLUICE_FUNCTION_BACKOFF" envDefault:"100ms" desc:"function: wait before the first retry, doubled at each (at most 5s). Must be > 0."`
-	FunctionOnFailure     string        `env:"SLUICE_FUNCTION_ON_FAILURE" envDefault:"dead_letter" desc:"function: what happens to a key's records when the function answered DEAD_LETTER or the retries are spent: dead_letter (to the DLQ with sluice.stage=function) or fail (the instance stops)."`
+	FunctionOnFailure     string        `env:"SLUICE_FUNCTION_ON_FAILURE" envDefault:"dead_letter" desc:"function: what happens to a key's records when the function answered DEAD_LETTER or the retries are spent, and to a record the function failed (PARTIAL): dead_letter (to the DLQ with sluice.stage=function) or fail (the instance stops)."`
 	FunctionMaxStateBytes int           `env:"SLUICE_FUNCTION_MAX_STATE_BYTES" envDefault:"1048576" desc:"function: largest state value the function may set (default 1 MiB); a larger one fails the key with an error naming key and state. Must be > 0."`
 }
 

@@ -32,7 +32,7 @@ def alert(call):
             sensor, temp = fields[0].strip(), float(fields[2])
             if len(fields) != 3 or not sensor or not math.isfinite(temp):
                 raise ValueError
-        except (ValueError, IndexError, UnicodeDecodeError):
+        except (ValueError, IndexError):  # UnicodeDecodeError is a ValueError
             res.fail(i, "reading %r: want id,epochSeconds,temperature" % ev.value[:64])
             continue
         if last is not None and abs(temp - last) >= THRESHOLD:
