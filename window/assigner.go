@@ -17,6 +17,11 @@ type Assigner struct {
 	size   int64 // tumbling and sliding: window length, ms
 	slide  int64 // sliding: distance between window starts, ms
 	gap    int64 // sessions: inactivity that closes a session, ms
+	// offset shifts tumbling and sliding windows from multiples of their
+	// step since the epoch (WithOffset), ms; given is as it was given.
+	offset    int64
+	offsetSet bool
+	given     time.Duration
 }
 
 type assignerKind byte
@@ -68,6 +73,28 @@ func ProcessingTimeSession(gap time.Duration) Assigner {
 	return Assigner{kind: session, domain: sluice.ProcessingTime, gap: gap.Milliseconds()}
 }
 
+// WithOffset returns the assigner with its windows shifted by offset from
+// the Unix epoch's multiples, as Flink's TumblingEventTimeWindows.of(size,
+// offset): daily windows in a time zone 8 hours behind UTC are
+// TumblingEventTime(24*time.Hour).WithOffset(8*time.Hour), each from
+// 08:00 UTC, midnight there (Flink writes that offset as -8 hours; both
+// name the same windows). Tumbling and sliding windows only; |offset| must
+// be less than the size (tumbling) or the slide (sliding), in whole
+// milliseconds.
+func (a Assigner) WithOffset(offset time.Duration) Assigner {
+	a.offset, a.offsetSet, a.given = offset.Milliseconds(), true, offset
+	return a
+}
+
+// step is the distance between window starts of a tumbling or sliding
+// assigner.
+func (a Assigner) step() int64 {
+	if a.kind == sliding {
+		return a.slide
+	}
+	return a.size
+}
+
 // EventTime reports whether the windows run on event time.
 func (a Assigner) EventTime() bool { return a.domain == sluice.EventTime }
 
@@ -91,6 +118,13 @@ func (a Assigner) validate() error {
 	default:
 		return fmt.Errorf("no window assigner (use TumblingEventTime, SlidingEventTime, EventTimeSession or a processing-time one)")
 	}
+	switch {
+	case !a.offsetSet:
+	case a.kind == session:
+		return fmt.Errorf("WithOffset is for tumbling and sliding windows: a session starts at its first record")
+	case a.given%time.Millisecond != 0 || a.offset <= -a.step() || a.offset >= a.step():
+		return fmt.Errorf("window offset %s: want whole milliseconds, less than %s either way (the windows' step)", a.given, time.Duration(a.step())*time.Millisecond)
+	}
 	return nil
 }
 
@@ -99,10 +133,10 @@ func (a Assigner) validate() error {
 func (a Assigner) assign(dst []span, t int64) []span {
 	switch a.kind {
 	case tumbling:
-		start := t - floorMod(t, a.size)
+		start := t - floorMod(t-a.offset, a.size)
 		return append(dst, span{start, start + a.size})
 	case sliding:
-		for start := t - floorMod(t, a.slide); start > t-a.size; start -= a.slide {
+		for start := t - floorMod(t-a.offset, a.slide); start > t-a.size; start -= a.slide {
 			dst = append(dst, span{start, start + a.size})
 		}
 		return dst

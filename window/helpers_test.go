@@ -181,14 +181,14 @@ func flush(es []elem) elem {
 
 // The batch recomputations: each window's result from all its elements.
 
-func batchFixed(es []elem, size, slide int64) []string {
+func batchFixed(es []elem, size, slide, offset int64) []string {
 	type win struct {
 		key        string
 		start, end int64
 	}
 	acc := map[win]result{}
 	for _, e := range es {
-		for start := e.T - e.T%slide; start > e.T-size; start -= slide {
+		for start := e.T - ((e.T-offset)%slide+slide)%slide; start > e.T-size; start -= slide {
 			w := win{e.Key, start, start + size}
 			acc[w] = sum{}.Add(e, acc[w])
 		}

@@ -22,10 +22,12 @@ var assigners = []struct {
 	assigner window.Assigner
 	batch    func([]elem) []string
 }{
-	{"tumbling", window.TumblingEventTime(10 * time.Second), func(es []elem) []string { return batchFixed(es, 10000, 10000) }},
-	{"sliding", window.SlidingEventTime(10*time.Second, 5*time.Second), func(es []elem) []string { return batchFixed(es, 10000, 5000) }},
-	{"sliding-uneven", window.SlidingEventTime(10*time.Second, 3*time.Second), func(es []elem) []string { return batchFixed(es, 10000, 3000) }},
+	{"tumbling", window.TumblingEventTime(10 * time.Second), func(es []elem) []string { return batchFixed(es, 10000, 10000, 0) }},
+	{"sliding", window.SlidingEventTime(10*time.Second, 5*time.Second), func(es []elem) []string { return batchFixed(es, 10000, 5000, 0) }},
+	{"sliding-uneven", window.SlidingEventTime(10*time.Second, 3*time.Second), func(es []elem) []string { return batchFixed(es, 10000, 3000, 0) }},
 	{"session", window.EventTimeSession(4500 * time.Millisecond), func(es []elem) []string { return batchSessions(es, 4500) }},
+	{"tumbling-offset", window.TumblingEventTime(10 * time.Second).WithOffset(3 * time.Second), func(es []elem) []string { return batchFixed(es, 10000, 10000, 3000) }},
+	{"sliding-offset", window.SlidingEventTime(10*time.Second, 5*time.Second).WithOffset(-2 * time.Second), func(es []elem) []string { return batchFixed(es, 10000, 5000, -2000) }},
 }
 
 // Each window kind and function, in event time, on an out-of-order stream
@@ -336,6 +338,18 @@ func TestSpecValidation(t *testing.T) {
 		{"late output in processing time", func(s *window.Spec[elem, result]) {
 			s.Assigner, s.LateOutput = window.TumblingProcessingTime(time.Second), late
 		}},
+		{"offset of a session", func(s *window.Spec[elem, result]) {
+			s.Assigner = window.EventTimeSession(time.Second).WithOffset(time.Millisecond)
+		}},
+		{"offset of a size", func(s *window.Spec[elem, result]) {
+			s.Assigner = window.TumblingEventTime(time.Second).WithOffset(-time.Second)
+		}},
+		{"offset of a slide", func(s *window.Spec[elem, result]) {
+			s.Assigner = window.SlidingEventTime(time.Minute, time.Second).WithOffset(time.Second)
+		}},
+		{"sub-ms offset", func(s *window.Spec[elem, result]) {
+			s.Assigner = window.TumblingEventTime(time.Second).WithOffset(time.Microsecond)
+		}},
 		{"sessions without merge", func(s *window.Spec[elem, result]) {
 			s.Assigner = window.EventTimeSession(time.Second)
 			s.Function = window.Aggregate[elem, result, result](kstateAgg{}, kstate.JSON[result]())
@@ -450,4 +464,48 @@ func TestTwoPartitions(t *testing.T) {
 	}
 	h.Settle()
 	expectSorted(t, "windows", withoutFlush(values(h.Output())), batchSessions(es, 4500))
+}
+
+// Offsets shift windows from the epoch's multiples: daily windows from
+// 08:00 UTC (midnight 8 hours behind UTC) in event time, and minutes from
+// 20 s past in processing time. (The batch-model tests run a tumbling and
+// a sliding assigner with offsets too.)
+func TestWindowOffsets(t *testing.T) {
+	t.Parallel()
+	t.Run("event time", func(t *testing.T) {
+		t.Parallel()
+		day := func(s string) int64 {
+			tm, err := time.Parse(time.RFC3339, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tm.UnixMilli()
+		}
+		h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+			Assigner: window.TumblingEventTime(24 * time.Hour).WithOffset(8 * time.Hour), Function: functions[0].fn,
+		}), sluicetest.Options{})
+		send(h,
+			elem{Key: "a", T: day("2026-01-01T07:00:00Z"), V: 1}, // 23:00 the day before, there
+			elem{Key: "a", T: day("2026-01-01T09:00:00Z"), V: 2},
+			elem{Key: "a", T: day("2026-01-03T00:00:00Z"), V: 0},
+		)
+		h.Settle()
+		expectInOrder(t, "windows", values(h.Output()),
+			line("a", day("2025-12-31T08:00:00Z"), day("2026-01-01T08:00:00Z"), result{1, 1}),
+			line("a", day("2026-01-01T08:00:00Z"), day("2026-01-02T08:00:00Z"), result{1, 2}),
+		)
+	})
+	t.Run("processing time", func(t *testing.T) {
+		t.Parallel()
+		start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) // the harness's default clock
+		ms := func(d time.Duration) int64 { return start.Add(d).UnixMilli() }
+		h := sluicetest.New(t, mustJob(t, window.Spec[elem, result]{
+			Assigner: window.TumblingProcessingTime(time.Minute).WithOffset(20 * time.Second), Function: functions[0].fn,
+		}), sluicetest.Options{})
+		send(h, elem{Key: "a", V: 1})
+		h.Settle()
+		h.Advance(20 * time.Second)
+		h.Settle()
+		expectInOrder(t, "windows", values(h.Output()), line("a", ms(-40*time.Second), ms(20*time.Second), result{1, 1}))
+	})
 }
