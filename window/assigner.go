@@ -77,10 +77,10 @@ func ProcessingTimeSession(gap time.Duration) Assigner {
 // the Unix epoch's multiples, as Flink's TumblingEventTimeWindows.of(size,
 // offset): daily windows in a time zone 8 hours behind UTC are
 // TumblingEventTime(24*time.Hour).WithOffset(8*time.Hour), each from
-// 08:00 UTC, midnight there (Flink writes that offset as -8 hours; both
-// name the same windows). Tumbling and sliding windows only; |offset| must
-// be less than the size (tumbling) or the slide (sliding), in whole
-// milliseconds.
+// 08:00 UTC, midnight there; Flink's example, days at UTC+08:00, is
+// WithOffset(-8*time.Hour), each from 16:00 UTC. Tumbling and sliding
+// windows only; |offset| must be less than the size (tumbling) or the
+// slide (sliding), in whole milliseconds.
 func (a Assigner) WithOffset(offset time.Duration) Assigner {
 	a.offset, a.offsetSet, a.given = offset.Milliseconds(), true, offset
 	return a
