@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/late"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -125,7 +125,7 @@ func (s IntervalSpec) validate() error {
 	if s.Name == "" {
 		return errors.New("Name is empty")
 	}
-	if err := twoTopics("Left", s.Left, "Right", s.Right); err != nil {
+	if err := s.topics().check(); err != nil {
 		return err
 	}
 	switch {
@@ -201,21 +201,14 @@ func (s side) markMatched(ctx sluice.Context, k string) error {
 	return s.matched.Put(ctx, k, marked)
 }
 
+func (s IntervalSpec) topics() topics {
+	return topics{"interval join", s.Name, "Left", s.Left, "Right", s.Right, errNoKey}
+}
+
 func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
-	var isLeft bool
-	switch rec.Topic {
-	case o.spec.Left:
-		isLeft = true
-	case o.spec.Right:
-	default:
-		return sluice.Fatal(fmt.Errorf("interval join %q: a record from topic %q, which is neither Left (%q) nor Right (%q): Options.InputTopics must be the two", o.spec.Name, rec.Topic, o.spec.Left, o.spec.Right))
-	}
-	if rec.Key == nil {
-		// Unkeyed records land on any partition: which would pair up is
-		// arbitrary. Kafka Streams drops them from inner joins (since
-		// 3.7 its outer joins emit them unmatched), Flink refuses them;
-		// here they are dead-lettered, saying why.
-		return errNoKey
+	isLeft, err := o.spec.topics().first(rec)
+	if err != nil {
+		return err
 	}
 	ts := ctx.Timestamp().UnixMilli()
 	wm := ctx.CurrentWatermark() // the zero time before the task has one
@@ -232,7 +225,7 @@ func (o *interval) process(ctx sluice.Context, rec *sluice.Record) error {
 	// partition and offset (TestEntryKeyOrderAndRoundTrip): the early stop
 	// rests on it, and the pairs come out in that order.
 	var pairs []entry
-	err := others.entries.Entries(ctx, func(k string, v []byte) error {
+	err = others.entries.Entries(ctx, func(k string, v []byte) error {
 		e, err := decodeEntry(k, v)
 		if err != nil {
 			return err
@@ -308,7 +301,10 @@ func emitUnmatched(ctx sluice.Context, s side, key []byte, e Element) {
 	}
 }
 
-// errNoKey fails a record without a key.
+// errNoKey fails a record without a key. Unkeyed records land on any
+// partition: which would pair up is arbitrary. Kafka Streams drops them
+// from inner joins (since 3.7 its outer joins emit them unmatched), Flink
+// refuses them; here they are dead-lettered, saying why.
 var errNoKey = errors.New("join: a record without a key joins nothing (its partition, so its partners, would be arbitrary)")
 
 // errStop ends a scan of a side's entries early.
@@ -407,19 +403,7 @@ func decodeEntry(k string, v []byte) (Element, error) {
 
 // late handles a record whose time is before the watermark.
 func (o *interval) late(ctx sluice.Context, rec *sluice.Record) error {
-	if o.spec.LateOutput != "" {
-		hs := append(slices.Clip(rec.Headers), sluice.Header{Key: sluice.HeaderTopic, Value: []byte(rec.Topic)})
-		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, hs...)
-		return nil
-	}
-	n, _, err := o.dropped.Get(ctx)
-	if err != nil {
-		return err
-	}
-	if o.spec.LateDropped != nil {
-		o.spec.LateDropped.Inc()
-	}
-	return o.dropped.Set(ctx, n+1)
+	return late.Handle(ctx, rec, o.spec.LateOutput, o.dropped, o.spec.LateDropped)
 }
 
 // entryKey is a buffered record's map key: its event time (unix ms, the

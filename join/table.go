@@ -60,7 +60,7 @@ func (s TableSpec) validate() error {
 	if s.Name == "" {
 		return errors.New("Name is empty")
 	}
-	if err := twoTopics("Stream", s.Stream, "Table", s.Table); err != nil {
+	if err := s.topics().check(); err != nil {
 		return err
 	}
 	if s.Join == nil {
@@ -69,16 +69,39 @@ func (s TableSpec) validate() error {
 	return nil
 }
 
-// twoTopics checks that a spec's two topic fields, of names a and b, name
-// two topics.
-func twoTopics(a, topicA, b, topicB string) error {
+// topics is a join's two input topics as its spec names them, for the
+// checks every join makes of its spec and of each record.
+type topics struct {
+	join, name string // the join's kind ("interval join") and the spec's Name
+	aField, a  string // the first topic's field in the spec ("Left") and topic
+	bField, b  string
+	noKey      error // what a record without a key fails with
+}
+
+// check is that the spec names two topics.
+func (t topics) check() error {
 	switch {
-	case topicA == "" || topicB == "":
-		return fmt.Errorf("%s and %s must name the two input topics", a, b)
-	case topicA == topicB:
-		return fmt.Errorf("%s and %s are both %q: want two topics", a, b, topicA)
+	case t.a == "" || t.b == "":
+		return fmt.Errorf("%s and %s must name the two input topics", t.aField, t.bField)
+	case t.a == t.b:
+		return fmt.Errorf("%s and %s are both %q: want two topics", t.aField, t.bField, t.a)
 	}
 	return nil
+}
+
+// first reports whether rec is of the first topic (a) rather than the
+// second. A record of neither means the instance's InputTopics are not the
+// two: it stops the instance. A record without a key fails with noKey,
+// which dead-letters it.
+func (t topics) first(rec *sluice.Record) (bool, error) {
+	if rec.Topic != t.a && rec.Topic != t.b {
+		return false, sluice.Fatal(fmt.Errorf("%s %q: a record from topic %q, which is neither %s (%q) nor %s (%q): Options.InputTopics must be the two",
+			t.join, t.name, rec.Topic, t.aField, t.a, t.bField, t.b))
+	}
+	if rec.Key == nil {
+		return false, t.noKey
+	}
+	return rec.Topic == t.a, nil
 }
 
 // table runs a TableSpec.
@@ -90,16 +113,16 @@ type table struct {
 // errTableNoKey fails a record without a key.
 var errTableNoKey = errors.New("join: a record without a key has no table value to join or to be")
 
+func (s TableSpec) topics() topics {
+	return topics{"table join", s.Name, "Stream", s.Stream, "Table", s.Table, errTableNoKey}
+}
+
 func (o *table) process(ctx sluice.Context, rec *sluice.Record) error {
-	switch rec.Topic {
-	case o.spec.Table, o.spec.Stream:
-	default:
-		return sluice.Fatal(fmt.Errorf("table join %q: a record from topic %q, which is neither Stream (%q) nor Table (%q): Options.InputTopics must be the two", o.spec.Name, rec.Topic, o.spec.Stream, o.spec.Table))
+	stream, err := o.spec.topics().first(rec)
+	if err != nil {
+		return err
 	}
-	if rec.Key == nil {
-		return errTableNoKey
-	}
-	if rec.Topic == o.spec.Table {
+	if !stream {
 		if rec.Value == nil {
 			return o.values.Clear(ctx)
 		}

@@ -72,7 +72,7 @@ func (s TableTableSpec) validate() error {
 	if s.Name == "" {
 		return errors.New("Name is empty")
 	}
-	if err := twoTopics("Left", s.Left, "Right", s.Right); err != nil {
+	if err := s.topics().check(); err != nil {
 		return err
 	}
 	if s.Join == nil {
@@ -92,19 +92,18 @@ func (o *tableTable) row(left, right bool) bool {
 	return left && right || left && o.spec.LeftOuter || right && o.spec.RightOuter
 }
 
+func (s TableTableSpec) topics() topics {
+	return topics{"table-table join", s.Name, "Left", s.Left, "Right", s.Right, errTableNoKey}
+}
+
 func (o *tableTable) process(ctx sluice.Context, rec *sluice.Record) error {
-	var mine, other *kstate.ValueState[Element]
-	var isLeft bool
-	switch rec.Topic {
-	case o.spec.Left:
-		mine, other, isLeft = o.left, o.right, true
-	case o.spec.Right:
-		mine, other = o.right, o.left
-	default:
-		return sluice.Fatal(fmt.Errorf("table-table join %q: a record from topic %q, which is neither Left (%q) nor Right (%q): Options.InputTopics must be the two", o.spec.Name, rec.Topic, o.spec.Left, o.spec.Right))
+	isLeft, err := o.spec.topics().first(rec)
+	if err != nil {
+		return err
 	}
-	if rec.Key == nil {
-		return errTableNoKey
+	mine, other := o.left, o.right
+	if !isLeft {
+		mine, other = o.right, o.left
 	}
 	_, had, err := mine.Get(ctx)
 	if err != nil {

@@ -138,7 +138,7 @@ func (s WindowSpec) validate() error {
 	if s.Name == "" {
 		return errors.New("Name is empty")
 	}
-	if err := twoTopics("Left", s.Left, "Right", s.Right); err != nil {
+	if err := s.topics().check(); err != nil {
 		return err
 	}
 	switch {
@@ -164,21 +164,17 @@ func (s WindowSpec) pairs(key []byte, w window.Window, left, right []Element, em
 	return nil
 }
 
-// decode makes a record an element of its side. A record of neither topic
-// means the instance's InputTopics are not the two: it stops the instance,
-// as the interval join does. A record without a key is dead-lettered, as
-// the interval join's (which records it would join is arbitrary).
+func (s WindowSpec) topics() topics {
+	return topics{"window join", s.Name, "Left", s.Left, "Right", s.Right, errNoKey}
+}
+
+// decode makes a record an element of its side; a record without a key is
+// dead-lettered, as the interval join's (which records it would join is
+// arbitrary).
 func (s WindowSpec) decode(rec *sluice.Record) (sided, error) {
-	var left bool
-	switch rec.Topic {
-	case s.Left:
-		left = true
-	case s.Right:
-	default:
-		return sided{}, sluice.Fatal(fmt.Errorf("window join %q: a record from topic %q, which is neither Left (%q) nor Right (%q): Options.InputTopics must be the two", s.Name, rec.Topic, s.Left, s.Right))
-	}
-	if rec.Key == nil {
-		return sided{}, errNoKey
+	left, err := s.topics().first(rec)
+	if err != nil {
+		return sided{}, err
 	}
 	t := rec.Timestamp
 	if s.Assigner.EventTime() {

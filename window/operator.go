@@ -2,10 +2,10 @@ package window
 
 import (
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/late"
 )
 
 // operator runs a Spec: Process assigns records to windows and updates
@@ -199,19 +199,7 @@ func (o *operator[IN, OUT]) unregister(ctx sluice.Context, ms int64) {
 
 // tooLate handles a record that no window takes.
 func (o *operator[IN, OUT]) tooLate(ctx sluice.Context, rec *sluice.Record) error {
-	if o.spec.LateOutput != "" {
-		hs := append(slices.Clip(rec.Headers), sluice.Header{Key: sluice.HeaderTopic, Value: []byte(rec.Topic)})
-		ctx.Output(o.spec.LateOutput, rec.Key, rec.Value, hs...)
-		return nil
-	}
-	n, _, err := o.st.dropped.Get(ctx)
-	if err != nil {
-		return err
-	}
-	if o.spec.LateDropped != nil {
-		o.spec.LateDropped.Inc()
-	}
-	return o.st.dropped.Set(ctx, n+1)
+	return late.Handle(ctx, rec, o.spec.LateOutput, o.st.dropped, o.spec.LateDropped)
 }
 
 // window is one entry of the index.
