@@ -109,16 +109,23 @@ func TestIntervalJoinMatchesModel(t *testing.T) {
 			h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
 			sendWithAKill(h, events)
 			h.Settle()
-			if got := joinedAt(h.Output()); !slices.Equal(got, want) {
-				t.Fatalf("%d outputs, want the model's %d pairs;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
-			}
+			expectModel(t, h, joinedAt(h.Output()), want)
 			if n := value(t, dropped); n != 0 {
 				t.Fatalf("%v records dropped as late: none is", n)
 			}
-			if dl := h.DeadLetters(); len(dl) != 0 {
-				t.Fatalf("dead letters: %v", dl)
-			}
 		})
+	}
+}
+
+// expectModel checks a model test's outputs, got, against the model's,
+// want (both sorted), and that nothing went to the dead-letter topic.
+func expectModel(t *testing.T, h *sluicetest.Harness, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
+	}
+	if dl := h.DeadLetters(); len(dl) != 0 {
+		t.Fatalf("dead letters: %v", dl)
 	}
 }
 
@@ -553,12 +560,7 @@ func TestOuterIntervalJoinMatchesModel(t *testing.T) {
 			h := sluicetest.New(t, job, options(2, backend, 100*time.Millisecond))
 			sendWithAKill(h, es)
 			flush(h)
-			if got := unflushed(joinedAt(h.Output())); !slices.Equal(got, want) {
-				t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
-			}
-			if dl := h.DeadLetters(); len(dl) != 0 {
-				t.Fatalf("dead letters: %v", dl)
-			}
+			expectModel(t, h, unflushed(joinedAt(h.Output())), want)
 			// Every record but the flush ones was cleaned, and its
 			// mark with it.
 			for _, name := range []string{"oj.left", "oj.right", "oj.left-matched", "oj.right-matched"} {

@@ -94,12 +94,7 @@ func TestTableJoinMatchesModel(t *testing.T) {
 				h.SendTo(recs[i].topic, []byte(recs[i].key), recs[i].value, at(int64(i)))
 			})
 			h.Settle()
-			if got := joinedAt(h.Output()); !slices.Equal(got, want) {
-				t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
-			}
-			if dl := h.DeadLetters(); len(dl) != 0 {
-				t.Fatalf("dead letters: %v", dl)
-			}
+			expectModel(t, h, joinedAt(h.Output()), want)
 		})
 	}
 }

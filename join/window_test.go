@@ -42,6 +42,22 @@ func windowPairs(t *testing.T, a window.Assigner, dropped prometheus.Counter, la
 	return job
 }
 
+// valuesJoin is s, joining "left" and "right" in tumbling windows of a
+// second by their Kafka times into "<left value>|<right value>".
+func valuesJoin(t *testing.T, s join.WindowSpec) sluice.Job {
+	t.Helper()
+	s.Name, s.Left, s.Right = "wj", "left", "right"
+	s.Assigner, s.Timestamp = window.TumblingEventTime(time.Second), sluice.KafkaTime
+	s.Join = func(key []byte, w window.Window, l, r join.Element) ([]byte, error) {
+		return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
+	}
+	job, err := join.Window(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
 func inWindow(w window.Window, e join.Element) bool {
 	return !e.Timestamp.Before(w.Start) && e.Timestamp.Before(w.End)
 }
@@ -144,15 +160,9 @@ func TestWindowJoinMatchesModel(t *testing.T) {
 				h := sluicetest.New(t, windowPairs(t, assigner, dropped, ""), options(2, backend, 100*time.Millisecond))
 				sendWithAKill(h, es)
 				flush(h)
-				got := joinedAt(h.Output())
-				if !slices.Equal(got, want) {
-					t.Fatalf("%d outputs, want the model's %d pairs;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
-				}
+				expectModel(t, h, joinedAt(h.Output()), want)
 				if n := value(t, dropped); n != 0 {
 					t.Fatalf("%v records dropped as late: none is", n)
-				}
-				if dl := h.DeadLetters(); len(dl) != 0 {
-					t.Fatalf("dead letters: %v", dl)
 				}
 				for _, name := range []string{"wj.windows", "wj.elements"} {
 					live := liveState(t, h, name)
@@ -244,12 +254,7 @@ func TestWindowCoGroupOuterJoin(t *testing.T) {
 	h := sluicetest.New(t, job, options(2, "", 100*time.Millisecond))
 	sendWithAKill(h, es)
 	flush(h)
-	if got := unflushed(joinedAt(h.Output())); !slices.Equal(got, want) {
-		t.Fatalf("%d outputs, want the model's %d;\nmissing %q\nextra %q", len(got), len(want), diff(want, got), diff(got, want))
-	}
-	if dl := h.DeadLetters(); len(dl) != 0 {
-		t.Fatalf("dead letters: %v", dl)
-	}
+	expectModel(t, h, unflushed(joinedAt(h.Output())), want)
 }
 
 // Elements carry their record's value, event time, partition and offset
@@ -379,17 +384,7 @@ func TestWindowJoinLateRecords(t *testing.T) {
 func TestWindowJoinAllowedLateness(t *testing.T) {
 	t.Parallel()
 	dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "dropped", Help: "late records dropped"})
-	job, err := join.Window(join.WindowSpec{
-		Name: "wj", Left: "left", Right: "right", Assigner: window.TumblingEventTime(time.Second),
-		Timestamp: sluice.KafkaTime, AllowedLateness: time.Second, LateDropped: dropped,
-		Join: func(key []byte, w window.Window, l, r join.Element) ([]byte, error) {
-			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sluicetest.New(t, job, options(1, "", 0))
+	h := sluicetest.New(t, valuesJoin(t, join.WindowSpec{AllowedLateness: time.Second, LateDropped: dropped}), options(1, "", 0))
 	h.SendTo("left", []byte("k"), []byte("L1"), at(100))
 	h.SendTo("right", []byte("k"), []byte("R1"), at(200))
 	h.SendTo("left", []byte("k"), []byte("L2"), at(1000))
@@ -484,17 +479,7 @@ func TestWindowSpecIsChecked(t *testing.T) {
 // record with the pairs so far, then at its end with all of them.
 func TestWindowJoinEarlyFirings(t *testing.T) {
 	t.Parallel()
-	job, err := join.Window(join.WindowSpec{
-		Name: "wj", Left: "left", Right: "right", Assigner: window.TumblingEventTime(time.Second),
-		Timestamp: sluice.KafkaTime, EarlyCount: 2,
-		Join: func(key []byte, w window.Window, l, r join.Element) ([]byte, error) {
-			return fmt.Appendf(nil, "%s|%s", l.Value, r.Value), nil
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sluicetest.New(t, job, options(1, "", 0))
+	h := sluicetest.New(t, valuesJoin(t, join.WindowSpec{EarlyCount: 2}), options(1, "", 0))
 	h.SendTo("left", []byte("k"), []byte("L1"), at(100))
 	h.SendTo("right", []byte("k"), []byte("R1"), at(200)) // 2: L1|R1
 	h.SendTo("left", []byte("k"), []byte("L2"), at(300))
