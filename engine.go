@@ -106,6 +106,9 @@ type Instance struct {
 	sinkConflicts map[int32]uint64
 	sinkM         *sinkMetrics // nil without a sink
 
+	// queries is what Query reads of the running tasks (query.go).
+	queries queries
+
 	// poison is what sessions learned of inputs whose outputs can never be
 	// produced, per task; only the goroutine running sessions touches it.
 	poison map[int32]map[inputRef]*poison
@@ -286,6 +289,8 @@ func (in *Instance) Run(ctx context.Context) error {
 	}
 	in.log.Info("connected", "took", time.Since(start).Round(time.Millisecond).String(), "changelog", in.changelogTopic)
 	defer in.admCl.Close()
+	in.queries.connected(in.partitions, in.admCl, in.adm)
+	defer in.queries.disconnected()
 	ctl, err := in.followControl(ctx)
 	if err != nil {
 		return err

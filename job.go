@@ -163,6 +163,14 @@ type Job struct {
 	// refuses a savepoint holding state of other names, as Flink refuses
 	// state it cannot map; a job that lists none is not checked.
 	States []string
+	// QueryState, when set, reads the state named state (one of States)
+	// of the scope's key and returns it as a value that encodes to JSON,
+	// for readers that know the job by name but not its types: the
+	// processor binary's /state endpoint. The scope is a query's
+	// (Instance.Query): read-only, over committed state. ok is false when
+	// the key has no such state. A job without it is queried through its
+	// descriptors alone (Instance.Query).
+	QueryState func(s kstate.Scope, state string) (v any, ok bool, err error)
 
 	// OnBroadcast handles the records of Options.BroadcastTopic, the only
 	// place where broadcast state (kstate.Broadcast) may be written; a job

@@ -1194,6 +1194,7 @@ func (l *loop) release(why string, gone []int32) error {
 		return err
 	}
 	for _, p := range gone {
+		l.in.queries.drop(p) // before its backend closes
 		if job := l.restoring[p]; job != nil {
 			job.cancel()
 			if r := <-job.result; r.err == nil {
@@ -1241,6 +1242,7 @@ func (l *loop) startRestoreAfter(p int32, delay time.Duration) {
 	job := &restoreJob{cancel: cancel, result: make(chan restoreResult, 1)}
 	l.restoring[p] = job
 	in.m.tasks.WithLabelValues("restoring").Inc()
+	in.queries.restore(p)
 	go func() {
 		r := restoreResult{p: p, err: sleep(ctx, delay)}
 		if r.err == nil {
@@ -1302,6 +1304,7 @@ func (l *loop) installRestored() error {
 			t.orphan(k)
 		}
 		l.tasks[p] = t
+		l.in.queries.run(p, r.be)
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()
 		// The marker is the truth for where the task resumes.
@@ -1344,6 +1347,7 @@ func (l *loop) shutdown() error {
 func (l *loop) close() error {
 	l.learnPoison() // the next session starts with what this one learned
 	l.in.ready.Store(false)
+	l.in.queries.dropAll() // before the backends close
 	for p, job := range l.restoring {
 		job.cancel()
 		if r := <-job.result; r.err == nil {

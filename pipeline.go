@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,16 @@ type Stage struct {
 	// (its input), 0 = that of the pipeline's input. Ignored for the first
 	// stage, which reads Options.InputTopics.
 	Partitions int32
+}
+
+// Stage returns the instance that runs the stage named name, nil if there
+// is none: its Query reads the stage's state. Run and Close are the
+// Pipeline's, not the stage's.
+func (p *Pipeline) Stage(name string) *Instance {
+	if i := slices.Index(p.names, name); i >= 0 {
+		return p.stages[i]
+	}
+	return nil
 }
 
 // purgeEvery bounds how often a stage deletes the repartition records it

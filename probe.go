@@ -34,10 +34,11 @@ func kill(in *Instance) {
 // has received the session's first assignment, every assigned task is restored and
 // running, no epoch is open, and no timer is due by its clock or
 // watermark. Together with group offsets committed up to
-// the inputs' ends, it says that everything sent so far has committed. A
-// task's last apply may still be running (kstate.Store.Behind): quiet is
-// about what Kafka holds, and the state files catch up on their own. The
-// loop answers between iterations; ctx bounds the wait.
+// the inputs' ends, it says that everything sent so far has committed.
+// The last epoch's writes to the tasks' backends have returned too, so a
+// query (Instance.Query) reads everything committed; the loop may not have
+// settled them yet (kstate.Store.Behind), which changes nothing a query or
+// Kafka sees. The loop answers between iterations; ctx bounds the wait.
 func quiet(ctx context.Context, in *Instance) (bool, error) {
 	reply := make(chan bool, 1)
 	select {
@@ -69,6 +70,13 @@ func (l *loop) answerProbes() {
 func (l *loop) isQuiet() bool {
 	if !l.assigned || len(l.restoring) > 0 || !l.joined() || l.inTxn.Load() || l.coord.Phase() != barrier.Processing {
 		return false
+	}
+	if b := l.behind; b != nil {
+		select {
+		case <-b.done:
+		default:
+			return false // a backend's write is under way
+		}
 	}
 	now := l.in.clock.Now().UnixMilli()
 	for _, t := range l.tasks {

@@ -2,6 +2,7 @@ package function
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -50,6 +51,9 @@ func New(ctx context.Context, o Options) (sluice.Job, error) {
 		Process:  f.process,
 		OnTimer:  f.onTimer,
 		Close:    f.close,
+		// A state is the function's bytes: JSON as it is, other bytes as
+		// a base64 string.
+		QueryState: f.queryState,
 	}
 	if spec.EventTime {
 		// The records' Kafka times: a function in another language
@@ -130,6 +134,23 @@ func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec)
 		f.tags[tag] = true
 	}
 	return f, nil
+}
+
+// queryState is the job's sluice.Job.QueryState: the bytes of the
+// declared state named state, as JSON when they are JSON.
+func (f *fn) queryState(s kstate.Scope, state string) (any, bool, error) {
+	i, ok := f.index[state]
+	if !ok {
+		return nil, false, fmt.Errorf("function: no state %q declared", state)
+	}
+	b, ok, err := f.states[i].Get(s)
+	if !ok || err != nil {
+		return nil, ok, err
+	}
+	if json.Valid(b) {
+		return json.RawMessage(b), true, nil
+	}
+	return b, true, nil
 }
 
 // keyScope is read access to one key's state outside a record's Context.

@@ -116,7 +116,11 @@ func AggregateWith(o AggregateOptions) sluice.Job {
 	return sluice.Job{
 		Name:   "aggregate",
 		States: []string{aggregation.Name()},
-		Emits:  o.Emit,
+		QueryState: func(s kstate.Scope, _ string) (any, bool, error) {
+			a, ok, err := aggregation.Get(s)
+			return a, ok, err
+		},
+		Emits: o.Emit,
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			v, err := parseInt(rec.Value)
 			if err != nil {

@@ -60,6 +60,18 @@ func (s sensorScope) Key() []byte { return s.id }
 // lastTemperature is temperature-alert's state: the last reading per sensor.
 var lastTemperature = kstate.Value[float64]("last-temperature", kstate.Float64())
 
+// queryTemperatures is the temperature jobs' sluice.Job.QueryState: a
+// sensor's last temperature, and the time of its armed timer (unix
+// milliseconds).
+func queryTemperatures(s kstate.Scope, state string) (any, bool, error) {
+	if state == risingTimer.Name() {
+		at, ok, err := risingTimer.Get(s)
+		return at, ok, err
+	}
+	t, ok, err := lastTemperature.Get(s)
+	return t, ok, err
+}
+
 // Alert is temperature-alert's output.
 type Alert struct {
 	ID      string  `json:"id"`
@@ -79,9 +91,10 @@ type Alert struct {
 // 42.4 - 32.4 is exactly 10 and 19.9 - 9.9 is 9.999999999999998.
 func TemperatureAlert(threshold float64) sluice.Job {
 	return sluice.Job{
-		Name:   "temperature-alert",
-		States: []string{lastTemperature.Name()},
-		Emits:  true,
+		Name:       "temperature-alert",
+		States:     []string{lastTemperature.Name()},
+		QueryState: queryTemperatures,
+		Emits:      true,
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			r, err := ParseReading(rec.Value)
 			if err != nil {
@@ -176,9 +189,10 @@ type Rising struct {
 func RisingTemperature(o RisingOptions) sluice.Job {
 	domain := sluice.ProcessingTime
 	job := sluice.Job{
-		Name:   "rising-temperature",
-		States: []string{lastTemperature.Name(), risingTimer.Name()},
-		Emits:  true,
+		Name:       "rising-temperature",
+		States:     []string{lastTemperature.Name(), risingTimer.Name()},
+		QueryState: queryTemperatures,
+		Emits:      true,
 	}
 	if o.EventTime {
 		domain = sluice.EventTime

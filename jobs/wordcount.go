@@ -33,6 +33,10 @@ func WordCount() []sluice.Stage {
 		Name:   "wordcount",
 		Emits:  true,
 		States: []string{wordCount.Name()},
+		QueryState: func(s kstate.Scope, _ string) (any, bool, error) {
+			n, ok, err := wordCount.Get(s)
+			return n, ok, err
+		},
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			n, _, err := wordCount.Get(ctx)
 			if err != nil {

@@ -22,6 +22,7 @@ var stateCases = []conformanceCase{
 	{"State/CodecErrorsNameTheState", testCodecErrors},
 	{"State/RollbackLeavesNoTrace", testStateRollback},
 	{"State/TTL", testTTL},
+	{"State/ReadStore", testReadStore},
 }
 
 // newScope returns a scope over a fresh store of kind, keyed "k1".
@@ -413,4 +414,102 @@ func testTTL(t *testing.T, kind string) {
 			t.Fatalf("Get after expiry = %q, %v", got, err)
 		}
 	})
+}
+
+// testReadStore reads a task's state through NewReadStore, as a query
+// does: every state type reads what the backend holds and nothing of the
+// task's open epoch; a write fails the store and changes nothing; an
+// expired value reads as absent without being deleted, and a read does not
+// push an expiry forward.
+func testReadStore(t *testing.T, kind string) {
+	const ttl = 10 * time.Second
+	count := kstate.Value("count", kstate.Int64())
+	names := kstate.List("names", kstate.String())
+	attrs := kstate.Map("attrs", kstate.String(), kstate.Int64())
+	sum := kstate.Reducing("sum", kstate.Int64(), func(a, b int64) int64 { return a + b })
+	short := kstate.Value("short", kstate.Int64(), kstate.WithTTL(ttl, kstate.OnCreateAndWrite))
+	touched := kstate.Value("touched", kstate.Int64(), kstate.WithTTL(ttl, kstate.OnReadAndWrite))
+
+	job := newScope(t, kind)
+	must(t, count.Set(job, 3))
+	must(t, names.Add(job, "a"))
+	must(t, names.Add(job, "b"))
+	must(t, attrs.Put(job, "x", 1))
+	must(t, attrs.Put(job, "y", 2))
+	must(t, sum.Add(job, 4))
+	must(t, short.Set(job, 5))
+	must(t, touched.Set(job, 6))
+	endEpoch(t, job)
+	// The open epoch: the task's writes since its last commit.
+	must(t, count.Set(job, 4))
+	must(t, attrs.Put(job, "z", 3))
+	must(t, sum.Add(job, 100))
+	job.Store().CommitRecord()
+
+	q := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("k1")
+	wantValue(t, count.Get, q, 3, true)
+	wantValue(t, sum.Get, q, 4, true)
+	if got, err := names.Get(q); err != nil || !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("list = %q, %v; want [a b]", got, err)
+	}
+	var entries []string
+	must(t, attrs.Entries(q, func(k string, v int64) error {
+		entries = append(entries, fmt.Sprintf("%s=%d", k, v))
+		return nil
+	}))
+	if !slices.Equal(entries, []string{"x=1", "y=2"}) {
+		t.Fatalf("map entries = %q; want [x=1 y=2]", entries)
+	}
+	wantValue(t, count.Get, q.SetKey("k2"), 0, false)
+	q.SetKey("k1")
+
+	// A read does not extend the expiry: at 6 s and again at 12 s the
+	// OnReadAndWrite value has expired for the query as for the job.
+	q.Advance(6 * time.Second)
+	wantValue(t, touched.Get, q, 6, true)
+	if n := q.Store().DirtyLen(); n != 0 {
+		t.Fatalf("a read through the read store dirtied %d keys", n)
+	}
+	q.Advance(6 * time.Second)
+	wantValue(t, short.Get, q, 0, false)
+	wantValue(t, touched.Get, q, 0, false)
+	if n := q.Store().DirtyLen(); n != 0 {
+		t.Fatalf("an expired read through the read store dirtied %d keys", n)
+	}
+	if err := q.Store().RecordErr(); err != nil {
+		t.Fatalf("reads failed the read store: %v", err)
+	}
+	// Still in the backend, for the job's own read or sweep to delete.
+	job.Advance(12 * time.Second)
+	wantValue(t, short.Get, job, 0, false)
+	if n := job.Store().DirtyLen(); n == 0 {
+		t.Fatal("the job's read of the expired value did not delete it: the query's read had")
+	}
+
+	// Writes of every kind fail the store and change nothing.
+	writes := map[string]func() error{
+		"Set":      func() error { return count.Set(q, 9) },
+		"Clear":    func() error { return count.Clear(q) },
+		"List.Add": func() error { return names.Add(q, "c") },
+		"Map.Put":  func() error { return attrs.Put(q, "w", 9) },
+		"Reduce":   func() error { return sum.Add(q, 1) },
+		"Timer": func() error {
+			kstate.RegisterTimer(q, kstate.EventTime, time.UnixMilli(1))
+			return nil
+		},
+	}
+	for name, write := range writes {
+		ro := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("k1")
+		q = ro
+		if err := write(); err != nil && !errors.Is(err, kstate.ErrReadOnly) {
+			t.Fatalf("%s through the read store: %v", name, err)
+		}
+		if err := ro.Store().RecordErr(); !errors.Is(err, kstate.ErrReadOnly) {
+			t.Fatalf("%s through the read store: RecordErr = %v, want ErrReadOnly", name, err)
+		}
+		if n := ro.Store().DirtyLen(); n != 0 {
+			t.Fatalf("%s through the read store dirtied %d keys", name, n)
+		}
+	}
+	wantValue(t, count.Get, kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("k1"), 3, true)
 }

@@ -12,6 +12,11 @@ var (
 	// ErrValueTooLarge is recorded by a Store (see Store.RecordErr) when a
 	// write is larger than its SetMaxEntryBytes bound.
 	ErrValueTooLarge = errors.New("kstate: entry too large")
+
+	// ErrReadOnly is recorded by a Store from NewReadStore (see
+	// Store.RecordErr) when state is written through it: a query reads
+	// committed state and cannot change it.
+	ErrReadOnly = errors.New("kstate: read-only store: a query cannot write state")
 )
 
 // Errors from backends.

@@ -76,11 +76,28 @@ type Store struct {
 	// TimeDomain) since the last TakeTimerFloor: an array, as the engine
 	// takes it after every record.
 	timerFloor [3]timerFloor
+	// readOnly refuses every write (NewReadStore).
+	readOnly bool
 }
 
 // NewStore returns a Store over b with empty write-sets.
 func NewStore(b Backend) *Store {
 	return &Store{backend: b, epoch: newWriteSet(), record: map[string][]byte{}, gen: 1}
+}
+
+// NewReadStore returns a Store that reads b and refuses writes: what a
+// query reads a task's committed state through (sluice.Instance.Query),
+// with the same state descriptors the job uses. A write through it (a
+// Set, an Add, a timer) changes nothing and fails the Store: RecordErr
+// returns an error wrapping ErrReadOnly. A value with TTL that has expired
+// reads as absent, as in the job, but is not deleted, and a read does not
+// push its expiry forward (OnReadAndWrite): the job's own reads and sweeps
+// do that. Its reads may run beside the task's Applies (see Backend); like
+// every Store, it is for one goroutine.
+func NewReadStore(b Backend) *Store {
+	s := NewStore(b)
+	s.readOnly = true
+	return s
 }
 
 // maxUndoBytes is the undo buffer a Store keeps from one record to the
@@ -159,6 +176,10 @@ func (s *Store) Put(key, value []byte) {
 // write sets key to val (nil deletes), which the Store owns, for the
 // current record.
 func (s *Store) write(key, val []byte) {
+	if s.readOnly {
+		s.fail(ErrReadOnly)
+		return
+	}
 	if s.scanning > 0 {
 		s.record[string(key)] = val
 		return

@@ -80,12 +80,15 @@ func (d *descriptor) unwrapTTL(s Scope, key, raw []byte) ([]byte, bool, error) {
 	}
 	now := s.Now()
 	payload := raw[ttlHeaderLen:]
+	st := s.Store()
 	if ttlExpiry(raw) <= now.UnixMilli() {
-		s.Store().Delete(key)
+		if !st.readOnly {
+			st.Delete(key)
+		}
 		return nil, false, nil
 	}
-	if d.ttl.update == OnReadAndWrite {
-		s.Store().putOwned(key, d.ttl.wrap(now, payload))
+	if d.ttl.update == OnReadAndWrite && !st.readOnly {
+		st.putOwned(key, d.ttl.wrap(now, payload))
 	}
 	return payload, true, nil
 }

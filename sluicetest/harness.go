@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/barrier"
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/testhook"
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // Names the harness gives its cluster's topics and its instance. Side
@@ -437,6 +438,29 @@ func (h *Harness) settled(ctx context.Context) error {
 		return errors.New("the instance is busy: an epoch is open or a timer is due")
 	}
 	return nil
+}
+
+// Query reads key's committed state through fn, as sluice.Instance.Query
+// does on the running instance: call it after Settle, and it reads what
+// every record sent so far left there. fn reads through the job's own
+// state descriptors:
+//
+//	var got int64
+//	h.Query([]byte("ann"), func(s kstate.Scope) error {
+//		var err error
+//		got, _, err = count.Get(s)
+//		return err
+//	})
+//
+// An error from fn, or from the query, fails the test.
+func (h *Harness) Query(key []byte, fn func(kstate.Scope) error) {
+	h.t.Helper()
+	if h.cur == nil {
+		h.t.Fatalf("sluicetest: Query: no instance is running (Restart one after Kill)")
+	}
+	if err := h.cur.in.Query(key, fn); err != nil {
+		h.t.Fatalf("sluicetest: Query(%q): %v", key, err)
+	}
 }
 
 // Kill stops the instance as a crash would, and returns once it has

@@ -79,6 +79,7 @@ func TestCounter(t *testing.T) {
 		t.Fatalf("%d outputs, want 30", len(out))
 	}
 	checkCounts(t, out, sent)
+	checkQueried(t, h, sent)
 	for i := 1; i < len(out); i++ {
 		a, b := out[i-1], out[i]
 		if a.Partition > b.Partition || a.Partition == b.Partition && a.Offset >= b.Offset {
@@ -107,6 +108,22 @@ func TestCounterKilledMidStream(t *testing.T) {
 			sendKeys(h, sent, 8, 4)
 			h.Settle()
 			checkCounts(t, h.Output(), sent)
+			checkQueried(t, h, sent)
+		})
+	}
+}
+
+// checkQueried fails unless a query of each key's count, right after a
+// Settle, reads the number of its inputs.
+func checkQueried(t *testing.T, h *sluicetest.Harness, sent map[string]int64) {
+	t.Helper()
+	for key, n := range sent {
+		h.Query([]byte(key), func(s kstate.Scope) error {
+			got, ok, err := count.Get(s)
+			if err == nil && (!ok || got != n) {
+				err = fmt.Errorf("count %d (present %v), want %d", got, ok, n)
+			}
+			return err
 		})
 	}
 }

@@ -418,6 +418,11 @@ func checkRendered(t *testing.T, objs rendered, grace time.Duration, autoscaling
 
 	// Probes on the metrics port, which is SLUICE_METRICS_ADDR's.
 	_, port, _ := net.SplitHostPort(cfg.MetricsAddr)
+	// State queries are redirected to a pod's name under the headless
+	// Service, on that port.
+	if !strings.HasPrefix(cfg.QueryPeerURL, "http://{instance}."+sts.Metadata.Name+".") || !strings.HasSuffix(cfg.QueryPeerURL, ".svc:"+port) {
+		t.Errorf("SLUICE_QUERY_PEER_URL=%q: want the pods' names under the headless Service %s, on port %s", cfg.QueryPeerURL, sts.Metadata.Name, port)
+	}
 	if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || strconv.Itoa(c.Ports[0].ContainerPort) != port {
 		t.Errorf("container ports %+v, want metrics on SLUICE_METRICS_ADDR's port %s", c.Ports, port)
 	}

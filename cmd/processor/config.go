@@ -59,7 +59,8 @@ type Config struct {
 	SessionTimeout        time.Duration `env:"SLUICE_SESSION_TIMEOUT" envDefault:"45s" desc:"Consumer group session timeout: how long a silent member keeps its partitions. Must be >= 1s and within the broker's group.min/max.session.timeout.ms. With SLUICE_GROUP_PROTOCOL=consumer it is set at startup as the group's consumer.session.timeout.ms, which Kafka bounds by group.consumer.min/max.session.timeout.ms (45s to 60s by default); outside them the broker's value applies and a warning is logged."`
 	RawRebalanceTimeout   time.Duration `env:"SLUICE_REBALANCE_TIMEOUT" docDefault:"2/3 of SLUICE_SESSION_TIMEOUT, at least 1s" desc:"How long members get to rejoin a rebalance. The derived value stays below the session timeout, which keeps a group moving when a member dies during a rebalance. Must be > 0 when set."`
 	GroupProtocol         string        `env:"SLUICE_GROUP_PROTOCOL" envDefault:"classic" desc:"classic (JoinGroup/SyncGroup, any broker) or consumer (KIP-848: the broker assigns partitions and members reconcile one by one; Kafka 4.0+, elsewhere the group runs classic). Both pass the same crash and chaos tests; why classic is the default: docs/architecture.md#design-choices."`
-	MetricsAddr           string        `env:"SLUICE_METRICS_ADDR" envDefault:":9090" expect:"a listen address such as :9090 or 127.0.0.1:9090" desc:"Listen address for /metrics, /healthz and /readyz."`
+	MetricsAddr           string        `env:"SLUICE_METRICS_ADDR" envDefault:":9090" expect:"a listen address such as :9090 or 127.0.0.1:9090" desc:"Listen address for /metrics, /healthz, /readyz and the state queries (GET /state/<state>?key=…, docs/queries.md)."`
+	QueryPeerURL          string        `env:"SLUICE_QUERY_PEER_URL" expect:"an http:// or https:// URL with {instance} in its host, such as http://{instance}.sluice:9090" desc:"Where another instance's HTTP server is, {instance} standing for its SLUICE_INSTANCE_ID: a state query for a key that another instance owns is redirected there (307). Unset, such a query is answered 421 with the owner's id (docs/queries.md)."`
 	RawDLQTopic           string        `env:"SLUICE_DLQ_TOPIC" docDefault:"SLUICE_APP_ID followed by -dlq" expect:"a Kafka topic name" desc:"Dead-letter topic for records the job cannot process; headers say why."`
 	LogLevel              string        `env:"SLUICE_LOG_LEVEL" envDefault:"info" desc:"Least severity logged: debug, info, warn or error."`
 	AlertThreshold        float64       `env:"SLUICE_ALERT_THRESHOLD" envDefault:"10.0" desc:"temperature-alert: emit when a sensor's reading differs from its last one by this much or more (float64; see docs/jobs.md for why not strictly more). Must be >= 0."`
@@ -478,6 +479,9 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_REBALANCE_TIMEOUT", c.RawRebalanceTimeout >= 0 && c.RawRebalanceTimeout <= maxWireTimeout, "0 (derived) or a Go duration from 1ms to 596h")
 	v.check("SLUICE_GROUP_PROTOCOL", slices.Contains(groupProtocols, c.GroupProtocol), oneOf(groupProtocols))
 	v.check("SLUICE_METRICS_ADDR", validListenAddr(c.MetricsAddr), "a listen address such as :9090 or 127.0.0.1:9090")
+	if c.QueryPeerURL != "" {
+		v.check("SLUICE_QUERY_PEER_URL", validPeerURL(c.QueryPeerURL), expectedOf(reflect.TypeFor[Config](), "SLUICE_QUERY_PEER_URL"))
+	}
 	v.check("SLUICE_DLQ_TOPIC", c.RawDLQTopic == "" || validTopic(c.RawDLQTopic), topic)
 	v.check("SLUICE_LOG_LEVEL", slices.Contains(logLevels, c.LogLevel), oneOf(logLevels))
 	v.check("SLUICE_ALERT_THRESHOLD", c.AlertThreshold >= 0 && !math.IsInf(c.AlertThreshold, 1), "a finite number of 0 or more such as 10.0")

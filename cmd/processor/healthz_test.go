@@ -171,7 +171,7 @@ func TestHealthzAgainstTheProcessorHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(httpHandler(reg, inst.Ready))
+	srv := httptest.NewServer(httpHandler(reg, inst.Ready, &stateQueries{}))
 	defer srv.Close()
 	addr := portOf(t, srv.Listener.Addr().String())
 	if code, out, errs := healthz(nil, addr); code != 0 {

@@ -19,9 +19,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/groupview"
 )
 
 // runInspect shows SLUICE_APP_ID as Kafka sees it.
@@ -85,31 +85,15 @@ func adminClient(brokers []string, sec Security) (*kgo.Client, []kgo.Opt, error)
 
 // inspection is what `processor inspect` shows; its JSON is --json.
 type inspection struct {
-	App            string     `json:"app"`
-	At             time.Time  `json:"at"`
-	Group          groupView  `json:"group"`
-	ChangelogTopic string     `json:"changelog_topic"`
-	Tasks          []taskView `json:"tasks"`
-	Transactions   []txnView  `json:"transactions"`
-	TxnPrefix      string     `json:"transactional_id_prefix"`
-	Notes          []string   `json:"notes,omitempty"`
-	inputs         []string   // the input topics, sorted
-}
-
-// groupView is the consumer group. State is Kafka's (Stable, Empty,
-// PreparingRebalance, …); "Dead" means there is no such group.
-type groupView struct {
-	State    string       `json:"state"`
-	Protocol string       `json:"protocol"` // classic or consumer (KIP-848)
-	Members  []memberView `json:"members"`
-}
-
-type memberView struct {
-	MemberID   string             `json:"member_id"`
-	InstanceID string             `json:"instance_id"`
-	ClientID   string             `json:"client_id"`
-	Host       string             `json:"host"`
-	Assigned   map[string][]int32 `json:"assigned"`
+	App            string          `json:"app"`
+	At             time.Time       `json:"at"`
+	Group          groupview.Group `json:"group"`
+	ChangelogTopic string          `json:"changelog_topic"`
+	Tasks          []taskView      `json:"tasks"`
+	Transactions   []txnView       `json:"transactions"`
+	TxnPrefix      string          `json:"transactional_id_prefix"`
+	Notes          []string        `json:"notes,omitempty"`
+	inputs         []string        // the input topics, sorted
 }
 
 // taskView is one task: changelog partition Partition and input partition
@@ -176,7 +160,7 @@ func hanging(state string, age, timeout time.Duration) bool {
 func inspect(ctx context.Context, cl *kgo.Client, opts []kgo.Opt, app string, now time.Time) (*inspection, error) {
 	adm := kadm.NewClient(cl)
 	in := &inspection{App: app, At: now.UTC(), ChangelogTopic: changelog.TopicName(app), TxnPrefix: app + "-", Tasks: []taskView{}, Transactions: []txnView{}}
-	g, err := describeGroup(ctx, cl, adm, app)
+	g, err := groupview.Describe(ctx, cl, adm, app)
 	if err != nil {
 		return nil, err
 	}
@@ -309,92 +293,6 @@ func (in *inspection) readInputEnds(ctx context.Context, adm *kadm.Client) error
 		}
 	}
 	return nil
-}
-
-// describeGroup describes the group under either protocol: a KIP-848
-// group is described by ConsumerGroupDescribe, a classic one by
-// DescribeGroups.
-func describeGroup(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group string) (groupView, error) {
-	if v, ok, err := describeConsumerGroup(ctx, cl, adm, group); ok || err != nil {
-		return v, err
-	}
-	gs, err := adm.DescribeGroups(ctx, group)
-	if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
-		return groupView{}, fmt.Errorf("describe group %s: %w", group, err)
-	}
-	v := groupView{State: "Dead", Protocol: "classic", Members: []memberView{}}
-	d, ok := gs[group]
-	if !ok || errors.Is(d.Err, kerr.GroupIDNotFound) {
-		return v, nil
-	}
-	if d.Err != nil {
-		return groupView{}, fmt.Errorf("describe group %s: %w", group, d.Err)
-	}
-	v.State = d.State
-	for _, m := range d.Members {
-		mv := memberView{MemberID: m.MemberID, InstanceID: deref(m.InstanceID), ClientID: m.ClientID, Host: m.ClientHost, Assigned: map[string][]int32{}}
-		if a, ok := m.Assigned.AsConsumer(); ok {
-			for _, t := range a.Topics {
-				mv.Assigned[t.Topic] = slices.Sorted(slices.Values(t.Partitions))
-			}
-		}
-		v.Members = append(v.Members, mv)
-	}
-	return v, nil
-}
-
-// describeConsumerGroup describes a KIP-848 group; ok is false when the
-// group is not one (a classic group, none, or a broker without KIP-848).
-// It asks with the raw request rather than kadm's, which keeps only topic
-// names, and a broker may send IDs alone.
-func describeConsumerGroup(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group string) (groupView, bool, error) {
-	req := kmsg.NewPtrConsumerGroupDescribeRequest()
-	req.Groups = []string{group}
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil || len(resp.Groups) != 1 {
-		return groupView{}, false, nil
-	}
-	g := resp.Groups[0]
-	if g.ErrorCode != 0 || g.State == "" || g.State == "Dead" {
-		return groupView{}, false, nil
-	}
-	var names map[kadm.TopicID]string
-	name := func(tp kmsg.AssignmentTopicPartition) (string, error) {
-		if tp.Topic != "" {
-			return tp.Topic, nil
-		}
-		if names == nil {
-			md, err := adm.Metadata(ctx)
-			if err != nil {
-				return "", fmt.Errorf("describe group %s: topic names: %w", group, err)
-			}
-			names = map[kadm.TopicID]string{}
-			for t, d := range md.Topics {
-				names[d.ID] = t
-			}
-		}
-		return names[tp.TopicID], nil
-	}
-	v := groupView{State: g.State, Protocol: "consumer", Members: []memberView{}}
-	for _, m := range g.Members {
-		mv := memberView{MemberID: m.MemberID, InstanceID: deref(m.InstanceID), ClientID: m.ClientID, Host: m.ClientHost, Assigned: map[string][]int32{}}
-		for _, tp := range m.Assignment.TopicPartitions {
-			t, err := name(tp)
-			if err != nil {
-				return groupView{}, true, err
-			}
-			mv.Assigned[t] = slices.Sorted(slices.Values(tp.Partitions))
-		}
-		v.Members = append(v.Members, mv)
-	}
-	return v, true, nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // openTransactions lists the open transactions whose transactional id

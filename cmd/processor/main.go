@@ -233,7 +233,8 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	}
 	var inst atomic.Pointer[runner]
 	ready := func() bool { in := inst.Load(); return in != nil && (*in).Ready() }
-	srv := &http.Server{Handler: httpHandler(reg, ready), ReadHeaderTimeout: 5 * time.Second}
+	queries := &stateQueries{instance: cfg.InstanceID, peerURL: cfg.QueryPeerURL}
+	srv := &http.Server{Handler: httpHandler(reg, ready, queries), ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	defer srv.Close()
 	if cfg.Job == functionJob {
@@ -246,9 +247,20 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 	}
 	var in runner
 	if stages, ok := pipelines[cfg.Job]; ok {
-		in, err = sluice.NewPipeline(opts, stages(cfg)...)
+		ss := stages(cfg)
+		var p *sluice.Pipeline
+		if p, err = sluice.NewPipeline(opts, ss...); err == nil {
+			in = p
+			for _, s := range ss {
+				queries.serve(p.Stage(s.Name), s.Job)
+			}
+		}
 	} else {
-		in, err = sluice.New(opts)
+		var i *sluice.Instance
+		if i, err = sluice.New(opts); err == nil {
+			in = i
+			queries.serve(i, opts.Job)
+		}
 	}
 	if err != nil {
 		return err
@@ -269,10 +281,11 @@ type runner interface {
 	Ready() bool
 }
 
-// httpHandler serves /metrics, /healthz (the process is alive) and /readyz
-// (ready: see sluice.Instance.Ready).
-func httpHandler(reg *prometheus.Registry, ready func() bool) http.Handler {
+// httpHandler serves /metrics, /healthz (the process is alive), /readyz
+// (ready: see sluice.Instance.Ready) and the state queries, /state/{state}.
+func httpHandler(reg *prometheus.Registry, ready func() bool, queries http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /state/{state}", queries)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

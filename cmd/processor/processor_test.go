@@ -69,6 +69,7 @@ func TestBadEnvironmentExitsTwoWithOneLine(t *testing.T) {
 		{"missing brokers", "SLUICE_BROKERS", without("SLUICE_BROKERS")},
 		{"bad guarantee", "SLUICE_GUARANTEE", append(good, "SLUICE_GUARANTEE=maybe_once")},
 		{"memory limit ratio out of range", "AUTOMEMLIMIT", append(good, "AUTOMEMLIMIT=1.5")},
+		{"peer URL without the instance", "SLUICE_QUERY_PEER_URL", append(good, "SLUICE_QUERY_PEER_URL=http://sluice:9090")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/internal/control"
+	"github.com/sluicehq/sluice/internal/groupview"
 )
 
 // runReset deletes what SLUICE_APP_ID keeps, so that it starts from scratch.
@@ -75,7 +76,7 @@ func resetApp(ctx context.Context, args []string, envm map[string]string, stdout
 	// The app, and each later stage of a pipeline (sluice.NewPipeline):
 	// a stage runs as an app id of its own, <app>-<stage>.
 	for _, a := range apps {
-		g, err := describeGroup(ctx, cl, adm, a)
+		g, err := groupview.Describe(ctx, cl, adm, a)
 		if err != nil {
 			return fail(err)
 		}
@@ -205,7 +206,7 @@ func deleteGroup(ctx context.Context, adm *kadm.Client, group string) error {
 	return fmt.Errorf("delete group %s: %w", group, err)
 }
 
-func memberNames(ms []memberView) string {
+func memberNames(ms []groupview.Member) string {
 	names := make([]string, len(ms))
 	for i, m := range ms {
 		names[i] = m.InstanceID

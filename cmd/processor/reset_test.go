@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/groupview"
 )
 
 func runResetWith(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
@@ -89,7 +90,7 @@ func TestReset(t *testing.T) {
 		t.Errorf("dry run would delete a topic that is not the app's:\n%s", stdout)
 	}
 	t.Logf("processor reset:\n%s", stdout)
-	if g, err := describeGroup(ctx, cl, adm, "rst"); err != nil || g.State == "Dead" {
+	if g, err := groupview.Describe(ctx, cl, adm, "rst"); err != nil || g.State == "Dead" {
 		t.Fatalf("group after the dry run: %+v, %v", g, err)
 	}
 	if names := topicNames(t, brokers); !slices.Contains(names, "rst-changelog") || !slices.Contains(names, "rst-control") {
@@ -103,7 +104,7 @@ func TestReset(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "deleted topic rst-changelog") || !strings.Contains(stdout, "deleted state dir") {
 		t.Fatalf("reset --yes: exit %d, stdout %s, stderr %s", code, stdout, stderr)
 	}
-	if g, err := describeGroup(ctx, cl, adm, "rst"); err != nil || g.State != "Dead" {
+	if g, err := groupview.Describe(ctx, cl, adm, "rst"); err != nil || g.State != "Dead" {
 		t.Fatalf("group after the reset: %+v, %v", g, err)
 	}
 	names := topicNames(t, brokers)

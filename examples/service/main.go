@@ -1,7 +1,9 @@
 // Command service embeds Sluice in an HTTP service: its own handler takes
 // clicks (POST /clicks {"user":"ann","url":"/pricing"}) and produces them to
 // Kafka, and a Sluice instance in the same process counts them per user,
-// exactly once, into -output ({"user":"ann","clicks":3}).
+// exactly once, into -output ({"user":"ann","clicks":3}). GET
+// /clicks/{user} reads a user's committed count from the instance's state
+// (Instance.Query).
 //
 // The two share one process and its operations:
 //
@@ -161,6 +163,7 @@ func (s *service) handler() http.Handler {
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /clicks", count("clicks", s.postClick))
+	mux.Handle("GET /clicks/{user}", count("count", s.getCount))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -191,6 +194,40 @@ func (s *service) postClick(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// getCount answers a user's committed click count from the instance's
+// state (Instance.Query): what the output has said, or will say once the
+// epoch's apply is done, never a count an abort could take back. A user
+// whose task runs on another replica is answered 421 with that replica's
+// id, which the caller (or a router that knows where replicas listen)
+// asks instead.
+func (s *service) getCount(w http.ResponseWriter, r *http.Request) {
+	user := r.PathValue("user")
+	var n int64
+	err := s.inst.Query([]byte(user), func(st kstate.Scope) error {
+		var err error
+		n, _, err = clicks.Get(st)
+		return err
+	})
+	if errors.Is(err, sluice.ErrNotLocal) {
+		owner, oerr := s.inst.QueryOwner(r.Context(), []byte(user))
+		if oerr != nil || owner.InstanceID == "" {
+			http.Error(w, "try again: the user's counter is moving between replicas", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusMisdirectedRequest)
+		json.NewEncoder(w).Encode(map[string]string{"owner": owner.InstanceID})
+		return
+	}
+	if err != nil {
+		s.log.Warn("count not read", "user", user, "err", err)
+		http.Error(w, "try again", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(Count{User: user, Clicks: n})
 }
 
 // run serves HTTP on ln and runs the instance until ctx ends or the

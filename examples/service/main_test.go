@@ -125,6 +125,18 @@ func TestService(t *testing.T) {
 		t.Fatalf("counts %v, want %v", counts, want)
 	}
 
+	// The committed counts, read from the instance's state.
+	eventually(t, "GET /clicks/ann to answer 2", func() bool {
+		code, body := get(base + "/clicks/ann")
+		return code == http.StatusOK && strings.TrimSpace(body) == `{"user":"ann","clicks":2}`
+	})
+	if code, body := get(base + "/clicks/bob"); code != http.StatusOK || strings.TrimSpace(body) != `{"user":"bob","clicks":1}` {
+		t.Errorf("GET /clicks/bob: %d %s", code, body)
+	}
+	if code, body := get(base + "/clicks/cy"); code != http.StatusOK || strings.TrimSpace(body) != `{"user":"cy","clicks":0}` {
+		t.Errorf("GET /clicks/cy: %d %s", code, body)
+	}
+
 	_, metrics := get(base + "/metrics")
 	for _, series := range []string{
 		`http_requests_total{code="202",handler="clicks"} 3`,

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// setEnv replaces (or adds) the process's variable name.
+func (p *proc) setEnv(name, value string) {
+	for i, kv := range p.env {
+		if strings.HasPrefix(kv, name+"=") {
+			p.env[i] = name + "=" + value
+			return
+		}
+	}
+	p.env = append(p.env, name+"="+value)
+}
+
+// queryAt GETs path from addr without following redirects: the status, the
+// decoded answer, and the Location header.
+func queryAt(t *testing.T, addr, path string) (int, queryAnswer, string) {
+	t.Helper()
+	cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := cl.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ans queryAnswer
+	if resp.StatusCode != http.StatusTemporaryRedirect {
+		if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil {
+			t.Fatalf("GET %s%s: %d, body not JSON: %v", addr, path, resp.StatusCode, err)
+		}
+	}
+	return resp.StatusCode, ans, resp.Header.Get("Location")
+}
+
+// TestStateQueriesOverHTTP runs two processors of the aggregate job, one of
+// them killed -9 and started again, and queries every key's aggregation on
+// both: the owner answers 200 with the aggregation of the key's inputs; the
+// other redirects to the owner's URL (SLUICE_QUERY_PEER_URL), once, and
+// answers 421 naming the owner when asked after a redirect. Instance ids
+// are loopback addresses (127.0.0.2, 127.0.0.3), so that the peer URL
+// http://{instance}:port reaches each process.
+func TestStateQueriesOverHTTP(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in", "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	brokers := c.ListenAddrs()[0]
+	_, port, err := net.SplitHostPort(freeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"127.0.0.2", "127.0.0.3"}
+	var procs []*proc
+	for _, id := range ids {
+		p := newProc(t, brokers, id)
+		p.metrics = net.JoinHostPort(id, port)
+		p.setEnv("SLUICE_METRICS_ADDR", p.metrics)
+		p.setEnv("SLUICE_QUERY_PEER_URL", "http://{instance}:"+port)
+		p.start()
+		procs = append(procs, p)
+	}
+	for _, p := range procs {
+		p.awaitReady()
+	}
+
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	want := map[string]jobs.Aggregation{}
+	n := 0
+	send := func(count int) {
+		var recs []*kgo.Record
+		for range count {
+			n++
+			key := "k" + strconv.Itoa(n%23)
+			a, ok := want[key]
+			if !ok {
+				a = jobs.Aggregation{Min: int64(n), Max: int64(n)}
+			}
+			a.Count++
+			a.Sum += int64(n)
+			a.Min, a.Max = min(a.Min, int64(n)), max(a.Max, int64(n))
+			want[key] = a
+			recs = append(recs, &kgo.Record{Topic: "in", Key: []byte(key), Value: []byte(strconv.Itoa(n))})
+		}
+		if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(300)
+	if err := procs[0].stop(syscall.SIGKILL); err == nil {
+		t.Fatal("kill -9 reported a clean exit")
+	}
+	send(300)
+	procs[0].start()
+	send(300)
+	procs[0].awaitReady()
+
+	// Poll until every key reads its whole aggregation from its owner,
+	// and the other instance sends it there.
+	adm := kadm.NewClient(prod)
+	deadline := time.Now().Add(time.Minute)
+	pending := func() error {
+		if sum, err := check.CommittedSum(context.Background(), adm, "e2e"); err != nil || sum != int64(n) {
+			return fmt.Errorf("committed offsets add up to %d of %d (%v)", sum, n, err)
+		}
+		for key, agg := range want {
+			path := "/state/aggregate?key=" + url.QueryEscape(key)
+			var owner string
+			for i, p := range procs {
+				code, ans, loc := queryAt(t, p.metrics, path)
+				switch code {
+				case http.StatusOK:
+					var got jobs.Aggregation
+					if err := json.Unmarshal(ans.Value, &got); err != nil || got != agg {
+						return fmt.Errorf("%s on %s: %s (%v), want %+v", key, ids[i], ans.Value, err, agg)
+					}
+					if ans.Partition == nil || ans.Instance != ids[i] || ans.Key == nil || *ans.Key != key {
+						return fmt.Errorf("%s on %s: answer %+v", key, ids[i], ans)
+					}
+					owner = ids[i]
+				case http.StatusTemporaryRedirect:
+					other := ids[1-i]
+					if wantLoc := "http://" + net.JoinHostPort(other, port) + path + "&from=" + ids[i]; loc != wantLoc {
+						t.Fatalf("%s on %s: redirected to %q, want %q", key, ids[i], loc, wantLoc)
+					}
+					// The owner asked after the redirect does not send it on.
+					code, ans, _ := queryAt(t, p.metrics, path+"&from=elsewhere")
+					if code != http.StatusMisdirectedRequest || ans.Owner != other {
+						return fmt.Errorf("%s on %s after a redirect: %d %+v, want 421 naming %s", key, ids[i], code, ans, other)
+					}
+				default:
+					return fmt.Errorf("%s on %s: %d %+v", key, ids[i], code, ans)
+				}
+			}
+			if owner == "" {
+				return fmt.Errorf("%s: no instance answered it", key)
+			}
+			// A client that follows redirects gets the answer from either.
+			resp, err := http.Get("http://" + procs[0].metrics + path)
+			if err != nil {
+				return err
+			}
+			var ans queryAnswer
+			err = json.NewDecoder(resp.Body).Decode(&ans)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || ans.Instance != owner {
+				return fmt.Errorf("%s followed from %s: %d %+v (%v), want 200 from %s", key, ids[0], resp.StatusCode, ans, err, owner)
+			}
+		}
+		return nil
+	}
+	for err := pending(); err != nil; err = pending() {
+		if time.Now().After(deadline) {
+			t.Fatalf("queries not settled within a minute: %v", err)
+		}
+		<-time.After(50 * time.Millisecond) // polling a condition, with a deadline
+	}
+
+	// Refusals: no key, an unknown state, a key without state.
+	p := procs[1]
+	if code, ans, _ := queryAt(t, p.metrics, "/state/aggregate"); code != http.StatusBadRequest || !strings.Contains(ans.Error, "key=") {
+		t.Fatalf("no key: %d %+v", code, ans)
+	}
+	if code, ans, _ := queryAt(t, p.metrics, "/state/nosuch?key=k1"); code != http.StatusNotFound || !strings.Contains(ans.Error, `["aggregate"]`) {
+		t.Fatalf("unknown state: %d %+v", code, ans)
+	}
+	for _, p := range procs {
+		code, ans, _ := queryAt(t, p.metrics, "/state/aggregate?key_base64=bm9uZQ&from=x") // "none"
+		if code == http.StatusNotFound && ans.Error == "the key has no value" && *ans.Key == "none" {
+			continue
+		}
+		if code != http.StatusMisdirectedRequest {
+			t.Fatalf("absent key on %s: %d %+v", p.metrics, code, ans)
+		}
+	}
+	for _, p := range procs {
+		if err := p.stop(syscall.SIGTERM); err != nil {
+			t.Fatalf("SIGTERM: %v; log:\n%s", err, p.log.String())
+		}
+	}
+}

@@ -1,0 +1,342 @@
+package sluice_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/kstate"
+)
+
+// lastSeen holds, per key, the record's value and a nonce drawn at each
+// processing: a replay of an aborted epoch writes other nonces than the
+// attempt before it, so a value that no committed output carries can only
+// have been read from an epoch that never committed.
+var lastSeen = kstate.Value("last-seen", kstate.String())
+
+func nonceJob() sluice.Job {
+	return sluice.Job{Name: "nonce", Emits: true, States: []string{lastSeen.Name()},
+		Process: func(ctx sluice.Context, rec *sluice.Record) error {
+			v := fmt.Sprintf("%s/%016x", rec.Value, rand.Uint64())
+			if err := lastSeen.Set(ctx, v); err != nil {
+				return err
+			}
+			ctx.Emit(rec.Key, []byte(v))
+			return nil
+		}}
+}
+
+// queryInstance is an instance of the nonce job run in the background.
+type queryInstance struct {
+	*sluice.Instance
+	id     string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startQueryInstance(t *testing.T, brokers []string, id, dir string) *queryInstance {
+	t.Helper()
+	o := testOptions(brokers, "query", nonceJob(), dir)
+	o.InstanceID = id
+	o.OutputTopic = "out"
+	inst, err := sluice.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	qi := &queryInstance{Instance: inst, id: id, cancel: cancel, done: make(chan error, 1)}
+	go func() { qi.done <- inst.Run(ctx) }()
+	t.Cleanup(func() { qi.stop(t) })
+	return qi
+}
+
+func (qi *queryInstance) stop(t *testing.T) {
+	t.Helper()
+	if qi.cancel == nil {
+		return
+	}
+	qi.cancel()
+	qi.cancel = nil
+	if err := <-qi.done; err != nil {
+		t.Errorf("%s: Run: %v", qi.id, err)
+	}
+}
+
+// TestQueryReadsCommittedStateOnItsOwner queries two instances of a job
+// while they process, while a third of their offset commits fail (each
+// aborting its epoch) and while one of them stops and starts again. Every
+// value a query returned is one that a committed output carries, and once
+// the input is consumed each key is answered by exactly one instance, the
+// one QueryOwner names, with the key's last committed output.
+func TestQueryReadsCommittedStateOnItsOwner(t *testing.T) {
+	const keys, perKey = 40, 30
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in", "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var commits, aborted atomic.Int64
+	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(kr kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if commits.Add(1)%3 != 0 {
+			return nil, nil, false
+		}
+		aborted.Add(1)
+		return check.TxnOffsetCommitError(kr, kerr.RebalanceInProgress), nil, true
+	})
+	brokers := c.ListenAddrs()
+	dir := t.TempDir()
+	insts := []*queryInstance{startQueryInstance(t, brokers, "q1", dir+"/q1"), startQueryInstance(t, brokers, "q2", dir+"/q2")}
+	var instMu sync.Mutex // insts[1] is replaced when q2 starts again
+	inst := func(i int) *queryInstance {
+		instMu.Lock()
+		defer instMu.Unlock()
+		return insts[i]
+	}
+
+	// Queries run all along, of every key on both instances.
+	var (
+		seenMu sync.Mutex
+		seen   = map[string]map[string]bool{} // key → values queries returned
+		reads  atomic.Int64
+		stop   = make(chan struct{})
+		wg     sync.WaitGroup
+	)
+	wg.Go(func() {
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			key := fmt.Sprintf("k%02d", n%keys)
+			qi := inst(n % 2)
+			var v string
+			var ok bool
+			err := qi.Query([]byte(key), func(s kstate.Scope) error {
+				var err error
+				v, ok, err = lastSeen.Get(s)
+				return err
+			})
+			switch {
+			case errors.Is(err, sluice.ErrNotLocal):
+			case err != nil:
+				t.Errorf("%s: query %s: %v", qi.id, key, err)
+				return
+			case ok:
+				reads.Add(1)
+				seenMu.Lock()
+				if seen[key] == nil {
+					seen[key] = map[string]bool{}
+				}
+				seen[key][v] = true
+				seenMu.Unlock()
+			}
+		}
+	})
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			for k := range keys {
+				cl.Produce(context.Background(), &kgo.Record{Key: fmt.Appendf(nil, "k%02d", k), Value: fmt.Appendf(nil, "%d", i)}, nil)
+			}
+			if err := cl.Flush(context.Background()); err != nil { // a round at a time: more epochs
+				t.Fatal(err)
+			}
+		}
+	}
+	awaitConsumed := func(n int64) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for !consumedAll(adm, "query", n)(nil) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d records not consumed within a minute", n)
+			}
+			<-time.After(20 * time.Millisecond) // polling a condition, with a deadline
+		}
+	}
+
+	produce(0, perKey/3)
+	awaitConsumed(int64(keys * (perKey / 3)))
+	inst(1).stop(t) // q1 takes every task
+	produce(perKey/3, 2*perKey/3)
+	awaitConsumed(int64(keys * (2 * perKey / 3)))
+	instMu.Lock()
+	insts[1] = startQueryInstance(t, brokers, "q2", dir+"/q2") // and gives some back
+	instMu.Unlock()
+	produce(2*perKey/3, perKey)
+	awaitConsumed(keys * perKey)
+
+	outs, err := check.ReadToEnd(context.Background(), brokers, "out", kgo.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed := map[string]map[string]bool{}
+	last := map[string]string{}
+	for _, r := range outs {
+		k := string(r.Key)
+		if committed[k] == nil {
+			committed[k] = map[string]bool{}
+		}
+		committed[k][string(r.Value)] = true
+		last[k] = string(r.Value)
+	}
+	for k := range keys {
+		key := fmt.Sprintf("k%02d", k)
+		if want := fmt.Sprintf("%d/", perKey-1); !strings.HasPrefix(last[key], want) {
+			t.Fatalf("key %s: last committed output %q, want the last input %q first", key, last[key], want)
+		}
+	}
+
+	// Settled: each key's last committed value, on exactly one instance,
+	// the one the group assigns its task to.
+	deadline := time.Now().Add(time.Minute)
+	for k := 0; k < keys; k++ {
+		key := fmt.Sprintf("k%02d", k)
+		var got []string
+		var owners []string
+		for i := range 2 {
+			qi := inst(i)
+			err := qi.Query([]byte(key), func(s kstate.Scope) error {
+				v, _, err := lastSeen.Get(s)
+				got = append(got, v)
+				return err
+			})
+			if err == nil {
+				owners = append(owners, qi.id)
+			} else if !errors.Is(err, sluice.ErrNotLocal) {
+				t.Fatalf("%s: query %s: %v", qi.id, key, err)
+			}
+		}
+		owner, err := inst(0).QueryOwner(context.Background(), []byte(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(owners) != 1 || owners[0] != owner.InstanceID || got[0] != last[key] {
+			if time.Now().After(deadline) {
+				t.Fatalf("key %s: answered by %q with %q; QueryOwner says %+v; the last committed output is %q", key, owners, got, owner, last[key])
+			}
+			<-time.After(20 * time.Millisecond) // a rebalance or an apply still under way: ask again, with a deadline
+			k--
+			continue
+		}
+		if owner2, err := inst(1).QueryOwner(context.Background(), []byte(key)); err != nil || owner2 != owner {
+			t.Fatalf("key %s: q2's QueryOwner = %+v, %v; q1's %+v", key, owner2, err, owner)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	for key, vs := range seen {
+		for v := range vs {
+			if !committed[key][v] {
+				t.Errorf("key %s: a query returned %q, which no committed output carries", key, v)
+			}
+		}
+	}
+	t.Logf("%d reads of a value by queries; %d of %d offset commits failed", reads.Load(), aborted.Load(), commits.Load())
+	if reads.Load() == 0 || aborted.Load() == 0 {
+		t.Fatalf("the test proved nothing: %d reads, %d aborted commits", reads.Load(), aborted.Load())
+	}
+}
+
+// TestQueryRefusals: a query cannot write, an empty key has no partition,
+// a partition out of range is refused, and an instance that is not running
+// has no task.
+func TestQueryRefusals(t *testing.T) {
+	brokers, _ := inputCluster(t, 2, []*kgo.Record{{Key: []byte("a"), Value: []byte("1")}})
+	o := testOptions(brokers, "refusals", nonceJob(), t.TempDir())
+	o.OutputTopic = "out"
+	inst, err := sluice.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(s kstate.Scope) error { _, _, err := lastSeen.Get(s); return err }
+	var nl *sluice.NotLocalError
+	if err := inst.Query([]byte("a"), read); !errors.As(err, &nl) || nl.Partition != -1 {
+		t.Fatalf("Query before Run = %v, want a NotLocalError with partition -1", err)
+	}
+	if _, err := inst.QueryOwner(context.Background(), []byte("a")); !errors.Is(err, sluice.ErrNotLocal) {
+		t.Fatalf("QueryOwner before Run = %v, want ErrNotLocal", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- inst.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var v string
+		err := inst.Query([]byte("a"), func(s kstate.Scope) error {
+			var err error
+			v, _, err = lastSeen.Get(s)
+			return err
+		})
+		if err == nil && strings.HasPrefix(v, "1/") {
+			break
+		}
+		if err != nil && !errors.Is(err, sluice.ErrNotLocal) {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the record's state not queryable within a minute: %q, %v", v, err)
+		}
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+	}
+	if err := inst.Query([]byte("a"), func(s kstate.Scope) error { return lastSeen.Set(s, "x") }); !errors.Is(err, kstate.ErrReadOnly) {
+		t.Fatalf("a write in a query = %v, want ErrReadOnly", err)
+	}
+	if err := inst.Query(nil, read); err == nil || !strings.Contains(err.Error(), "QueryPartition") {
+		t.Fatalf("Query of the empty key = %v", err)
+	}
+	if err := inst.QueryPartition(2, nil, read); err == nil || !strings.Contains(err.Error(), "out of range") {
+		t.Fatalf("QueryPartition(2) of 2 partitions = %v", err)
+	}
+	owner, err := inst.QueryOwner(context.Background(), []byte("a"))
+	if err != nil || owner.InstanceID != "i1" {
+		t.Fatalf("QueryOwner = %+v, %v; want i1", owner, err)
+	}
+	var other []byte // a key of the other partition, absent
+	for i := 0; other == nil; i++ {
+		if k := fmt.Appendf(nil, "b%d", i); partitionOf(k) != partitionOf([]byte("a")) {
+			other = k
+		}
+	}
+	if err := inst.Query(other, func(s kstate.Scope) error {
+		if _, ok, err := lastSeen.Get(s); ok || err != nil {
+			return fmt.Errorf("absent key read %v, %v", ok, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// partitionOf is the partition of 2 Kafka's default partitioner gives key.
+func partitionOf(key []byte) int {
+	return kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: key}, 2)
+}
