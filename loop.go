@@ -175,6 +175,9 @@ func (l *loop) iterate() error {
 	if in.killed.Load() {
 		return errKilled
 	}
+	if _, wall := in.clock.(wallClock); !wall {
+		in.queries.now.Store(in.clock.Now().UnixMilli()) // for queries' TTLs (queryNow)
+	}
 	if err := l.settleOrStop(false); err != nil {
 		return err
 	}

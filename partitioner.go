@@ -68,3 +68,15 @@ type outSlot struct {
 
 // slabLen is how many records one slab allocation holds.
 const slabLen = 64
+
+// byKey is Kafka's default partitioner for keyed records (murmur2 of the
+// key): keyPartition's. Its Partition keeps no state for a record with a
+// key, so one serves every goroutine.
+var byKey = kgo.StickyKeyPartitioner(nil).ForTopic("")
+
+// keyPartition is the partition of n that Kafka's default partitioner gives
+// a record with key (non-empty): where a query finds the key's task, and
+// where a rescaled savepoint's entry goes.
+func keyPartition(key []byte, n int32) int32 {
+	return int32(byKey.Partition(&kgo.Record{Key: key}, int(n)))
+}

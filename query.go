@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -43,7 +44,7 @@ type NotLocalError struct {
 func (e *NotLocalError) Error() string {
 	switch {
 	case e.Partition < 0:
-		return "sluice: query: the instance is not running (Run has not connected to the brokers)"
+		return "sluice: query: the instance is not running (Run has not connected to the brokers, or has returned)"
 	case e.Restoring:
 		return fmt.Sprintf("sluice: query: task %d is restoring its state on this instance", e.Partition)
 	}
@@ -56,29 +57,80 @@ func (e *NotLocalError) Is(target error) bool { return target == ErrNotLocal }
 // queries is what queries read from other goroutines than the loop's: the
 // running tasks' backends by partition, and what routes a key to its task.
 // The loop registers a task once it runs and drops it before it closes its
-// backend; a query holds the read lock while it reads, so a backend is
-// never closed under it.
+// backend; drop waits for the queries reading it, which hold no lock
+// meanwhile, so a query's function may query again (the same task too).
 type queries struct {
-	mu        sync.RWMutex
-	parts     int32 // the input's partition count; 0 before Run connects
-	running   map[int32]kstate.Backend
+	parts atomic.Int32 // the input's partition count; 0 outside Run
+	// now is the loop's last reading of a clock that is not the wall
+	// clock (Options.Clock need not be safe for concurrent use), unix
+	// milliseconds; the loop publishes it every iteration.
+	now atomic.Int64
+
+	mu        sync.Mutex
+	running   map[int32]*queryTask
 	restoring map[int32]bool
 	cl        *kgo.Client // Run's admin client, for QueryOwner; nil outside Run
 	adm       *kadm.Client
 }
 
+// queryTask is a running task's backend and the queries reading it.
+type queryTask struct {
+	be     kstate.Backend
+	mu     sync.Mutex
+	reads  int           // queries in their function
+	closed bool          // dropped: no new query reads it
+	idle   chan struct{} // closed by the last read of a closed task
+}
+
+// acquire counts a query in, unless the task was dropped.
+func (t *queryTask) acquire() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.reads++
+	return true
+}
+
+func (t *queryTask) release() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reads--
+	if t.reads == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// close refuses new queries and waits for those reading.
+func (t *queryTask) close() {
+	t.mu.Lock()
+	t.closed = true
+	var idle chan struct{}
+	if t.reads > 0 {
+		idle = make(chan struct{})
+		t.idle = idle
+	}
+	t.mu.Unlock()
+	if idle != nil {
+		<-idle
+	}
+}
+
 func (q *queries) connected(parts int32, cl *kgo.Client, adm *kadm.Client) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.parts, q.cl, q.adm = parts, cl, adm
+	q.parts.Store(parts)
+	q.cl, q.adm = cl, adm
 }
 
+// disconnected ends Run's queries; the loop has dropped every task.
 func (q *queries) disconnected() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.parts, q.cl, q.adm = 0, nil, nil
-	clear(q.running)
-	clear(q.restoring)
+	q.parts.Store(0)
+	q.cl, q.adm = nil, nil
 }
 
 // restore marks task p as restoring here.
@@ -96,54 +148,64 @@ func (q *queries) run(p int32, be kstate.Backend) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.running == nil {
-		q.running = map[int32]kstate.Backend{}
+		q.running = map[int32]*queryTask{}
 	}
 	delete(q.restoring, p)
-	q.running[p] = be
+	q.running[p] = &queryTask{be: be}
 }
 
 // drop forgets task p; once it returns, no query reads its backend.
 func (q *queries) drop(p int32) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	t := q.running[p]
 	delete(q.running, p)
 	delete(q.restoring, p)
+	q.mu.Unlock()
+	if t != nil {
+		t.close()
+	}
 }
 
 // dropAll forgets every task, as drop does.
 func (q *queries) dropAll() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	clear(q.running)
+	ts := q.running
+	q.running = nil
 	clear(q.restoring)
-}
-
-// partition returns the task of key: the partition Kafka's default
-// partitioner (murmur2 of the key) sends it to, -1 before Run connected.
-func (q *queries) partition(key []byte) int32 {
-	q.mu.RLock()
-	n := q.parts
-	q.mu.RUnlock()
-	if n <= 0 {
-		return -1
+	q.mu.Unlock()
+	for _, t := range ts {
+		t.close()
 	}
-	return partitionOf(key, n)
 }
 
-// partitionOf is the partition of n that Kafka's default partitioner
-// gives a record with key (non-empty).
-func partitionOf(key []byte, n int32) int32 {
-	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: key}, int(n)))
+// task returns task p's entry, counted in (release it), or why there is
+// none.
+func (q *queries) task(p int32) (*queryTask, error) {
+	n := q.parts.Load()
+	if n <= 0 {
+		return nil, &NotLocalError{Partition: -1}
+	}
+	if p < 0 || p >= n {
+		return nil, fmt.Errorf("sluice: query: partition %d out of range: the input has %d", p, n)
+	}
+	q.mu.Lock()
+	t, restoring := q.running[p], q.restoring[p]
+	q.mu.Unlock()
+	if t == nil || !t.acquire() {
+		return nil, &NotLocalError{Partition: p, Restoring: restoring}
+	}
+	return t, nil
 }
 
 // PartitionOf returns key's task: the input partition Kafka's default
 // partitioner (murmur2 of the key) sends key to, which Query reads. It is
 // -1 before Run has connected to the brokers, and for the empty key.
 func (in *Instance) PartitionOf(key []byte) int32 {
-	if len(key) == 0 {
+	n := in.queries.parts.Load()
+	if len(key) == 0 || n <= 0 {
 		return -1
 	}
-	return in.queries.partition(key)
+	return keyPartition(key, n)
 }
 
 // queryScope is the kstate.Scope a query's function reads through.
@@ -175,47 +237,52 @@ func (s *queryScope) Now() time.Time       { return s.now }
 // ErrNotLocal) and QueryOwner says which instance runs it.
 //
 // What fn reads is committed: every read returns the key's state as of an
-// epoch whose transaction committed, never a write of the open epoch. Two
-// reads in one call may be of different epochs, when the task applies an
-// epoch between them. Values with TTL that have expired read as absent
-// (a read does not extend them). A write through the scope fails the
-// query with an error wrapping kstate.ErrReadOnly and changes nothing.
+// epoch that committed (at-least-once: whose offsets were committed),
+// never a write of the open epoch. Two reads in one call may be of
+// different epochs, when the task applies an epoch between them. Values
+// with TTL that have expired read as absent, judged by the processing
+// time (the loop's last reading of Options.Clock, when one is set); a
+// read does not extend them. A write through the scope fails the query
+// with an error wrapping kstate.ErrReadOnly (kstate.ErrBroadcastReadOnly
+// for broadcast state) and changes nothing. A scan (a map's Entries)
+// copies its range before it calls its function.
 //
 // fn runs on the caller's goroutine while the task's store is held open:
-// it must return promptly, since a rebalance that takes the task away
-// waits for it. It must not keep the scope, or slices read through it,
-// past its return. Query is safe for concurrent use, also with Run; it
-// reads only while Run runs.
+// it should return promptly, since a rebalance that takes the task away,
+// and the instance's shutdown, wait for it. It may query again. It must
+// not keep the scope, or slices read through it, past its return. Query
+// is safe for concurrent use, also with Run; it reads only while Run runs.
 func (in *Instance) Query(key []byte, fn func(kstate.Scope) error) error {
 	if len(key) == 0 {
 		return errors.New("sluice: query: an empty key has no partition under the default partitioner: use QueryPartition")
 	}
-	return in.QueryPartition(in.queries.partition(key), key, fn)
+	return in.QueryPartition(in.PartitionOf(key), key, fn)
 }
 
 // QueryPartition is Query for the task of input partition p, with key (may
 // be empty) as the scope's key: for jobs whose producers place keys with
 // another partitioner, and for reading state scoped to the empty key.
 func (in *Instance) QueryPartition(p int32, key []byte, fn func(kstate.Scope) error) error {
-	q := &in.queries
-	q.mu.RLock()
-	defer q.mu.RUnlock()
-	if q.parts <= 0 {
-		return &NotLocalError{Partition: -1}
+	t, err := in.queries.task(p)
+	if err != nil {
+		return err
 	}
-	if p < 0 || p >= q.parts {
-		return fmt.Errorf("sluice: query: partition %d out of range: the input has %d", p, q.parts)
-	}
-	be := q.running[p]
-	if be == nil {
-		return &NotLocalError{Partition: p, Restoring: q.restoring[p]}
-	}
-	st := kstate.NewReadStore(be)
-	err := fn(&queryScope{st: st, key: key, now: in.clock.Now()})
+	defer t.release()
+	st := kstate.NewReadStore(t.be)
+	err = fn(&queryScope{st: st, key: key, now: in.queryNow()})
 	if err == nil {
 		err = st.RecordErr()
 	}
 	return err
+}
+
+// queryNow is the processing time a query's TTLs are judged by: the wall
+// clock's, or the loop's last reading of Options.Clock.
+func (in *Instance) queryNow() time.Time {
+	if _, wall := in.clock.(wallClock); wall {
+		return time.Now()
+	}
+	return time.UnixMilli(in.queries.now.Load())
 }
 
 // Owner is the group member that runs a task, as the brokers describe the
@@ -239,13 +306,13 @@ func (in *Instance) QueryOwner(ctx context.Context, key []byte) (Owner, error) {
 		return Owner{}, errors.New("sluice: query owner: an empty key has no partition under the default partitioner")
 	}
 	q := &in.queries
-	q.mu.RLock()
-	parts, cl, adm := q.parts, q.cl, q.adm
-	q.mu.RUnlock()
-	if parts <= 0 || cl == nil {
+	q.mu.Lock()
+	cl, adm := q.cl, q.adm
+	q.mu.Unlock()
+	p := in.PartitionOf(key)
+	if p < 0 || cl == nil {
 		return Owner{Partition: -1}, &NotLocalError{Partition: -1}
 	}
-	p := partitionOf(key, parts)
 	g, err := groupview.Describe(ctx, cl, adm, in.cfg.AppID)
 	if err != nil {
 		return Owner{Partition: p}, fmt.Errorf("sluice: query owner: %w", err)

@@ -28,11 +28,18 @@ import (
 // have been read from an epoch that never committed.
 var lastSeen = kstate.Value("last-seen", kstate.String())
 
+// seenValues maps each of a key's values to its nonce: a map whose
+// entries a query scans.
+var seenValues = kstate.Map("seen-values", kstate.String(), kstate.String())
+
 func nonceJob() sluice.Job {
-	return sluice.Job{Name: "nonce", Emits: true, States: []string{lastSeen.Name()},
+	return sluice.Job{Name: "nonce", Emits: true, States: []string{lastSeen.Name(), seenValues.Name()},
 		Process: func(ctx sluice.Context, rec *sluice.Record) error {
 			v := fmt.Sprintf("%s/%016x", rec.Value, rand.Uint64())
 			if err := lastSeen.Set(ctx, v); err != nil {
+				return err
+			}
+			if err := seenValues.Put(ctx, string(rec.Value), v); err != nil {
 				return err
 			}
 			ctx.Emit(rec.Key, []byte(v))
@@ -48,11 +55,12 @@ type queryInstance struct {
 	done   chan error
 }
 
-func startQueryInstance(t *testing.T, brokers []string, id, dir string) *queryInstance {
+func startQueryInstance(t *testing.T, brokers []string, id, dir string, tweak func(*sluice.Options)) *queryInstance {
 	t.Helper()
 	o := testOptions(brokers, "query", nonceJob(), dir)
 	o.InstanceID = id
 	o.OutputTopic = "out"
+	tweak(&o)
 	inst, err := sluice.New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -78,11 +86,27 @@ func (qi *queryInstance) stop(t *testing.T) {
 
 // TestQueryReadsCommittedStateOnItsOwner queries two instances of a job
 // while they process, while a third of their offset commits fail (each
-// aborting its epoch) and while one of them stops and starts again. Every
-// value a query returned is one that a committed output carries, and once
-// the input is consumed each key is answered by exactly one instance, the
-// one QueryOwner names, with the key's last committed output.
+// aborting its epoch) and while one of them stops and starts again, on
+// both backends and with pipelined epochs. Every value a query returned is
+// one that a committed output carries, and once the input is consumed each
+// key is answered by exactly one instance, the one QueryOwner names, with
+// the key's last committed output. The queries also scan a map state,
+// reading other state and querying again from inside the scan, beside the
+// tasks' applies and releases.
 func TestQueryReadsCommittedStateOnItsOwner(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		tweak func(*sluice.Options)
+	}{
+		{"bbolt", func(*sluice.Options) {}},
+		{"memory", func(o *sluice.Options) { o.Backend = kstate.MemoryBackend }},
+		{"pipelined", func(o *sluice.Options) { o.PipelinedEpochs = true }},
+	} {
+		t.Run(tt.name, func(t *testing.T) { testQueryReadsCommittedState(t, tt.tweak) })
+	}
+}
+
+func testQueryReadsCommittedState(t *testing.T, tweak func(*sluice.Options)) {
 	const keys, perKey = 40, 30
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "in", "out"))
 	if err != nil {
@@ -100,7 +124,7 @@ func TestQueryReadsCommittedStateOnItsOwner(t *testing.T) {
 	})
 	brokers := c.ListenAddrs()
 	dir := t.TempDir()
-	insts := []*queryInstance{startQueryInstance(t, brokers, "q1", dir+"/q1"), startQueryInstance(t, brokers, "q2", dir+"/q2")}
+	insts := []*queryInstance{startQueryInstance(t, brokers, "q1", dir+"/q1", tweak), startQueryInstance(t, brokers, "q2", dir+"/q2", tweak)}
 	var instMu sync.Mutex // insts[1] is replaced when q2 starts again
 	inst := func(i int) *queryInstance {
 		instMu.Lock()
@@ -123,14 +147,27 @@ func TestQueryReadsCommittedStateOnItsOwner(t *testing.T) {
 				return
 			default:
 			}
+			<-time.After(time.Millisecond) // pacing: the queries leave the instances a core
 			key := fmt.Sprintf("k%02d", n%keys)
 			qi := inst(n % 2)
 			var v string
 			var ok bool
 			err := qi.Query([]byte(key), func(s kstate.Scope) error {
 				var err error
-				v, ok, err = lastSeen.Get(s)
-				return err
+				if v, ok, err = lastSeen.Get(s); err != nil || n%5 != 0 {
+					return err
+				}
+				// Every fifth: a scan whose callback reads state and
+				// queries the task again.
+				return seenValues.Entries(s, func(in, nonce string) error {
+					if _, _, err := lastSeen.Get(s); err != nil {
+						return err
+					}
+					return qi.Query([]byte(key), func(s kstate.Scope) error {
+						_, _, err := seenValues.Get(s, in)
+						return err
+					})
+				})
 			})
 			switch {
 			case errors.Is(err, sluice.ErrNotLocal):
@@ -182,7 +219,7 @@ func TestQueryReadsCommittedStateOnItsOwner(t *testing.T) {
 	produce(perKey/3, 2*perKey/3)
 	awaitConsumed(int64(keys * (2 * perKey / 3)))
 	instMu.Lock()
-	insts[1] = startQueryInstance(t, brokers, "q2", dir+"/q2") // and gives some back
+	insts[1] = startQueryInstance(t, brokers, "q2", dir+"/q2", tweak) // and gives some back
 	instMu.Unlock()
 	produce(2*perKey/3, perKey)
 	awaitConsumed(keys * perKey)

@@ -283,7 +283,6 @@ func (s *seedSource) scan(ctx context.Context, p, parts int32, fn func(k, v []by
 	tasks := s.sp.Manifest.Tasks
 	rescaled := int32(len(tasks)) != parts
 	unions := slices.ContainsFunc(s.sp.Manifest.States, func(st savepoint.State) bool { return st.Kind == kstate.KindOperator.String() })
-	byKey := kgo.StickyKeyPartitioner(nil).ForTopic("")
 	probe := &kgo.Record{}
 	for _, t := range tasks {
 		own := rescaled || t.Partition == p

@@ -92,13 +92,23 @@ func NewStore(b Backend) *Store {
 // returns an error wrapping ErrReadOnly. A value with TTL that has expired
 // reads as absent, as in the job, but is not deleted, and a read does not
 // push its expiry forward (OnReadAndWrite): the job's own reads and sweeps
-// do that. Its reads may run beside the task's Applies (see Backend); like
-// every Store, it is for one goroutine.
+// do that. Its reads may run beside the task's Applies (see Backend): a
+// scan copies its range from the backend before it calls its function, so
+// that function may read state while an Apply waits. Like every Store, it
+// is for one goroutine.
 func NewReadStore(b Backend) *Store {
-	s := NewStore(b)
+	s := NewStore(readOnlyBackend{b})
 	s.readOnly = true
 	return s
 }
+
+// readOnlyBackend is a read store's backend: Apply and Close are refused,
+// so nothing done through the store, or to the backend its Backend
+// returns, writes or closes the task's backend.
+type readOnlyBackend struct{ Backend }
+
+func (readOnlyBackend) Apply([]Mutation, Meta) error { return ErrReadOnly }
+func (readOnlyBackend) Close() error                 { return ErrReadOnly }
 
 // maxUndoBytes is the undo buffer a Store keeps from one record to the
 // next; a larger one (a record that wrote large values in place) is let go.
@@ -692,6 +702,9 @@ func (s *Store) Scan(prefix []byte, fn func(k, v []byte) error) error {
 // seeks to start, so the keys before it cost nothing (the record
 // write-set, a handful of keys, is filtered instead).
 func (s *Store) ScanFrom(prefix, start []byte, fn func(k, v []byte) error) error {
+	if s.readOnly {
+		return s.scanCopy(prefix, start, fn)
+	}
 	// A write behind settles first: the backend's scan must not overlap
 	// its Apply (see Backend). Its error is the next Settle's to report;
 	// the state read here is whole either way (see Settle).
@@ -823,4 +836,38 @@ func (o *overlay) advance() {
 	if o.sealed.within(o.prefix) && o.sealed.key == e.key {
 		o.sealed = o.sealed.afterWithin(o.prefix)
 	}
+}
+
+// scanCopy is a read store's ScanFrom: it copies the range from the
+// backend first and calls fn after, so that fn never runs inside the
+// backend's scan. A query's scan runs beside the task's Apply (the
+// engine's own scans never do): a callback that read state inside the
+// backend's scan could wait for that Apply while the Apply waited for the
+// scan. A read store's write-sets are empty, so the backend is all there
+// is.
+func (s *Store) scanCopy(prefix, start []byte, fn func(k, v []byte) error) error {
+	var buf []byte
+	var ends []int // the end of each key, then of its value, in buf
+	err := s.backend.ScanFrom(prefix, scanStart(prefix, start), func(k, v []byte) error {
+		buf = append(buf, k...)
+		ends = append(ends, len(buf))
+		buf = append(buf, v...)
+		ends = append(ends, len(buf))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	at := 0
+	for i := 0; i < len(ends); i += 2 {
+		k, v := buf[at:ends[i]:ends[i]], buf[ends[i]:ends[i+1]:ends[i+1]]
+		at = ends[i+1]
+		if err := fn(k, v); err != nil {
+			if err == ErrStopScan {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
 }

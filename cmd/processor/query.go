@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -46,6 +47,9 @@ type stateQueries struct {
 	// states maps each state name to where it is read; nil until the
 	// instance is built.
 	states atomic.Pointer[map[string]queryable]
+
+	mu     sync.Mutex
+	owners map[ownerKey]ownerAt // see owner
 }
 
 // serve makes the states of job, run by in, queryable: every state the
@@ -57,7 +61,9 @@ func (q *stateQueries) serve(in *sluice.Instance, job sluice.Job) {
 	}
 	if job.QueryState != nil {
 		for _, st := range job.States {
-			m[st] = queryable{in: in, job: job}
+			if _, taken := m[st]; !taken { // an earlier stage's state of the same name wins
+				m[st] = queryable{in: in, job: job}
+			}
 		}
 	}
 	q.states.Store(&m)
@@ -117,73 +123,107 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ans.Value, err = json.Marshal(v) // in the call: v may share the store's bytes
 		return err
 	})
+	p := st.in.PartitionOf(key)
+	ans.Partition = &p
 	var nl *sluice.NotLocalError
 	switch {
 	case errors.As(err, &nl):
-		q.notLocal(w, r, &ans, nl, key, reply)
+		q.notLocal(w, r, &ans, st.in, nl, key, reply)
 	case err != nil:
 		ans.Error = err.Error()
 		reply(http.StatusInternalServerError)
 	case !found:
-		ans.Partition = partitionOf(st.in, key)
 		ans.Error = "the key has no value"
 		reply(http.StatusNotFound)
 	default:
-		ans.Partition = partitionOf(st.in, key)
 		reply(http.StatusOK)
 	}
-}
-
-// partitionOf is key's task, for the answer.
-func partitionOf(in *sluice.Instance, key []byte) *int32 {
-	p := in.PartitionOf(key)
-	return &p
 }
 
 // notLocal answers a query of a task that does not run here: redirected to
 // its owner when SLUICE_QUERY_PEER_URL says where that is, else 421 naming
 // it; 503 while it restores here or no member holds it.
-func (q *stateQueries) notLocal(w http.ResponseWriter, r *http.Request, ans *queryAnswer, nl *sluice.NotLocalError, key []byte, reply func(int)) {
-	if nl.Partition < 0 {
-		ans.Error = "the processor is not connected to the brokers yet"
+func (q *stateQueries) notLocal(w http.ResponseWriter, r *http.Request, ans *queryAnswer, in *sluice.Instance, nl *sluice.NotLocalError, key []byte, reply func(int)) {
+	retry := func(format string, args ...any) {
+		ans.Error = fmt.Sprintf(format, args...)
 		w.Header().Set("Retry-After", "1")
 		reply(http.StatusServiceUnavailable)
+	}
+	switch {
+	case nl.Partition < 0:
+		ans.Partition = nil
+		retry("the processor is not connected to the brokers")
+		return
+	case nl.Restoring:
+		retry("task %d is restoring its state here", nl.Partition)
 		return
 	}
-	ans.Partition = &nl.Partition
-	if nl.Restoring {
-		ans.Error = fmt.Sprintf("task %d is restoring its state here", nl.Partition)
-		w.Header().Set("Retry-After", "1")
-		reply(http.StatusServiceUnavailable)
-		return
-	}
-	st := (*q.states.Load())[ans.State]
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
-	owner, err := st.in.QueryOwner(ctx, key)
+	owner, err := q.owner(r.Context(), in, key)
 	switch {
 	case err != nil:
-		ans.Error = fmt.Sprintf("task %d does not run here, and its owner is unknown: %v", nl.Partition, err)
-		w.Header().Set("Retry-After", "1")
-		reply(http.StatusServiceUnavailable)
+		retry("task %d does not run here, and its owner is unknown: %v", nl.Partition, err)
 		return
-	case owner.InstanceID == "" || owner.InstanceID == q.instance:
-		ans.Error = fmt.Sprintf("task %d is moving between instances (a rebalance)", nl.Partition)
-		w.Header().Set("Retry-After", "1")
-		reply(http.StatusServiceUnavailable)
+	case owner == "" || owner == q.instance:
+		retry("task %d is moving between instances (a rebalance)", nl.Partition)
 		return
 	}
-	ans.Owner = owner.InstanceID
-	if q.peerURL != "" && r.URL.Query().Get("from") == "" {
-		// One redirect: an owner that has moved on since answers 421 or
-		// 503 itself rather than sending the query on again.
-		u := strings.ReplaceAll(q.peerURL, "{instance}", url.PathEscape(owner.InstanceID))
-		to := strings.TrimSuffix(u, "/") + r.URL.EscapedPath() + "?" + r.URL.RawQuery + "&from=" + url.QueryEscape(q.instance)
-		http.Redirect(w, r, to, http.StatusTemporaryRedirect)
-		return
+	ans.Owner = owner
+	// One redirect: an owner that has moved on since answers 421 or 503
+	// itself rather than sending the query on again. An owner's id that is
+	// not a host name (another client in the group) is not put in a URL.
+	if q.peerURL != "" && !r.URL.Query().Has("from") && validName(owner, maxNameLen) {
+		to, err := url.Parse(strings.ReplaceAll(q.peerURL, "{instance}", owner))
+		if err == nil {
+			v := r.URL.Query()
+			v.Set("from", q.instance)
+			to = to.JoinPath(r.URL.EscapedPath())
+			to.RawQuery = v.Encode()
+			http.Redirect(w, r, to.String(), http.StatusTemporaryRedirect)
+			return
+		}
 	}
-	ans.Error = fmt.Sprintf("task %d runs on instance %s", nl.Partition, owner.InstanceID)
+	ans.Error = fmt.Sprintf("task %d runs on instance %s", nl.Partition, owner)
 	reply(http.StatusMisdirectedRequest)
+}
+
+// ownerTTL is how long the handler keeps a task's owner: a burst of
+// queries for another instance's keys asks the brokers once a second, not
+// once a query.
+const ownerTTL = time.Second
+
+type ownerAt struct {
+	id string
+	at time.Time
+}
+
+// owner returns the instance id that runs key's task (QueryOwner), as
+// known within ownerTTL.
+func (q *stateQueries) owner(ctx context.Context, in *sluice.Instance, key []byte) (string, error) {
+	p := in.PartitionOf(key)
+	q.mu.Lock()
+	o, ok := q.owners[ownerKey{in, p}]
+	q.mu.Unlock()
+	if ok && time.Since(o.at) < ownerTTL {
+		return o.id, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	got, err := in.QueryOwner(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	q.mu.Lock()
+	if q.owners == nil {
+		q.owners = map[ownerKey]ownerAt{}
+	}
+	q.owners[ownerKey{in, got.Partition}] = ownerAt{got.InstanceID, time.Now()}
+	q.mu.Unlock()
+	return got.InstanceID, nil
+}
+
+type ownerKey struct {
+	in *sluice.Instance
+	p  int32
 }
 
 // queryKey reads the query's key: key=… (text) or key_base64=… (bytes,

@@ -70,6 +70,13 @@ func TestStateQueriesOverHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := []string{"127.0.0.2", "127.0.0.3"}
+	for _, id := range ids {
+		ln, err := net.Listen("tcp", net.JoinHostPort(id, "0"))
+		if err != nil {
+			t.Skipf("%s is not a loopback address here (Linux has all of 127/8): %v", id, err)
+		}
+		ln.Close()
+	}
 	var procs []*proc
 	for _, id := range ids {
 		p := newProc(t, brokers, id)
@@ -143,10 +150,12 @@ func TestStateQueriesOverHTTP(t *testing.T) {
 					owner = ids[i]
 				case http.StatusTemporaryRedirect:
 					other := ids[1-i]
-					if wantLoc := "http://" + net.JoinHostPort(other, port) + path + "&from=" + ids[i]; loc != wantLoc {
-						t.Fatalf("%s on %s: redirected to %q, want %q", key, ids[i], loc, wantLoc)
+					u, err := url.Parse(loc)
+					if err != nil || u.Host != net.JoinHostPort(other, port) || u.Path != "/state/aggregate" ||
+						u.Query().Get("key") != key || u.Query().Get("from") != ids[i] || len(u.Query()) != 2 {
+						t.Fatalf("%s on %s: redirected to %q, want %s's /state/aggregate with key=%s&from=%s", key, ids[i], loc, other, key, ids[i])
 					}
-					// The owner asked after the redirect does not send it on.
+					// Asked after a redirect, the non-owner does not send it on.
 					code, ans, _ := queryAt(t, p.metrics, path+"&from=elsewhere")
 					if code != http.StatusMisdirectedRequest || ans.Owner != other {
 						return fmt.Errorf("%s on %s after a redirect: %d %+v, want 421 naming %s", key, ids[i], code, ans, other)
@@ -187,8 +196,11 @@ func TestStateQueriesOverHTTP(t *testing.T) {
 	if code, ans, _ := queryAt(t, p.metrics, "/state/nosuch?key=k1"); code != http.StatusNotFound || !strings.Contains(ans.Error, `["aggregate"]`) {
 		t.Fatalf("unknown state: %d %+v", code, ans)
 	}
+	if code, ans, _ := queryAt(t, p.metrics, "/state/aggregate?key=a&key_base64=YQ"); code != http.StatusBadRequest {
+		t.Fatalf("two keys: %d %+v", code, ans)
+	}
 	for _, p := range procs {
-		code, ans, _ := queryAt(t, p.metrics, "/state/aggregate?key_base64=bm9uZQ&from=x") // "none"
+		code, ans, _ := queryAt(t, p.metrics, "/state/aggregate?key_base64=bm9uZQ&from=") // "none"; an empty from= still counts
 		if code == http.StatusNotFound && ans.Error == "the key has no value" && *ans.Key == "none" {
 			continue
 		}

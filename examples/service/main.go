@@ -119,6 +119,7 @@ type service struct {
 	inst     *sluice.Instance
 	producer *kgo.Client
 	input    string
+	instance string      // -instance
 	draining atomic.Bool // set first on shutdown: /readyz fails
 }
 
@@ -148,7 +149,7 @@ func newService(cfg config, log *slog.Logger) (*service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &service{log: log, reg: reg, inst: inst, producer: producer, input: cfg.input}, nil
+	return &service{log: log, reg: reg, inst: inst, producer: producer, input: cfg.input, instance: cfg.instance}, nil
 }
 
 // handler serves the service's own endpoint and the operational ones.
@@ -210,10 +211,13 @@ func (s *service) getCount(w http.ResponseWriter, r *http.Request) {
 		n, _, err = clicks.Get(st)
 		return err
 	})
-	if errors.Is(err, sluice.ErrNotLocal) {
+	var nl *sluice.NotLocalError
+	if errors.As(err, &nl) {
 		owner, oerr := s.inst.QueryOwner(r.Context(), []byte(user))
-		if oerr != nil || owner.InstanceID == "" {
-			http.Error(w, "try again: the user's counter is moving between replicas", http.StatusServiceUnavailable)
+		if nl.Restoring || oerr != nil || owner.InstanceID == "" || owner.InstanceID == s.instance {
+			// Restoring here, or moving between replicas.
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "try again: the user's counter is restoring or moving between replicas", http.StatusServiceUnavailable)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
