@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -274,6 +275,29 @@ func (in *Instance) QueryPartition(p int32, key []byte, fn func(kstate.Scope) er
 		err = st.RecordErr()
 	}
 	return err
+}
+
+// QueryLocal calls fn for each task running on this instance, in
+// partition order, with a read-only scope over its committed state as
+// Query gives one (its key is empty): for reads across keys, such as a
+// value state's All (Kafka Streams' store.all() on the local stores).
+// Together, the instances' QueryLocal cover every task that runs; a task
+// that moves during the call may be read on both instances or on neither.
+// If fn returns an error, QueryLocal stops and returns it.
+func (in *Instance) QueryLocal(fn func(task int32, s kstate.Scope) error) error {
+	in.queries.mu.Lock()
+	ps := slices.Sorted(maps.Keys(in.queries.running))
+	in.queries.mu.Unlock()
+	for _, p := range ps {
+		err := in.QueryPartition(p, nil, func(s kstate.Scope) error { return fn(p, s) })
+		if errors.Is(err, ErrNotLocal) {
+			continue // released meanwhile
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // queryNow is the processing time a query's TTLs are judged by: the wall

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,6 +102,7 @@ func TestQueryReadsCommittedStateOnItsOwner(t *testing.T) {
 		{"bbolt", func(*sluice.Options) {}},
 		{"memory", func(o *sluice.Options) { o.Backend = kstate.MemoryBackend }},
 		{"pipelined", func(o *sluice.Options) { o.PipelinedEpochs = true }},
+		{"consumer-protocol", func(o *sluice.Options) { o.GroupProtocol = "consumer" }}, // QueryOwner describes a KIP-848 group
 	} {
 		t.Run(tt.name, func(t *testing.T) { testQueryReadsCommittedState(t, tt.tweak) })
 	}
@@ -356,6 +358,22 @@ func TestQueryRefusals(t *testing.T) {
 	owner, err := inst.QueryOwner(context.Background(), []byte("a"))
 	if err != nil || owner.InstanceID != "i1" {
 		t.Fatalf("QueryOwner = %+v, %v; want i1", owner, err)
+	}
+	// QueryLocal reads both tasks here: every key's value, the one key
+	// sent in its task.
+	got := map[int32][]string{}
+	if err := inst.QueryLocal(func(p int32, s kstate.Scope) error {
+		got[p] = []string{}
+		return lastSeen.All(s, func(key []byte, v string) error {
+			got[p] = append(got[p], string(key)+"="+v[:2])
+			return nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pa := int32(partitionOf([]byte("a")))
+	if len(got) != 2 || len(got[1-pa]) != 0 || !slices.Equal(got[pa], []string{"a=1/"}) {
+		t.Fatalf("QueryLocal read %q, want task %d with a=1/… and the other task empty", got, pa)
 	}
 	var other []byte // a key of the other partition, absent
 	for i := 0; other == nil; i++ {

@@ -24,6 +24,7 @@ var stateCases = []conformanceCase{
 	{"State/TTL", testTTL},
 	{"State/ReadStore", testReadStore},
 	{"State/ReadStoreScanBesideApply", testReadStoreScanBesideApply},
+	{"State/ValueAll", testValueAll},
 }
 
 // newScope returns a scope over a fresh store of kind, keyed "k1".
@@ -600,5 +601,60 @@ func testReadStoreScanBesideApply(t *testing.T, kind string) {
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testValueAll lists a value state's keys and values: every record key's,
+// whatever the scope's key, and nothing of other states (values of other
+// names, a map's entries); with the open
+// epoch's writes in a job's scope, without them through a read store;
+// expired values skipped.
+func testValueAll(t *testing.T, kind string) {
+	const ttl = 10 * time.Second
+	count := kstate.Value("count", kstate.Int64())
+	other := kstate.Value("count2", kstate.Int64())
+	attrs := kstate.Map("attrs", kstate.String(), kstate.Int64())
+	short := kstate.Value("short", kstate.Int64(), kstate.WithTTL(ttl, kstate.OnCreateAndWrite))
+	job := newScope(t, kind)
+	for _, kv := range []struct {
+		key string
+		n   int64
+	}{{"k1", 1}, {"k10", 10}, {"k2", 2}, {"", 0}} {
+		job.SetKey(kv.key)
+		must(t, count.Set(job, kv.n))
+		must(t, other.Set(job, -kv.n))
+		must(t, short.Set(job, kv.n))
+	}
+	must(t, attrs.Put(job.SetKey("k3"), "x", 3))
+	endEpoch(t, job)
+	job.Advance(ttl / 2)
+	must(t, count.Set(job.SetKey("k4"), 4)) // the open epoch
+	must(t, short.Set(job, 4))
+	job.Store().CommitRecord()
+
+	all := func(s kstate.Scope, v *kstate.ValueState[int64]) []string {
+		t.Helper()
+		var got []string
+		must(t, v.All(s, func(key []byte, n int64) error {
+			got = append(got, fmt.Sprintf("%s=%d", key, n))
+			return nil
+		}))
+		return got
+	}
+	if got, want := all(job, count), []string{"=0", "k1=1", "k2=2", "k4=4", "k10=10"}; !slices.Equal(got, want) {
+		t.Fatalf("All in the job's scope = %q, want %q (shorter keys first)", got, want)
+	}
+	q := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("anything")
+	if got, want := all(q, count), []string{"=0", "k1=1", "k2=2", "k10=10"}; !slices.Equal(got, want) {
+		t.Fatalf("All through a read store = %q, want %q (committed only)", got, want)
+	}
+	job.Advance(ttl / 2) // the committed short values expire; k4's does not
+	if got, want := all(job, short), []string{"k4=4"}; !slices.Equal(got, want) {
+		t.Fatalf("All of a state with TTL = %q, want %q", got, want)
+	}
+	stop := errors.New("stop")
+	n := 0
+	if err := count.All(job, func([]byte, int64) error { n++; return stop }); err != stop || n != 1 {
+		t.Fatalf("All with fn failing = %v after %d calls, want fn's error after 1", err, n)
 	}
 }

@@ -76,6 +76,13 @@ func (d *descriptor) prefix(s Scope) []byte {
 	return EncodeKey(d.kind, d.name, s.Key(), nil)
 }
 
+// namePrefix returns a fresh prefix of every entry of this state, of every
+// record key: the key up to the record key's length.
+func (d *descriptor) namePrefix() []byte {
+	k := EncodeKey(d.kind, d.name, nil, nil)
+	return k[:len(k)-1] // without the empty record key's length
+}
+
 // load returns the payload stored under key (a key from d.key), applying
 // the TTL policy.
 func (d *descriptor) load(s Scope, key []byte) ([]byte, bool, error) {

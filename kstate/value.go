@@ -1,5 +1,7 @@
 package kstate
 
+import "fmt"
+
 // ValueState is a single value per record key (Flink's ValueState).
 type ValueState[T any] struct {
 	d     descriptor
@@ -44,4 +46,43 @@ func (v *ValueState[T]) Set(s Scope, val T) error {
 func (v *ValueState[T]) Clear(s Scope) error {
 	v.d.remove(s, v.d.key(s, nil))
 	return nil
+}
+
+// All calls fn with every record key of the store that has a value, and
+// its value: the task's whole state of this name, whatever the scope's
+// key (Kafka Streams' store.all()). Keys come in the store's order,
+// shorter keys first, then by bytes; expired values are skipped (and, in
+// a job's scope, deleted, as Get deletes them). key is valid only during
+// the call. fn may read and write state; the iteration goes on over the
+// state as it was when All started. If fn returns an error, All stops and
+// returns it.
+func (v *ValueState[T]) All(s Scope, fn func(key []byte, val T) error) error {
+	prefix := v.d.namePrefix()
+	var fnErr error
+	err := s.Store().Scan(prefix, func(k, raw []byte) error {
+		pk, err := DecodeKey(k)
+		if err != nil {
+			return err
+		}
+		if len(pk.Sub) > 0 {
+			return fmt.Errorf("%w: value state entry %q has a tail", ErrCorrupt, k)
+		}
+		payload, ok, err := v.d.unwrapTTL(s, k, raw)
+		if !ok || err != nil {
+			return err
+		}
+		val, err := decode(&v.d, v.codec, payload)
+		if err != nil {
+			return err
+		}
+		if err := fn(pk.UserKey, val); err != nil {
+			fnErr = err
+			return ErrStopScan
+		}
+		return nil
+	})
+	if fnErr != nil {
+		return fnErr
+	}
+	return v.d.wrap("scan", err)
 }

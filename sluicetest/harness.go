@@ -463,6 +463,20 @@ func (h *Harness) Query(key []byte, fn func(kstate.Scope) error) {
 	}
 }
 
+// QueryLocal reads every task's committed state through fn, as
+// sluice.Instance.QueryLocal does: after Settle, the whole state every
+// record sent so far left, task by task (a value state's All lists it). An
+// error fails the test.
+func (h *Harness) QueryLocal(fn func(task int32, s kstate.Scope) error) {
+	h.t.Helper()
+	if h.cur == nil {
+		h.t.Fatalf("sluicetest: QueryLocal: no instance is running (Restart one after Kill)")
+	}
+	if err := h.cur.in.QueryLocal(fn); err != nil {
+		h.t.Fatalf("sluicetest: QueryLocal: %v", err)
+	}
+}
+
 // Kill stops the instance as a crash would, and returns once it has
 // stopped: no final checkpoint, no leaving the group, its open transaction
 // left to the broker. What it had not committed is lost with it; Restart

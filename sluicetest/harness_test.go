@@ -2,6 +2,7 @@ package sluicetest_test
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -114,7 +115,8 @@ func TestCounterKilledMidStream(t *testing.T) {
 }
 
 // checkQueried fails unless a query of each key's count, right after a
-// Settle, reads the number of its inputs.
+// Settle, reads the number of its inputs, and the tasks' counts listed
+// (QueryLocal, All) are exactly those.
 func checkQueried(t *testing.T, h *sluicetest.Harness, sent map[string]int64) {
 	t.Helper()
 	for key, n := range sent {
@@ -125,6 +127,19 @@ func checkQueried(t *testing.T, h *sluicetest.Harness, sent map[string]int64) {
 			}
 			return err
 		})
+	}
+	listed := map[string]int64{}
+	h.QueryLocal(func(_ int32, s kstate.Scope) error {
+		return count.All(s, func(key []byte, n int64) error {
+			if _, dup := listed[string(key)]; dup {
+				return fmt.Errorf("key %s listed twice", key)
+			}
+			listed[string(key)] = n
+			return nil
+		})
+	})
+	if !maps.Equal(listed, sent) {
+		t.Errorf("the tasks list the counts %v, want %v", listed, sent)
 	}
 }
 
