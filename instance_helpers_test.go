@@ -17,7 +17,7 @@ import (
 // inputCluster starts a one-broker cluster with topics "in" and "out" of
 // partitions each, produces recs to "in", and returns the brokers and an
 // admin client of the cluster.
-func inputCluster(t *testing.T, partitions int32, recs []*kgo.Record) ([]string, *kadm.Client) {
+func inputCluster(t testing.TB, partitions int32, recs []*kgo.Record) ([]string, *kadm.Client) {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "in", "out"))
 	if err != nil {

@@ -395,3 +395,72 @@ func TestQueryRefusals(t *testing.T) {
 func partitionOf(key []byte) int {
 	return kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: key}, 2)
 }
+
+// BenchmarkQuery reads one key's value through Instance.Query on a running
+// instance of the nonce job, 10,000 keys in 4 tasks, from GOMAXPROCS
+// goroutines: go test -run '^$' -bench Query -benchtime 200000x .
+func BenchmarkQuery(b *testing.B) {
+	const keys = 10000
+	var recs []*kgo.Record
+	for k := range keys {
+		recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "k%d", k), Value: []byte("1")})
+	}
+	for _, backend := range []string{kstate.BoltBackend, kstate.MemoryBackend} {
+		b.Run(backend, func(b *testing.B) {
+			brokers, adm := inputCluster(b, 4, recs)
+			o := testOptions(brokers, "bench-query", nonceJob(), b.TempDir())
+			o.OutputTopic, o.Backend = "out", backend
+			inst, err := sluice.New(o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- inst.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					b.Error(err)
+				}
+			}()
+			// Every key processed and applied: the tasks list them all.
+			applied := func() bool {
+				n := 0
+				err := inst.QueryLocal(func(_ int32, s kstate.Scope) error {
+					return lastSeen.All(s, func([]byte, string) error { n++; return nil })
+				})
+				return err == nil && n == keys && inst.PartitionOf([]byte("k0")) >= 0
+			}
+			deadline := time.Now().Add(time.Minute)
+			for !consumedAll(adm, "bench-query", keys)(inst) || !applied() {
+				if time.Now().After(deadline) {
+					b.Fatal("the keys were not processed within a minute")
+				}
+				<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+			}
+			var missing atomic.Int64
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				n := 0
+				for pb.Next() {
+					n++
+					key := fmt.Appendf(nil, "k%d", n%keys)
+					err := inst.Query(key, func(s kstate.Scope) error {
+						_, ok, err := lastSeen.Get(s)
+						if !ok {
+							missing.Add(1)
+						}
+						return err
+					})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			if missing.Load() > 0 {
+				b.Fatalf("%d queries found no value", missing.Load())
+			}
+		})
+	}
+}
