@@ -79,6 +79,9 @@ func (l *loop) isQuiet() bool {
 		}
 	}
 	now := l.in.clock.Now().UnixMilli()
+	if _, wall := l.in.clock.(wallClock); !wall {
+		l.in.queries.now.Store(now) // what a query after Settle judges TTLs by
+	}
 	for _, t := range l.tasks {
 		if t.store.DirtyLen() > 0 || t.advanced || len(t.orphans) > 0 || t.timers.next[kstate.ProcessingTime] <= now {
 			return false

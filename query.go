@@ -144,7 +144,9 @@ func (q *queries) restore(p int32) {
 	q.restoring[p] = true
 }
 
-// run makes task p's backend queryable.
+// run makes task p's backend queryable. The loop calls it from an
+// iteration, after it published now there: a query never judges TTLs by a
+// clock not read yet.
 func (q *queries) run(p int32, be kstate.Backend) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -245,12 +247,14 @@ func (s *queryScope) Now() time.Time       { return s.now }
 // time (the loop's last reading of Options.Clock, when one is set); a
 // read does not extend them. A write through the scope fails the query
 // with an error wrapping kstate.ErrReadOnly (kstate.ErrBroadcastReadOnly
-// for broadcast state) and changes nothing. A scan (a map's Entries)
-// copies its range before it calls its function.
+// for broadcast state) and changes nothing. A scan (a map's Entries, a
+// value state's All) copies its range a chunk at a time before it calls
+// its function.
 //
 // fn runs on the caller's goroutine while the task's store is held open:
 // it should return promptly, since a rebalance that takes the task away,
-// and the instance's shutdown, wait for it. It may query again. It must
+// and the instance's shutdown, wait for it. It may query again (while a
+// release of the task waits, such a query answers ErrNotLocal). It must
 // not keep the scope, or slices read through it, past its return. Query
 // is safe for concurrent use, also with Run; it reads only while Run runs.
 func (in *Instance) Query(key []byte, fn func(kstate.Scope) error) error {
@@ -269,12 +273,7 @@ func (in *Instance) QueryPartition(p int32, key []byte, fn func(kstate.Scope) er
 		return err
 	}
 	defer t.release()
-	st := kstate.NewReadStore(t.be)
-	err = fn(&queryScope{st: st, key: key, now: in.queryNow()})
-	if err == nil {
-		err = st.RecordErr()
-	}
-	return err
+	return in.read(t, p, key, func(_ int32, s kstate.Scope) error { return fn(s) })
 }
 
 // QueryLocal calls fn for each task running on this instance, in
@@ -282,22 +281,41 @@ func (in *Instance) QueryPartition(p int32, key []byte, fn func(kstate.Scope) er
 // Query gives one (its key is empty): for reads across keys, such as a
 // value state's All (Kafka Streams' store.all() on the local stores).
 // Together, the instances' QueryLocal cover every task that runs; a task
-// that moves during the call may be read on both instances or on neither.
-// If fn returns an error, QueryLocal stops and returns it.
+// that moves during the call may be read on both instances or on neither,
+// and a task restoring here is not read. If fn returns an error,
+// QueryLocal stops and returns it. An instance that is not running returns
+// a *NotLocalError with partition -1.
 func (in *Instance) QueryLocal(fn func(task int32, s kstate.Scope) error) error {
+	if in.queries.parts.Load() <= 0 {
+		return &NotLocalError{Partition: -1}
+	}
 	in.queries.mu.Lock()
 	ps := slices.Sorted(maps.Keys(in.queries.running))
 	in.queries.mu.Unlock()
 	for _, p := range ps {
-		err := in.QueryPartition(p, nil, func(s kstate.Scope) error { return fn(p, s) })
-		if errors.Is(err, ErrNotLocal) {
+		t, err := in.queries.task(p)
+		if err != nil {
 			continue // released meanwhile
 		}
+		err = func() error {
+			defer t.release()
+			return in.read(t, p, nil, fn)
+		}()
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// read runs fn over task t's committed state, scoped to key.
+func (in *Instance) read(t *queryTask, p int32, key []byte, fn func(int32, kstate.Scope) error) error {
+	st := kstate.NewReadStore(t.be)
+	err := fn(p, &queryScope{st: st, key: key, now: in.queryNow()})
+	if err == nil {
+		err = st.RecordErr()
+	}
+	return err
 }
 
 // queryNow is the processing time a query's TTLs are judged by: the wall

@@ -139,6 +139,7 @@ func testQueryReadsCommittedState(t *testing.T, tweak func(*sluice.Options)) {
 		seenMu sync.Mutex
 		seen   = map[string]map[string]bool{} // key → values queries returned
 		reads  atomic.Int64
+		nested atomic.Int64 // queries from inside a scan of a query
 		stop   = make(chan struct{})
 		wg     sync.WaitGroup
 	)
@@ -156,19 +157,23 @@ func testQueryReadsCommittedState(t *testing.T, tweak func(*sluice.Options)) {
 			var ok bool
 			err := qi.Query([]byte(key), func(s kstate.Scope) error {
 				var err error
-				if v, ok, err = lastSeen.Get(s); err != nil || n%5 != 0 {
+				if v, ok, err = lastSeen.Get(s); err != nil || (n/2)%5 != 0 {
 					return err
 				}
-				// Every fifth: a scan whose callback reads state and
-				// queries the task again.
+				// Every fifth query of each instance: a scan whose
+				// callback reads state and queries the task again.
 				return seenValues.Entries(s, func(in, nonce string) error {
 					if _, _, err := lastSeen.Get(s); err != nil {
 						return err
 					}
-					return qi.Query([]byte(key), func(s kstate.Scope) error {
+					err := qi.Query([]byte(key), func(s kstate.Scope) error {
 						_, _, err := seenValues.Get(s, in)
 						return err
 					})
+					if err == nil {
+						nested.Add(1)
+					}
+					return err
 				})
 			})
 			switch {
@@ -293,9 +298,9 @@ func testQueryReadsCommittedState(t *testing.T, tweak func(*sluice.Options)) {
 			}
 		}
 	}
-	t.Logf("%d reads of a value by queries; %d of %d offset commits failed", reads.Load(), aborted.Load(), commits.Load())
-	if reads.Load() == 0 || aborted.Load() == 0 {
-		t.Fatalf("the test proved nothing: %d reads, %d aborted commits", reads.Load(), aborted.Load())
+	t.Logf("%d reads of a value by queries, %d queries from inside a scan; %d of %d offset commits failed", reads.Load(), nested.Load(), aborted.Load(), commits.Load())
+	if reads.Load() == 0 || nested.Load() == 0 || aborted.Load() == 0 {
+		t.Fatalf("the test proved nothing: %d reads, %d nested queries, %d aborted commits", reads.Load(), nested.Load(), aborted.Load())
 	}
 }
 
@@ -318,6 +323,9 @@ func TestQueryRefusals(t *testing.T) {
 	if _, err := inst.QueryOwner(context.Background(), []byte("a")); !errors.Is(err, sluice.ErrNotLocal) {
 		t.Fatalf("QueryOwner before Run = %v, want ErrNotLocal", err)
 	}
+	if err := inst.QueryLocal(func(int32, kstate.Scope) error { return nil }); !errors.As(err, &nl) || nl.Partition != -1 {
+		t.Fatalf("QueryLocal before Run = %v, want a NotLocalError with partition -1", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- inst.Run(ctx) }()
@@ -335,7 +343,11 @@ func TestQueryRefusals(t *testing.T) {
 			v, _, err = lastSeen.Get(s)
 			return err
 		})
-		if err == nil && strings.HasPrefix(v, "1/") {
+		tasks := 0
+		if err == nil {
+			err = inst.QueryLocal(func(int32, kstate.Scope) error { tasks++; return nil })
+		}
+		if err == nil && strings.HasPrefix(v, "1/") && tasks == 2 { // both tasks run here
 			break
 		}
 		if err != nil && !errors.Is(err, sluice.ErrNotLocal) {

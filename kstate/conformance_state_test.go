@@ -25,6 +25,7 @@ var stateCases = []conformanceCase{
 	{"State/ReadStore", testReadStore},
 	{"State/ReadStoreScanBesideApply", testReadStoreScanBesideApply},
 	{"State/ValueAll", testValueAll},
+	{"State/ReadStoreScanInChunks", testReadStoreScanInChunks},
 }
 
 // newScope returns a scope over a fresh store of kind, keyed "k1".
@@ -569,38 +570,70 @@ func testReadStoreScanBesideApply(t *testing.T, kind string) {
 			}
 		}
 	}()
-	queried := make(chan error, 1)
-	go func() {
-		for range 300 {
-			q := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("k1")
-			n := 0
-			err := attrs.Entries(q, func(string, int64) error {
-				n++
-				_, _, err := count.Get(q)
-				return err
-			})
-			if err == nil && n != 50 {
-				err = fmt.Errorf("%d entries, want 50", n)
-			}
-			if err != nil {
-				queried <- err
-				return
-			}
+	defer func() { // the task stops before the store's cleanup closes it
+		close(stop)
+		if err := <-done; err != nil {
+			t.Error(err)
 		}
-		queried <- nil
 	}()
-	select {
-	case err := <-queried:
+	// A bound on a deadlock, not a wait for an event: a panic on another
+	// goroutine ends the test binary at once with every goroutine's stack
+	// (t.Fatal, or a panic here, would run the cleanup, which waits on the
+	// deadlock).
+	watchdog := time.AfterFunc(2*time.Minute, func() {
+		panic("the scans did not end within 2 minutes: a scan's callback and an Apply wait for each other")
+	})
+	defer watchdog.Stop()
+	for range 300 {
+		q := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("k1")
+		n := 0
+		err := attrs.Entries(q, func(string, int64) error {
+			n++
+			_, _, err := count.Get(q)
+			return err
+		})
+		if err == nil && n != 50 {
+			err = fmt.Errorf("%d entries, want 50", n)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(2 * time.Minute): // a bound on a deadlock, not a wait for an event
-		// Not t.Fatal: the store's cleanup would wait on the deadlock.
-		panic("the scans did not end within 2 minutes: a scan's callback and an Apply wait for each other")
 	}
-	close(stop)
-	if err := <-done; err != nil {
-		t.Fatal(err)
+}
+
+// testReadStoreScanInChunks scans more entries through a read store than
+// one chunk of its copy holds: every entry once, in order, and a stop in
+// the second chunk stops.
+func testReadStoreScanInChunks(t *testing.T, kind string) {
+	attrs := kstate.Map("attrs", kstate.Int64(), kstate.Int64())
+	job := newScope(t, kind)
+	const n = 2500
+	for i := range int64(n) {
+		must(t, attrs.Put(job, i, -i))
+	}
+	endEpoch(t, job)
+	q := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("k1")
+	var got []int64
+	must(t, attrs.Entries(q, func(k, v int64) error {
+		if v != -k {
+			return fmt.Errorf("entry %d = %d", k, v)
+		}
+		got = append(got, k)
+		return nil
+	}))
+	if len(got) != n || !slices.IsSorted(got) || got[0] != 0 || got[n-1] != n-1 {
+		t.Fatalf("%d entries (sorted %v), want 0…%d once each", len(got), slices.IsSorted(got), n-1)
+	}
+	stop := errors.New("stop")
+	calls := 0
+	if err := attrs.Entries(q, func(int64, int64) error {
+		calls++
+		if calls == 1500 {
+			return stop
+		}
+		return nil
+	}); err != stop || calls != 1500 {
+		t.Fatalf("Entries stopped in the second chunk: %v after %d calls", err, calls)
 	}
 }
 
@@ -644,6 +677,7 @@ func testValueAll(t *testing.T, kind string) {
 	if got, want := all(job, count), []string{"=0", "k1=1", "k2=2", "k4=4", "k10=10"}; !slices.Equal(got, want) {
 		t.Fatalf("All in the job's scope = %q, want %q (shorter keys first)", got, want)
 	}
+
 	q := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend())).SetKey("anything")
 	if got, want := all(q, count), []string{"=0", "k1=1", "k2=2", "k10=10"}; !slices.Equal(got, want) {
 		t.Fatalf("All through a read store = %q, want %q (committed only)", got, want)
@@ -656,5 +690,18 @@ func testValueAll(t *testing.T, kind string) {
 	n := 0
 	if err := count.All(job, func([]byte, int64) error { n++; return stop }); err != stop || n != 1 {
 		t.Fatalf("All with fn failing = %v after %d calls, want fn's error after 1", err, n)
+	}
+
+	// All does not extend an OnReadAndWrite expiry: a read of every key
+	// would write the whole state again.
+	touched := kstate.Value("touched", kstate.Int64(), kstate.WithTTL(ttl, kstate.OnReadAndWrite))
+	must(t, touched.Set(job.SetKey("k5"), 5))
+	endEpoch(t, job)
+	if got := all(job, touched); !slices.Equal(got, []string{"k5=5"}) {
+		t.Fatalf("All of touched = %q", got)
+	}
+	job.Store().CommitRecord()
+	if n := job.Store().DirtyLen(); n != 0 {
+		t.Fatalf("All dirtied %d keys: it extended an OnReadAndWrite expiry", n)
 	}
 }

@@ -93,8 +93,9 @@ func NewStore(b Backend) *Store {
 // reads as absent, as in the job, but is not deleted, and a read does not
 // push its expiry forward (OnReadAndWrite): the job's own reads and sweeps
 // do that. Its reads may run beside the task's Applies (see Backend): a
-// scan copies its range from the backend before it calls its function, so
-// that function may read state while an Apply waits. Like every Store, it
+// scan copies its range from the backend, a chunk at a time, before it
+// calls its function, so that function may read state while an Apply
+// waits. Like every Store, it
 // is for one goroutine.
 func NewReadStore(b Backend) *Store {
 	s := NewStore(readOnlyBackend{b})
@@ -839,35 +840,53 @@ func (o *overlay) advance() {
 }
 
 // scanCopy is a read store's ScanFrom: it copies the range from the
-// backend first and calls fn after, so that fn never runs inside the
-// backend's scan. A query's scan runs beside the task's Apply (the
-// engine's own scans never do): a callback that read state inside the
-// backend's scan could wait for that Apply while the Apply waited for the
-// scan. A read store's write-sets are empty, so the backend is all there
-// is.
+// backend a chunk at a time and calls fn after each chunk, so that fn
+// never runs inside the backend's scan. A query's scan runs beside the
+// task's Apply (the engine's own scans never do): a callback that read
+// state inside the backend's scan could wait for that Apply while the
+// Apply waited for the scan. Chunks bound the copy, and how long a bbolt
+// read transaction holds back an Apply that grows the file; each chunk may
+// see a later epoch than the one before. A read store's write-sets are
+// empty, so the backend is all there is.
 func (s *Store) scanCopy(prefix, start []byte, fn func(k, v []byte) error) error {
+	const chunkEntries, chunkBytes = 1024, 1 << 20
+	from := scanStart(prefix, start)
 	var buf []byte
 	var ends []int // the end of each key, then of its value, in buf
-	err := s.backend.ScanFrom(prefix, scanStart(prefix, start), func(k, v []byte) error {
-		buf = append(buf, k...)
-		ends = append(ends, len(buf))
-		buf = append(buf, v...)
-		ends = append(ends, len(buf))
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	at := 0
-	for i := 0; i < len(ends); i += 2 {
-		k, v := buf[at:ends[i]:ends[i]], buf[ends[i]:ends[i+1]:ends[i+1]]
-		at = ends[i+1]
-		if err := fn(k, v); err != nil {
-			if err == ErrStopScan {
-				return nil
+	for {
+		buf, ends = buf[:0], ends[:0]
+		full := false
+		err := s.backend.ScanFrom(prefix, from, func(k, v []byte) error {
+			buf = append(buf, k...)
+			ends = append(ends, len(buf))
+			buf = append(buf, v...)
+			ends = append(ends, len(buf))
+			if len(ends)/2 >= chunkEntries || len(buf) >= chunkBytes {
+				full = true
+				return ErrStopScan
 			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
+		at := 0
+		var last []byte
+		for i := 0; i < len(ends); i += 2 {
+			k, v := buf[at:ends[i]:ends[i]], buf[ends[i]:ends[i+1]:ends[i+1]]
+			at, last = ends[i+1], k
+			if err := fn(k, v); err != nil {
+				if err == ErrStopScan {
+					return nil
+				}
+				return err
+			}
+		}
+		if !full {
+			return nil
+		}
+		// The next chunk begins just past the last key: the smallest key
+		// above it. A new slice: fn may keep last, and buf is reused.
+		from = append(slices.Clip(last), 0)
 	}
-	return nil
 }

@@ -72,6 +72,13 @@ func (c ttlConfig) wrap(now time.Time, payload []byte) []byte {
 // absent and is deleted; with OnReadAndWrite a live one is written back with
 // a new expiry. key must be the value's key and stay valid for the call.
 func (d *descriptor) unwrapTTL(s Scope, key, raw []byte) ([]byte, bool, error) {
+	return d.unwrap(s, key, raw, true)
+}
+
+// unwrap is unwrapTTL; with extend false a live value's expiry stays as it
+// is even with OnReadAndWrite (a scan over every key, which would
+// otherwise write the whole state again).
+func (d *descriptor) unwrap(s Scope, key, raw []byte, extend bool) ([]byte, bool, error) {
 	if !d.ttl.enabled() {
 		return raw, true, nil
 	}
@@ -87,7 +94,7 @@ func (d *descriptor) unwrapTTL(s Scope, key, raw []byte) ([]byte, bool, error) {
 		}
 		return nil, false, nil
 	}
-	if d.ttl.update == OnReadAndWrite && !st.readOnly {
+	if d.ttl.update == OnReadAndWrite && extend && !st.readOnly {
 		st.putOwned(key, d.ttl.wrap(now, payload))
 	}
 	return payload, true, nil

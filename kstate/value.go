@@ -50,10 +50,12 @@ func (v *ValueState[T]) Clear(s Scope) error {
 
 // All calls fn with every record key of the store that has a value, and
 // its value: the task's whole state of this name, whatever the scope's
-// key (Kafka Streams' store.all()). Keys come in the store's order,
-// shorter keys first, then by bytes; expired values are skipped (and, in
-// a job's scope, deleted, as Get deletes them). key is valid only during
-// the call. fn may read and write state; the iteration goes on over the
+// key (Kafka Streams' store.all()). Keys come in the store's order: by
+// the key's length as a uvarint, then by bytes (for keys under 128 bytes,
+// shorter keys first). Expired values are skipped (and, in a job's scope,
+// deleted, as Get deletes them); All does not extend an OnReadAndWrite
+// expiry, which would write the whole state again. key is valid only
+// during the call. fn may read and write state; the iteration goes on over the
 // state as it was when All started. If fn returns an error, All stops and
 // returns it.
 func (v *ValueState[T]) All(s Scope, fn func(key []byte, val T) error) error {
@@ -67,7 +69,7 @@ func (v *ValueState[T]) All(s Scope, fn func(key []byte, val T) error) error {
 		if len(pk.Sub) > 0 {
 			return fmt.Errorf("%w: value state entry %q has a tail", ErrCorrupt, k)
 		}
-		payload, ok, err := v.d.unwrapTTL(s, k, raw)
+		payload, ok, err := v.d.unwrap(s, k, raw, false)
 		if !ok || err != nil {
 			return err
 		}

@@ -168,27 +168,58 @@ func (q *stateQueries) notLocal(w http.ResponseWriter, r *http.Request, ans *que
 		return
 	}
 	ans.Owner = owner
-	// One redirect: an owner that has moved on since answers 421 or 503
-	// itself rather than sending the query on again. An owner's id that is
-	// not a host name (another client in the group) is not put in a URL.
-	if q.peerURL != "" && !r.URL.Query().Has("from") && validName(owner, maxNameLen) {
-		to, err := url.Parse(strings.ReplaceAll(q.peerURL, "{instance}", owner))
-		if err == nil {
-			v := r.URL.Query()
-			v.Set("from", q.instance)
-			to = to.JoinPath(r.URL.EscapedPath())
-			to.RawQuery = v.Encode()
-			http.Redirect(w, r, to.String(), http.StatusTemporaryRedirect)
-			return
-		}
+	if to, ok := redirectTo(q.peerURL, owner, q.instance, r.URL); ok {
+		http.Redirect(w, r, to, http.StatusTemporaryRedirect)
+		return
 	}
 	ans.Error = fmt.Sprintf("task %d runs on instance %s", nl.Partition, owner)
 	reply(http.StatusMisdirectedRequest)
 }
 
+// redirectTo is where a query u for a key that owner runs is sent: the
+// peer URL with owner for {instance}, u's path after the peer URL's own,
+// and u's query with from=self. There is one redirect: a query that has a
+// from already is not sent on (an owner that has moved on since answers
+// 421 or 503 itself). Nor is one without a peer URL, or for an owner
+// whose id is no host name (another client in the group, say).
+func redirectTo(peerURL, owner, self string, u *url.URL) (string, bool) {
+	if peerURL == "" || u.Query().Has("from") || !hostLabel(owner) {
+		return "", false
+	}
+	to, err := url.Parse(strings.ReplaceAll(peerURL, "{instance}", owner))
+	if err != nil {
+		return "", false
+	}
+	v := u.Query()
+	v.Set("from", self)
+	to = to.JoinPath(u.EscapedPath())
+	to.RawQuery = v.Encode()
+	return to.String(), true
+}
+
+// hostLabel reports whether id can stand in a host name as one DNS label:
+// 1 to 63 letters, digits and '-', not starting or ending with '-'; or a
+// dotted name of such labels (a loopback address in a test).
+func hostLabel(id string) bool {
+	if id == "" || len(id) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(id, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, r := range l {
+			if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // ownerTTL is how long the handler keeps a task's owner: a burst of
-// queries for another instance's keys asks the brokers once a second, not
-// once a query.
+// queries for another instance's keys asks the brokers once a second per
+// task, not once a query.
 const ownerTTL = time.Second
 
 type ownerAt struct {

@@ -214,3 +214,38 @@ func TestStateQueriesOverHTTP(t *testing.T) {
 		}
 	}
 }
+
+// TestRedirectTo: the redirect keeps the peer URL's path before the
+// request's (escaped as it came), replaces or adds from=, and is refused
+// after a redirect, without a peer URL, and for an owner id that is no
+// host name.
+func TestRedirectTo(t *testing.T) {
+	req := func(s string) *url.URL {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	tests := []struct {
+		peer, owner, req, want string
+	}{
+		{"http://{instance}.sluice:9090", "p-1", "/state/aggregate?key=k1", "http://p-1.sluice:9090/state/aggregate?from=p-0&key=k1"},
+		{"https://{instance}.sluice/prefix/", "p-1", "/state/a%2Fb?key=k%201", "https://p-1.sluice/prefix/state/a%2Fb?from=p-0&key=k+1"},
+		{"http://{instance}:9090", "127.0.0.3", "/state/count?key_base64=YQ", "http://127.0.0.3:9090/state/count?from=p-0&key_base64=YQ"},
+		{"", "p-1", "/state/aggregate?key=k1", ""},
+		{"http://{instance}:9090", "p-1", "/state/aggregate?key=k1&from=", ""},
+		{"http://{instance}:9090", "p-1", "/state/aggregate?key=k1&from=p-2", ""},
+		{"http://{instance}:9090", "user@evil", "/state/aggregate?key=k1", ""},
+		{"http://{instance}:9090", "a:1", "/state/aggregate?key=k1", ""},
+		{"http://{instance}:9090", "under_score", "/state/aggregate?key=k1", ""},
+		{"http://{instance}:9090", "-dash", "/state/aggregate?key=k1", ""},
+		{"http://{instance}:9090", strings.Repeat("a", 64), "/state/aggregate?key=k1", ""},
+	}
+	for _, tt := range tests {
+		got, ok := redirectTo(tt.peer, tt.owner, "p-0", req(tt.req))
+		if ok != (tt.want != "") || got != tt.want {
+			t.Errorf("redirectTo(%q, %q, %q) = %q, %v; want %q", tt.peer, tt.owner, tt.req, got, ok, tt.want)
+		}
+	}
+}
