@@ -118,7 +118,13 @@ const (
 // with the epoch, exactly as for a record, and the timer is gone once that
 // epoch commits (it may register itself again). A non-nil error drops its
 // writes and outputs and sends a dead letter (sluice.stage=timer, the key,
-// no value) instead; an error wrapped with Fatal stops the instance.
+// no value) instead; an error wrapped with Fatal stops the instance. A
+// *UnavailableError returned once the instance shuts down (ctx.Context()
+// is cancelled: a service call cut short by it) by a timer that fires
+// between polls (a processing-time timer; an event-time timer of a job
+// with Prefetch, or one idle inputs let through) drops the writes and
+// outputs and keeps the timer for the next start, and the final checkpoint
+// commits the rest of the epoch.
 type TimerFunc func(ctx Context, t Timer) error
 
 // TimestampFunc extracts a record's event time. An error sends the record to

@@ -101,6 +101,14 @@ type loop struct {
 	slots     *slotList
 	brokenErr error
 	fatal     error
+
+	// timersDeferred: a timer's handler was cut short by the shutdown
+	// (fireOne), so no more timers fire in this session. Atomic: tasks
+	// processed in parallel fire their event-time timers on workers.
+	timersDeferred atomic.Bool
+	// betweenPolls: fireTimers is firing, after the poll's records: a
+	// timer left for the next start then has no record after it.
+	betweenPolls bool
 }
 
 type restoreJob struct {
@@ -357,11 +365,14 @@ func (l *loop) fireTimers() error {
 		// processed, as its records do: pipelined.go.)
 		return nil
 	}
+	l.betweenPolls = true
 	firedP, err := l.fireProcessingTimers(l.in.cfg.MaxPollRecords)
 	if err != nil {
+		l.betweenPolls = false
 		return err
 	}
 	firedE, err := l.refreshEventTime()
+	l.betweenPolls = false
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -243,7 +244,7 @@ func (l *loop) refreshEventTime() (bool, error) {
 func (l *loop) fireDue(t *task, d kstate.TimeDomain, upTo int64, limit int) (int, error) {
 	const batch = 512
 	fired := 0
-	for limit <= 0 || fired < limit {
+	for (limit <= 0 || fired < limit) && !l.timersDeferred.Load() {
 		n := batch
 		if limit > 0 {
 			n = min(n, limit-fired)
@@ -265,6 +266,9 @@ func (l *loop) fireDue(t *task, d kstate.TimeDomain, upTo int64, limit int) (int
 			}
 			if err := l.fireOne(t, tm); err != nil {
 				return fired, err
+			}
+			if l.timersDeferred.Load() {
+				break
 			}
 			fired++
 		}
@@ -307,9 +311,24 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 		err = t.store.RecordErr()
 	}
 	t.noteRegistered()
+	var ue *UnavailableError
 	switch {
 	case err == nil:
 		l.commitHandled(t, ref, ps, rc.out)
+	case l.ctx.Err() != nil && errors.As(err, &ue) && !IsFatal(err):
+		// The instance shuts down and the handler's service call was cut
+		// short: the timer stays (its removal is undone) for the next
+		// start, no more timers fire, and the final checkpoint commits
+		// the rest of the epoch. Only between polls: a timer that fires
+		// inside a batch must not be left behind the batch's later
+		// records, so there the instance stops as for a Fatal error
+		// (the epoch is processed again at the next start).
+		t.undo()
+		if !l.betweenPolls {
+			return fmt.Errorf("job %s: task %d: %s timer at %s cut short by the shutdown inside a batch: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)
+		}
+		l.timersDeferred.Store(true)
+		in.log.Info("timer left for the next start: its handler was cut short by the shutdown", "task", t.p, "domain", domainLabel(tm.Domain), "at", tm.At.UTC().Format(time.RFC3339Nano), "err", err)
 	case IsFatal(err):
 		t.undo()
 		return fmt.Errorf("job %s: task %d: %s timer at %s: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)

@@ -253,17 +253,25 @@ func (f *fn) onTimer(ctx sluice.Context, t sluice.Timer) error {
 	// A timer cannot wait for a later poll like a batch can: while the
 	// function is unreachable it is retried here, and once the budget is
 	// spent the instance stops (and the timer fires again after the
-	// restart, the epoch being aborted).
+	// restart, the epoch being aborted). A shutdown that cuts the call
+	// short leaves the timer for the next start, and the final
+	// checkpoint commits the rest (an UnavailableError, sluice.TimerFunc).
 	for attempt := 1; ; attempt++ {
 		err := f.run(ctx.Context(), ctx.Task(), callTime{ctx.Now(), ctx.CurrentWatermark()}, []*keyCall{k})
 		if err == nil {
 			break
 		}
-		if attempt > f.o.Retries || ctx.Context().Err() != nil {
+		if ctx.Context().Err() != nil {
+			// The shutdown cut the call short: the timer fires again
+			// after the restart, and the final checkpoint commits the
+			// rest of the epoch (sluice.TimerFunc).
+			return &sluice.UnavailableError{Err: fmt.Errorf("function: timer of key %q: %w", t.Key, err)}
+		}
+		if attempt > f.o.Retries {
 			return sluice.Fatal(fmt.Errorf("function: timer of key %q: %w", t.Key, err))
 		}
 		if serr := sleep(ctx.Context(), f.o.backoff(attempt)); serr != nil {
-			return sluice.Fatal(serr)
+			return &sluice.UnavailableError{Err: fmt.Errorf("function: timer of key %q: %w", t.Key, serr)}
 		}
 	}
 	if k.err != nil {

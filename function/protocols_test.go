@@ -582,3 +582,58 @@ func TestGoSDKWritesPartialAsANumber(t *testing.T) {
 		t.Fatalf("answer %d %s, want PARTIAL as 3 and the failed event", rec.Code, body)
 	}
 }
+
+// A graceful stop while the function answers a timer cuts the call short:
+// that timer is left for the next start, and the stop goes on to its final
+// checkpoint, which commits the timer that fired before it in the epoch.
+// Before, the cut timer stopped the instance (a Fatal timer) without that
+// checkpoint: the epoch was aborted and the earlier timer called again
+// after the restart. Each timer fires once for good, nothing is
+// dead-lettered.
+func TestTimerCutShortByTheShutdownFiresAfterTheRestart(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	var mu sync.Mutex
+	calls := map[string]int{} // timer calls by key
+	url := startGo(t, sdk.Declaration{}, func(ctx context.Context, c *sdk.Call) *sdk.Result {
+		r := &sdk.Result{}
+		for _, e := range c.Events {
+			if e.Record != nil {
+				r.Emit(c.Key, append([]byte("rec:"), e.Record.GetValue()...))
+				r.SetTimer(c.Now.Add(time.Minute)) // both keys' at the same time: a fires first
+				continue
+			}
+			mu.Lock()
+			calls[string(c.Key)]++
+			first := calls[string(c.Key)] == 1
+			mu.Unlock()
+			if string(c.Key) == "b" && first {
+				entered <- struct{}{}
+				<-ctx.Done() // held until the processor gives up the call
+				return r
+			}
+			r.Emit(c.Key, append([]byte("fired:"), c.Key...))
+		}
+		return r
+	})
+	job := newJob(t, function.Options{URL: url})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	h.Send([]byte("a"), []byte("x"), time.Time{})
+	h.Send([]byte("b"), []byte("y"), time.Time{})
+	h.Settle()
+	h.Advance(2 * time.Minute)
+	<-entered   // a's timer answered, b's call in flight, and it stays so
+	h.Restart() // a graceful stop (Run must return nil), then a new instance
+	h.Settle()
+	got := valuesByKey(h.Output())
+	if !slices.Equal(got["a"], []string{"rec:x", "fired:a"}) || !slices.Equal(got["b"], []string{"rec:y", "fired:b"}) {
+		t.Fatalf("outputs %q, want each record's and each timer's once", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["a"] != 1 || calls["b"] != 2 {
+		t.Fatalf("timer calls %v, want a once (committed by the final checkpoint) and b twice (cut short, then after the restart)", calls)
+	}
+	if dl := h.DeadLetters(); len(dl) != 0 {
+		t.Fatalf("dead letters %q", values(dl))
+	}
+}
