@@ -118,13 +118,18 @@ const (
 // with the epoch, exactly as for a record, and the timer is gone once that
 // epoch commits (it may register itself again). A non-nil error drops its
 // writes and outputs and sends a dead letter (sluice.stage=timer, the key,
-// no value) instead; an error wrapped with Fatal stops the instance. A
-// *UnavailableError returned once the instance shuts down (ctx.Context()
-// is cancelled: a service call cut short by it) by a timer that fires
-// between polls (a processing-time timer; an event-time timer of a job
-// with Prefetch, or one idle inputs let through) drops the writes and
-// outputs and keeps the timer for the next start, and the final checkpoint
-// commits the rest of the epoch.
+// no value) instead; an error wrapped with Fatal stops the instance.
+//
+// Once the instance shuts down (ctx.Context() is cancelled), a handler cut
+// short by it returns a *UnavailableError, or an error wrapping
+// context.Canceled. Its writes and outputs are dropped and the timer stays
+// registered. For a processing-time timer, or any timer of a job with
+// Prefetch, the timer is left for the next start, no more timers fire,
+// and the final checkpoint commits the rest of the epoch. For an
+// event-time timer of a job without Prefetch, which the next start's
+// records could otherwise pass, the instance stops without the final
+// checkpoint, as for Fatal: the epoch is processed again at the next
+// start.
 type TimerFunc func(ctx Context, t Timer) error
 
 // TimestampFunc extracts a record's event time. An error sends the record to
@@ -261,7 +266,9 @@ type PrefetchContext interface {
 
 // UnavailableError says that the service a Prefetch calls cannot be reached
 // (connection refused or reset, no such host): the batch is not a failure
-// of its records, it waits until the service is back.
+// of its records, it waits until the service is back. From a TimerFunc cut
+// short by the shutdown, it keeps the timer for the next start (see
+// TimerFunc).
 type UnavailableError struct{ Err error }
 
 func (e *UnavailableError) Error() string { return "unavailable: " + e.Err.Error() }

@@ -107,7 +107,8 @@ type loop struct {
 	// processed in parallel fire their event-time timers on workers.
 	timersDeferred atomic.Bool
 	// betweenPolls: fireTimers is firing, after the poll's records: a
-	// timer left for the next start then has no record after it.
+	// timer left for the next start has no record of this session after
+	// it (fireOne).
 	betweenPolls bool
 }
 
@@ -365,14 +366,7 @@ func (l *loop) fireTimers() error {
 		// processed, as its records do: pipelined.go.)
 		return nil
 	}
-	l.betweenPolls = true
-	firedP, err := l.fireProcessingTimers(l.in.cfg.MaxPollRecords)
-	if err != nil {
-		l.betweenPolls = false
-		return err
-	}
-	firedE, err := l.refreshEventTime()
-	l.betweenPolls = false
+	firedP, firedE, err := l.fireBetweenPolls()
 	if err != nil {
 		return err
 	}
@@ -387,6 +381,18 @@ func (l *loop) fireTimers() error {
 		}
 	}
 	return l.sweepTTL()
+}
+
+// fireBetweenPolls fires the due processing-time timers and the event-time
+// timers idle inputs let through, with betweenPolls set.
+func (l *loop) fireBetweenPolls() (firedP, firedE bool, err error) {
+	l.betweenPolls = true
+	defer func() { l.betweenPolls = false }()
+	if firedP, err = l.fireProcessingTimers(l.in.cfg.MaxPollRecords); err != nil {
+		return firedP, false, err
+	}
+	firedE, err = l.refreshEventTime()
+	return firedP, firedE, err
 }
 
 func (l *loop) joined() bool { return l.in.inGroup(l.sess.Client()) }

@@ -1,6 +1,7 @@
 package sluice
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -200,7 +201,9 @@ func (l *loop) sweepTTL() error {
 // refreshEventTime moves the watermarks that idle inputs held back, and
 // fires the event-time timers due by them; it reports whether any fired.
 func (l *loop) refreshEventTime() (bool, error) {
-	if !l.in.cfg.Job.EventTime {
+	if !l.in.cfg.Job.EventTime || l.timersDeferred.Load() {
+		// Deferred: a watermark moved now would be committed past
+		// timers that did not fire.
 		return false, nil
 	}
 	now := l.in.clock.Now()
@@ -315,17 +318,21 @@ func (l *loop) fireOne(t *task, tm kstate.Timer) error {
 	switch {
 	case err == nil:
 		l.commitHandled(t, ref, ps, rc.out)
-	case l.ctx.Err() != nil && errors.As(err, &ue) && !IsFatal(err):
+	case l.ctx.Err() != nil && (errors.As(err, &ue) || errors.Is(err, context.Canceled)) && !IsFatal(err):
 		// The instance shuts down and the handler's service call was cut
 		// short: the timer stays (its removal is undone) for the next
 		// start, no more timers fire, and the final checkpoint commits
-		// the rest of the epoch. Only between polls: a timer that fires
-		// inside a batch must not be left behind the batch's later
-		// records, so there the instance stops as for a Fatal error
-		// (the epoch is processed again at the next start).
+		// the rest of the epoch. Only between polls, and only where no
+		// record of this session could come after it in event time (a
+		// processing-time timer, or any timer of a job with Prefetch,
+		// whose timers fire between polls anyway): otherwise the
+		// instance stops as for a Fatal error, and the epoch is
+		// processed again at the next start.
 		t.undo()
-		if !l.betweenPolls {
-			return fmt.Errorf("job %s: task %d: %s timer at %s cut short by the shutdown inside a batch: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)
+		if !l.betweenPolls || (tm.Domain == kstate.EventTime && in.cfg.Job.Prefetch == nil) {
+			err = fmt.Errorf("job %s: task %d: %s timer at %s cut short by the shutdown: %w", in.cfg.Job.Name, t.p, tm.Domain, tm.At.UTC().Format(time.RFC3339Nano), err)
+			in.log.Warn("the shutdown cut a timer short; stopping without the final checkpoint, the epoch is processed again at the next start", "err", err)
+			return err
 		}
 		l.timersDeferred.Store(true)
 		in.log.Info("timer left for the next start: its handler was cut short by the shutdown", "task", t.p, "domain", domainLabel(tm.Domain), "at", tm.At.UTC().Format(time.RFC3339Nano), "err", err)

@@ -621,7 +621,11 @@ func TestTimerCutShortByTheShutdownFiresAfterTheRestart(t *testing.T) {
 	h.Send([]byte("b"), []byte("y"), time.Time{})
 	h.Settle()
 	h.Advance(2 * time.Minute)
-	<-entered   // a's timer answered, b's call in flight, and it stays so
+	select {
+	case <-entered: // a's timer answered, b's call in flight, and it stays so
+	case <-time.After(time.Minute): // a bound on a hang, not a wait for an event
+		t.Fatal("b's timer was not called within a minute")
+	}
 	h.Restart() // a graceful stop (Run must return nil), then a new instance
 	h.Settle()
 	got := valuesByKey(h.Output())
