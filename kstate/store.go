@@ -98,9 +98,7 @@ func NewStore(b Backend) *Store {
 // waits. Like every Store, it
 // is for one goroutine.
 func NewReadStore(b Backend) *Store {
-	s := NewStore(readOnlyBackend{b})
-	s.readOnly = true
-	return s
+	return &Store{backend: readOnlyBackend{b}, epoch: newReadWriteSet(), gen: 1, readOnly: true}
 }
 
 // readOnlyBackend is a read store's backend: Apply and Close are refused,
