@@ -2,6 +2,7 @@ package sluice_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -84,4 +85,23 @@ func consumedAll(adm *kadm.Client, group string, n int64) func(*sluice.Instance)
 		offs.Each(func(o kadm.OffsetResponse) { sum += o.At })
 		return sum == n
 	}
+}
+
+// runInBackground runs inst in a goroutine until stop, which the test's
+// cleanup also calls: Run must then return nil.
+func runInBackground(tb testing.TB, inst *sluice.Instance) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- inst.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				tb.Error(err)
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return stop
 }

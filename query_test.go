@@ -51,9 +51,8 @@ func nonceJob() sluice.Job {
 // queryInstance is an instance of the nonce job run in the background.
 type queryInstance struct {
 	*sluice.Instance
-	id     string
-	cancel context.CancelFunc
-	done   chan error
+	id   string
+	stop func() // Run must return nil
 }
 
 func startQueryInstance(t *testing.T, brokers []string, id, dir string, tweak func(*sluice.Options)) *queryInstance {
@@ -66,23 +65,7 @@ func startQueryInstance(t *testing.T, brokers []string, id, dir string, tweak fu
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	qi := &queryInstance{Instance: inst, id: id, cancel: cancel, done: make(chan error, 1)}
-	go func() { qi.done <- inst.Run(ctx) }()
-	t.Cleanup(func() { qi.stop(t) })
-	return qi
-}
-
-func (qi *queryInstance) stop(t *testing.T) {
-	t.Helper()
-	if qi.cancel == nil {
-		return
-	}
-	qi.cancel()
-	qi.cancel = nil
-	if err := <-qi.done; err != nil {
-		t.Errorf("%s: Run: %v", qi.id, err)
-	}
+	return &queryInstance{Instance: inst, id: id, stop: runInBackground(t, inst)}
 }
 
 // TestQueryReadsCommittedStateOnItsOwner queries two instances of a job
@@ -222,7 +205,7 @@ func testQueryReadsCommittedState(t *testing.T, tweak func(*sluice.Options)) {
 
 	produce(0, perKey/3)
 	awaitConsumed(int64(keys * (perKey / 3)))
-	inst(1).stop(t) // q1 takes every task
+	inst(1).stop() // q1 takes every task
 	produce(perKey/3, 2*perKey/3)
 	awaitConsumed(int64(keys * (2 * perKey / 3)))
 	instMu.Lock()
@@ -326,15 +309,7 @@ func TestQueryRefusals(t *testing.T) {
 	if err := inst.QueryLocal(func(int32, kstate.Scope) error { return nil }); !errors.As(err, &nl) || nl.Partition != -1 {
 		t.Fatalf("QueryLocal before Run = %v, want a NotLocalError with partition -1", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- inst.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	defer runInBackground(t, inst)()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		var v string
@@ -426,15 +401,7 @@ func BenchmarkQuery(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- inst.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					b.Error(err)
-				}
-			}()
+			defer runInBackground(b, inst)()
 			// Every key processed and applied: the tasks list them all.
 			applied := func() bool {
 				n := 0

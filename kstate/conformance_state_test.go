@@ -639,9 +639,9 @@ func testReadStoreScanInChunks(t *testing.T, kind string) {
 
 // testValueAll lists a value state's keys and values: every record key's,
 // whatever the scope's key, and nothing of other states (values of other
-// names, a map's entries); with the open
-// epoch's writes in a job's scope, without them through a read store;
-// expired values skipped.
+// names, a map's entries); with the open epoch's writes in a job's scope,
+// without them through a read store; expired values skipped, and an
+// OnReadAndWrite expiry not extended.
 func testValueAll(t *testing.T, kind string) {
 	const ttl = 10 * time.Second
 	count := kstate.Value("count", kstate.Int64())
