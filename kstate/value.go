@@ -55,9 +55,9 @@ func (v *ValueState[T]) Clear(s Scope) error {
 // shorter keys first). Expired values are skipped (and, in a job's scope,
 // deleted, as Get deletes them); All does not extend an OnReadAndWrite
 // expiry, which would write the whole state again. key is valid only
-// during the call. fn may read and write state; the iteration goes on over the
-// state as it was when All started. If fn returns an error, All stops and
-// returns it.
+// during the call. fn may read and write state; the iteration goes on over
+// the state as it was when All started. If fn returns an error, All stops
+// and returns it.
 func (v *ValueState[T]) All(s Scope, fn func(key []byte, val T) error) error {
 	prefix := v.d.namePrefix()
 	var fnErr error

@@ -246,25 +246,27 @@ func serve(ctx context.Context, log *slog.Logger, cfg Config) error {
 		log.Warn(w)
 	}
 	var in runner
+	var jobs []queryable // the jobs whose states /state serves, each with its instance
 	if stages, ok := pipelines[cfg.Job]; ok {
 		ss := stages(cfg)
 		var p *sluice.Pipeline
 		if p, err = sluice.NewPipeline(opts, ss...); err == nil {
 			in = p
 			for _, s := range ss {
-				queries.serve(p.Stage(s.Name), s.Job)
+				jobs = append(jobs, queryable{p.Stage(s.Name), s.Job})
 			}
 		}
 	} else {
 		var i *sluice.Instance
 		if i, err = sluice.New(opts); err == nil {
 			in = i
-			queries.serve(i, opts.Job)
+			jobs = append(jobs, queryable{i, opts.Job})
 		}
 	}
 	if err != nil {
 		return err
 	}
+	queries.serve(jobs...)
 	inst.Store(&in)
 	log.Info("processor starting", append(append(cfg.Summary(), "metrics", ln.Addr().String()), cfg.gc.LogAttrs()...)...)
 	err = in.Run(ctx)

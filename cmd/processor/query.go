@@ -52,17 +52,18 @@ type stateQueries struct {
 	owners map[ownerKey]ownerAt // see owner
 }
 
-// serve makes the states of job, run by in, queryable: every state the
-// job lists in States, if it has a QueryState.
-func (q *stateQueries) serve(in *sluice.Instance, job sluice.Job) {
+// serve makes the states of jobs queryable: every state a job lists in
+// States, if it has a QueryState. A state name two pipeline stages share
+// is the earlier stage's.
+func (q *stateQueries) serve(jobs ...queryable) {
 	m := map[string]queryable{}
-	if old := q.states.Load(); old != nil {
-		maps.Copy(m, *old)
-	}
-	if job.QueryState != nil {
-		for _, st := range job.States {
-			if _, taken := m[st]; !taken { // an earlier stage's state of the same name wins
-				m[st] = queryable{in: in, job: job}
+	for _, j := range jobs {
+		if j.job.QueryState == nil {
+			continue
+		}
+		for _, st := range j.job.States {
+			if _, taken := m[st]; !taken {
+				m[st] = j
 			}
 		}
 	}

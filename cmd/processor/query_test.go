@@ -18,7 +18,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/internal/check"
-	"github.com/sluicehq/sluice/jobs"
 )
 
 // setEnv replaces (or adds) the process's variable name.
@@ -95,21 +94,14 @@ func TestStateQueriesOverHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prod.Close()
-	want := map[string]jobs.Aggregation{}
+	inputs := map[string][]int64{}
 	n := 0
 	send := func(count int) {
 		var recs []*kgo.Record
 		for range count {
 			n++
 			key := "k" + strconv.Itoa(n%23)
-			a, ok := want[key]
-			if !ok {
-				a = jobs.Aggregation{Min: int64(n), Max: int64(n)}
-			}
-			a.Count++
-			a.Sum += int64(n)
-			a.Min, a.Max = min(a.Min, int64(n)), max(a.Max, int64(n))
-			want[key] = a
+			inputs[key] = append(inputs[key], int64(n))
 			recs = append(recs, &kgo.Record{Topic: "in", Key: []byte(key), Value: []byte(strconv.Itoa(n))})
 		}
 		if err := prod.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
@@ -133,14 +125,15 @@ func TestStateQueriesOverHTTP(t *testing.T) {
 		if sum, err := check.CommittedSum(context.Background(), adm, "e2e"); err != nil || sum != int64(n) {
 			return fmt.Errorf("committed offsets add up to %d of %d (%v)", sum, n, err)
 		}
-		for key, agg := range want {
+		for key, vals := range inputs {
+			agg := check.Running(vals)[len(vals)-1]
 			path := "/state/aggregate?key=" + url.QueryEscape(key)
 			var owner string
 			for i, p := range procs {
 				code, ans, loc := queryAt(t, p.metrics, path)
 				switch code {
 				case http.StatusOK:
-					var got jobs.Aggregation
+					var got check.Aggregation
 					if err := json.Unmarshal(ans.Value, &got); err != nil || got != agg {
 						return fmt.Errorf("%s on %s: %s (%v), want %+v", key, ids[i], ans.Value, err, agg)
 					}

@@ -187,17 +187,7 @@ func Aggregate(inputs map[string][]int64, outputs []*kgo.Record) Report {
 	rep.Outputs = len(outputs)
 	for key, vals := range inputs {
 		rep.Inputs += len(vals)
-		want := make([]Aggregation, len(vals))
-		var acc Aggregation
-		for i, v := range vals {
-			if i == 0 {
-				acc.Min, acc.Max = v, v
-			}
-			acc.Count++
-			acc.Sum += v
-			acc.Min, acc.Max = min(acc.Min, v), max(acc.Max, v)
-			want[i] = acc
-		}
+		want := Running(vals)
 		seen := 0
 		for _, got := range byKey[key] {
 			switch {
@@ -216,6 +206,24 @@ func Aggregate(inputs map[string][]int64, outputs []*kgo.Record) Report {
 		rep.Wrong += len(extra)
 	}
 	return rep
+}
+
+// Running returns the aggregate job's running aggregation of vals, one a
+// value: what its outputs for a key carry, the last one what its state
+// holds.
+func Running(vals []int64) []Aggregation {
+	out := make([]Aggregation, len(vals))
+	var acc Aggregation
+	for i, v := range vals {
+		if i == 0 {
+			acc.Min, acc.Max = v, v
+		}
+		acc.Count++
+		acc.Sum += v
+		acc.Min, acc.Max = min(acc.Min, v), max(acc.Max, v)
+		out[i] = acc
+	}
+	return out
 }
 
 // WordCount checks the wordcount job: words are each word's occurrences
