@@ -131,6 +131,16 @@ func Window(s WindowSpec) (sluice.Job, error) {
 	// Join and CoGroup get no Context, so these are all its state: a
 	// savepoint holding others is refused (Job.States).
 	job.States = []string{s.Name + ".windows", s.Name + ".elements", s.Name + ".late-dropped"}
+	// The engine took the record's event time with s.Timestamp before
+	// Process: it is ctx.Timestamp() (the Kafka time in processing time).
+	// The element takes it from there (decode) rather than calling
+	// Timestamp, which may parse the value, a second time.
+	process := job.Process
+	job.Process = func(ctx sluice.Context, rec *sluice.Record) error {
+		r := *rec
+		r.Timestamp = ctx.Timestamp()
+		return process(ctx, &r)
+	}
 	return job, nil
 }
 
@@ -176,14 +186,8 @@ func (s WindowSpec) decode(rec *sluice.Record) (sided, error) {
 	if err != nil {
 		return sided{}, err
 	}
-	t := rec.Timestamp
-	if s.Assigner.EventTime() {
-		var err error
-		if t, err = s.Timestamp(rec); err != nil {
-			return sided{}, err
-		}
-	}
-	return sided{left: left, Element: Element{Value: rec.Value, Timestamp: t, Partition: rec.Partition, Offset: rec.Offset}}, nil
+	// rec.Timestamp is the event time in event time (Window's Process).
+	return sided{left: left, Element: Element{Value: rec.Value, Timestamp: rec.Timestamp, Partition: rec.Partition, Offset: rec.Offset}}, nil
 }
 
 // sided is a window's element: a record and its side.

@@ -263,9 +263,11 @@ func TestWindowCoGroupOuterJoin(t *testing.T) {
 func TestWindowJoinElements(t *testing.T) {
 	t.Parallel()
 	var seen []string
+	calls := 0 // Timestamp's: once a record, not again for the element
 	job, err := join.Window(join.WindowSpec{
 		Name: "wj", Left: "left", Right: "right", Assigner: window.TumblingEventTime(time.Second),
 		Timestamp: func(rec *sluice.Record) (time.Time, error) {
+			calls++
 			return base.Add(time.Duration(rec.Value[1]-'0') * 100 * time.Millisecond), nil
 		},
 		Join: func(key []byte, w window.Window, l, r join.Element) ([]byte, error) {
@@ -297,6 +299,9 @@ func TestWindowJoinElements(t *testing.T) {
 	}
 	if !slices.Equal(seen, wantSeen) {
 		t.Fatalf("Join saw\n%q\nwant\n%q", seen, wantSeen)
+	}
+	if calls != 7 {
+		t.Errorf("Timestamp called %d times for 7 records, want once each", calls)
 	}
 	var got []string
 	for _, r := range h.Output() {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -119,13 +120,51 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
+// freeAddr is a loopback address with a port that nothing listens on,
+// for a processor process to listen on. The port is closed again before
+// the process binds it, so it is drawn below the kernel's ephemeral range
+// (ip_local_port_range): the ports that ":0" hands out are also what every
+// outgoing connection, a Kafka client's among them, is given, and one
+// could take the port in between. A port drawn here is taken only by
+// another test drawing the same one in the same moment.
 func freeAddr(t *testing.T) string {
+	t.Helper()
+	lo, hi := 10000, ephemeralLow()
+	for range 1000 {
+		if hi-lo < 1000 {
+			break // no room below the ephemeral range: fall back to ":0"
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(lo+rand.IntN(hi-lo)))
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			ln.Close()
+			return addr
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux;
+// 32768, its default, elsewhere).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
 
 func newProc(t *testing.T, brokers, id string) *proc {
