@@ -156,6 +156,8 @@ func (s WindowSpec) validate() error {
 		return errors.New("Join and CoGroup are nil: set one")
 	case s.Join != nil && s.CoGroup != nil:
 		return errors.New("Join and CoGroup are both set: set one")
+	case s.Assigner.Count():
+		return errors.New("count windows are not for joins: a window join pairs records by time")
 	}
 	return nil
 }

@@ -464,6 +464,7 @@ func TestWindowSpecIsChecked(t *testing.T) {
 		"processing-time late": func(s *join.WindowSpec) {
 			s.Assigner, s.LateOutput = window.TumblingProcessingTime(time.Second), "late"
 		},
+		"count windows": func(s *join.WindowSpec) { s.Assigner, s.Timestamp = window.TumblingCount(2), nil },
 	} {
 		s := ok
 		change(&s)

@@ -9,14 +9,18 @@ import (
 
 // Assigner says which windows a record belongs to, and on which clock they
 // close. Build one with TumblingEventTime, SlidingEventTime,
-// EventTimeSession or their processing-time twins; the zero Assigner is
+// EventTimeSession or their processing-time twins, or with TumblingCount
+// or SlidingCount for windows of a number of records; the zero Assigner is
 // invalid.
 type Assigner struct {
 	kind   assignerKind
 	domain sluice.TimeDomain
-	size   int64 // tumbling and sliding: window length, ms
-	slide  int64 // sliding: distance between window starts, ms
-	gap    int64 // sessions: inactivity that closes a session, ms
+	// tumbling and sliding: window length, ms; count windows: records
+	size int64
+	// sliding: distance between window starts, ms; count windows: the
+	// records between firings
+	slide int64
+	gap   int64 // sessions: inactivity that closes a session, ms
 	// offset shifts tumbling and sliding windows from multiples of their
 	// step since the epoch (WithOffset), ms; given is as it was given.
 	offset    int64
@@ -30,6 +34,8 @@ const (
 	tumbling assignerKind = iota + 1
 	sliding
 	session
+	tumblingCount
+	slidingCount
 )
 
 // TumblingEventTime puts each record in the one window of length size that
@@ -73,6 +79,26 @@ func ProcessingTimeSession(gap time.Duration) Assigner {
 	return Assigner{kind: session, domain: sluice.ProcessingTime, gap: gap.Milliseconds()}
 }
 
+// TumblingCount puts a key's records in windows of size records each, in
+// the order they are processed (a partition's order): each size-th record
+// of a key fires the window of it and the size-1 records before it, and
+// the window is cleared (Flink's countWindow(size), a global window with a
+// purging count trigger). No clock is involved: a window that is not full
+// waits for its remaining records, however long that takes. The Window a
+// function gets spans its records' Kafka times (count windows).
+func TumblingCount(size int) Assigner {
+	return Assigner{kind: tumblingCount, size: int64(size), slide: int64(size)}
+}
+
+// SlidingCount fires a key's window every slide records, with the last
+// size records of the key (fewer until size have come), in the order they
+// were processed: Flink's countWindow(size, slide), a global window with a
+// count evictor and a count trigger. A record is in up to size/slide
+// windows; the key keeps its last size records in state for good.
+func SlidingCount(size, slide int) Assigner {
+	return Assigner{kind: slidingCount, size: int64(size), slide: int64(slide)}
+}
+
 // WithOffset returns the assigner with its windows shifted by offset from
 // the Unix epoch's multiples, as Flink's TumblingEventTimeWindows.of(size,
 // offset): daily windows in a time zone 8 hours behind UTC are
@@ -101,6 +127,12 @@ func (a Assigner) EventTime() bool { return a.domain == sluice.EventTime }
 // merging reports whether windows of a key merge (sessions).
 func (a Assigner) merging() bool { return a.kind == session }
 
+// Count reports whether the windows are counts of records (TumblingCount,
+// SlidingCount) rather than spans of time.
+func (a Assigner) Count() bool { return a.counting() }
+
+func (a Assigner) counting() bool { return a.kind == tumblingCount || a.kind == slidingCount }
+
 func (a Assigner) validate() error {
 	switch a.kind {
 	case tumbling:
@@ -115,13 +147,23 @@ func (a Assigner) validate() error {
 		if a.gap <= 0 {
 			return fmt.Errorf("session gap %s: want at least 1ms", time.Duration(a.gap)*time.Millisecond)
 		}
+	case tumblingCount:
+		if a.size <= 0 {
+			return fmt.Errorf("count window size %d: want at least 1 record", a.size)
+		}
+	case slidingCount:
+		if a.size <= 0 || a.slide <= 0 {
+			return fmt.Errorf("count window size %d, slide %d: want both at least 1 record", a.size, a.slide)
+		}
 	default:
-		return fmt.Errorf("no window assigner (use TumblingEventTime, SlidingEventTime, EventTimeSession or a processing-time one)")
+		return fmt.Errorf("no window assigner (use TumblingEventTime, SlidingEventTime, EventTimeSession, a processing-time one, TumblingCount or SlidingCount)")
 	}
 	switch {
 	case !a.offsetSet:
 	case a.kind == session:
 		return fmt.Errorf("WithOffset is for tumbling and sliding windows: a session starts at its first record")
+	case a.counting():
+		return fmt.Errorf("WithOffset is for tumbling and sliding windows of time, not of counts")
 	case a.given%time.Millisecond != 0 || a.offset <= -a.step() || a.offset >= a.step():
 		return fmt.Errorf("window offset %s: want whole milliseconds, less than %s either way (the windows' step)", a.given, time.Duration(a.step())*time.Millisecond)
 	}

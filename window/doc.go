@@ -1,5 +1,6 @@
 // Package window builds windowed jobs on Sluice's keyed state and timers:
 // tumbling, sliding and session windows, in event time or processing time,
+// and windows of a number of records (TumblingCount, SlidingCount),
 // with incremental aggregation (Reduce, Aggregate) or full-window functions
 // (Process), Flink's default trigger with early firings by time or count,
 // allowed lateness and a side output
@@ -24,6 +25,7 @@
 // A window fires when the watermark (event time) or the clock (processing
 // time) reaches its end, emitting its results keyed by the record key; it
 // is cleared then, or allowed-lateness later, during which a late record
-// updates it and fires it again. docs/windows.md has the semantics and
+// updates it and fires it again. A count window fires in the processing
+// of the record that completes it. docs/windows.md has the semantics and
 // what is not built.
 package window

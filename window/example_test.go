@@ -54,3 +54,51 @@ func ExampleJob() {
 	// ann: 12:00:10 1
 	// late: click 4
 }
+
+// The mean of each sensor's last three readings, every second reading:
+// Flink's countWindow(3, 2). Count windows keep no clock and fire in the
+// processing of the reading that completes them; the first firing has the
+// two readings so far.
+func ExampleSlidingCount() {
+	job, err := window.Job(window.Spec[int64, acc]{
+		Name:     "last-three",
+		Assigner: window.SlidingCount(3, 2),
+		Function: window.Aggregate[int64, acc, acc](meanOf{}, kstate.JSON[acc]()),
+		Decode: func(rec *sluice.Record) (int64, error) {
+			return strconv.ParseInt(string(rec.Value), 10, 64)
+		},
+		Encode: func(key []byte, w window.Window, a acc) ([]byte, error) {
+			return fmt.Appendf(nil, "mean %.1f of %d", float64(a.Sum)/float64(a.N), a.N), nil
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	err = sluicetest.Run(func(t sluicetest.TB) {
+		h := sluicetest.New(t, job, sluicetest.Options{})
+		for _, v := range []string{"10", "20", "30", "40", "50", "60", "70"} {
+			h.Send([]byte("s1"), []byte(v), time.Time{})
+		}
+		h.Settle()
+		for _, r := range h.Output() {
+			fmt.Printf("%s: %s\n", r.Key, r.Value)
+		}
+	})
+	if err != nil {
+		fmt.Println(err)
+	}
+	// Output:
+	// s1: mean 15.0 of 2
+	// s1: mean 30.0 of 3
+	// s1: mean 50.0 of 3
+}
+
+// acc and meanOf are ExampleSlidingCount's aggregation: count and sum.
+type acc struct{ N, Sum int64 }
+
+type meanOf struct{}
+
+func (meanOf) CreateAccumulator() acc { return acc{} }
+func (meanOf) Add(v int64, a acc) acc { return acc{a.N + 1, a.Sum + v} }
+func (meanOf) Result(a acc) acc       { return a }

@@ -77,6 +77,9 @@ func (o *operator[IN, OUT]) process(ctx sluice.Context, rec *sluice.Record) erro
 	if err != nil {
 		return err
 	}
+	if o.assigner.counting() {
+		return o.addToCounts(ctx, in)
+	}
 	c := o.clockOf(ctx)
 	var buf [4]span
 	spans := o.assigner.assign(buf[:0], c.t)
@@ -339,6 +342,9 @@ func (e readError) Unwrap() error { return e.err }
 // they go out through.
 func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window) (sluice.Context, [][]byte, error) {
 	win := w.s.window()
+	if w.e.timed { // a count window: its span is in records, not time
+		win = w.e.times.window()
+	}
 	ctx = sluice.WithTimestamp(ctx, win.MaxTimestamp())
 	key := ctx.Key()
 	var vals [][]byte

@@ -86,7 +86,9 @@ func Job[IN, OUT any](s Spec[IN, OUT]) (sluice.Job, error) {
 		Name:    s.Name,
 		Emits:   true,
 		Process: o.process,
-		OnTimer: o.onTimer,
+	}
+	if !s.Assigner.counting() {
+		job.OnTimer = o.onTimer
 	}
 	if s.Assigner.EventTime() {
 		job.EventTime = true
@@ -108,6 +110,9 @@ func (s Spec[IN, OUT]) validate() error {
 	if err := s.Function.validate(s.Assigner.merging()); err != nil {
 		return err
 	}
+	if s.Assigner.counting() {
+		return s.validateCount()
+	}
 	switch {
 	case s.Decode == nil:
 		return errors.New("Decode is nil")
@@ -125,6 +130,25 @@ func (s Spec[IN, OUT]) validate() error {
 		return errors.New("AllowedLateness is for event time: a processing-time window has no late records")
 	case !s.Assigner.EventTime() && s.LateOutput != "":
 		return errors.New("LateOutput is for event time: a processing-time window has no late records")
+	}
+	return nil
+}
+
+// validateCount checks a spec of count windows, which keep no clock: what
+// is about time does not apply to them.
+func (s Spec[IN, OUT]) validateCount() error {
+	const why = "count windows fire by count, on no clock"
+	switch {
+	case s.Decode == nil:
+		return errors.New("Decode is nil")
+	case s.Encode == nil:
+		return errors.New("Encode is nil")
+	case s.Timestamp != nil:
+		return errors.New("Timestamp is for event-time windows: " + why + " (a count window's Window spans its records' Kafka times)")
+	case s.AllowedLateness != 0, s.LateOutput != "", s.LateDropped != nil:
+		return errors.New("AllowedLateness, LateOutput and LateDropped are for event-time windows: " + why + ", and no record is late")
+	case s.EarlyInterval != 0, s.EarlyCount != 0, s.EarlyFailed != nil:
+		return errors.New("EarlyInterval, EarlyCount and EarlyFailed are for windows of time: " + why + " already")
 	}
 	return nil
 }

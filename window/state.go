@@ -14,10 +14,16 @@ import (
 //	<name>.windows       map: window → entry, the key's live windows
 //	<name>.elements      map: (slot, n) → element, full-window functions only
 //	<name>.late-dropped  value: records dropped as too late (no LateOutput)
+//	<name>.count         value: count windows only, the key's records so far
 //
 // and timers of the key, in the assigner's domain, at each window's end
 // (firing) and at end + allowed lateness (cleanup). A key with no live
-// window has no state left.
+// window has no state left (but for the count of a sliding count window
+// whose slide is less than its size, whose windows overlap for good).
+//
+// A count window's span is in record numbers rather than milliseconds:
+// [c-size, c) holds the key's records c-size+1 to c (1-based), and fires
+// with record c.
 
 // entry is what the window index keeps per window.
 type entry struct {
@@ -38,6 +44,11 @@ type entry struct {
 	count int64
 	// acc is the encoded accumulator of an incremental function.
 	acc []byte
+	// times spans the Kafka times of a count window's elements, the
+	// smallest to the largest + 1 ms (flagTimes); windows of time have
+	// none.
+	times span
+	timed bool
 }
 
 // entryFormat versions the encoding of entry, which is durable state.
@@ -46,15 +57,18 @@ const entryFormat byte = 1
 const (
 	flagFired   byte = 1
 	flagEmitted byte = 2 // a reader without it ignores it: no format change
+	// flagTimes: the entry's times follow its count. Only count windows
+	// have them, which no reader before them reads.
+	flagTimes byte = 4
 )
 
 // entryCodec encodes an entry as
 //
-//	[format][flags][slot: 16 bytes][uvarint count][accumulator...]
+//	[format][flags][slot: 16 bytes][uvarint count][times: 16 bytes if flagTimes][accumulator...]
 type entryCodec struct{}
 
 func (entryCodec) Encode(e entry) ([]byte, error) {
-	b := make([]byte, 0, 2+spanLen+binary.MaxVarintLen64+len(e.acc))
+	b := make([]byte, 0, 2+2*spanLen+binary.MaxVarintLen64+len(e.acc))
 	var flags byte
 	if e.fired {
 		flags |= flagFired
@@ -62,9 +76,15 @@ func (entryCodec) Encode(e entry) ([]byte, error) {
 	if e.emitted {
 		flags |= flagEmitted
 	}
+	if e.timed {
+		flags |= flagTimes
+	}
 	b = append(b, entryFormat, flags)
 	b = appendSpan(b, e.slot)
 	b = binary.AppendUvarint(b, uint64(e.count))
+	if e.timed {
+		b = appendSpan(b, e.times)
+	}
 	return append(b, e.acc...), nil
 }
 
@@ -81,7 +101,14 @@ func (entryCodec) Decode(b []byte) (entry, error) {
 		return entry{}, errors.New("window: malformed window entry count")
 	}
 	e := entry{fired: b[1]&flagFired != 0, emitted: b[1]&flagEmitted != 0, slot: slot, count: int64(n)}
-	if rest := b[2+spanLen+size:]; len(rest) > 0 {
+	rest := b[2+spanLen+size:]
+	if b[1]&flagTimes != 0 {
+		if e.times, err = decodeSpan(rest); err != nil {
+			return entry{}, err
+		}
+		e.timed, rest = true, rest[spanLen:]
+	}
+	if len(rest) > 0 {
 		// A copy: Decode must not retain the store's bytes.
 		e.acc = append([]byte(nil), rest...)
 	}
@@ -114,12 +141,14 @@ type stores[IN any] struct {
 	windows  *kstate.MapState[span, entry]
 	elements *kstate.MapState[elementKey, IN] // nil for incremental functions
 	dropped  *kstate.ValueState[int64]
+	seen     *kstate.ValueState[int64] // count windows: the key's records so far
 }
 
 func newStores[IN any](name string, elements kstate.Codec[IN]) stores[IN] {
 	s := stores[IN]{
 		windows: kstate.Map[span, entry](name+".windows", spanCodec{}, entryCodec{}),
 		dropped: kstate.Value[int64](name+".late-dropped", kstate.Int64()),
+		seen:    kstate.Value[int64](name+".count", kstate.Int64()),
 	}
 	if elements != nil {
 		s.elements = kstate.Map[elementKey, IN](name+".elements", elementKeyCodec{}, elements)
