@@ -21,6 +21,8 @@ type Assigner struct {
 	// records between firings
 	slide int64
 	gap   int64 // sessions: inactivity that closes a session, ms
+	// dynamic: sessions whose gap each record gives (Spec.SessionGap)
+	dynamic bool
 	// offset shifts tumbling and sliding windows from multiples of their
 	// step since the epoch (WithOffset), ms; given is as it was given.
 	offset    int64
@@ -77,6 +79,21 @@ func EventTimeSession(gap time.Duration) Assigner {
 // a session ends when no record of its key was processed for gap.
 func ProcessingTimeSession(gap time.Duration) Assigner {
 	return Assigner{kind: session, domain: sluice.ProcessingTime, gap: gap.Milliseconds()}
+}
+
+// DynamicEventTimeSession is EventTimeSession whose gap each record gives,
+// with Spec.SessionGap (Flink's EventTimeSessionWindows.withDynamicGap): a
+// record's own window is [t, t+SessionGap(element)), and windows of the
+// key that overlap or touch merge, so a session ends at the latest end
+// of its records' windows.
+func DynamicEventTimeSession() Assigner {
+	return Assigner{kind: session, domain: sluice.EventTime, dynamic: true}
+}
+
+// DynamicProcessingTimeSession is DynamicEventTimeSession on the
+// processing-time clock.
+func DynamicProcessingTimeSession() Assigner {
+	return Assigner{kind: session, domain: sluice.ProcessingTime, dynamic: true}
 }
 
 // TumblingCount puts a key's records in windows of size records each, in
@@ -144,7 +161,7 @@ func (a Assigner) validate() error {
 			return fmt.Errorf("sliding window size %s, slide %s: want both at least 1ms", time.Duration(a.size)*time.Millisecond, time.Duration(a.slide)*time.Millisecond)
 		}
 	case session:
-		if a.gap <= 0 {
+		if a.gap <= 0 && !a.dynamic {
 			return fmt.Errorf("session gap %s: want at least 1ms", time.Duration(a.gap)*time.Millisecond)
 		}
 	case tumblingCount:

@@ -2,6 +2,7 @@ package window
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -84,7 +85,15 @@ func (o *operator[IN, OUT]) process(ctx sluice.Context, rec *sluice.Record) erro
 	var buf [4]span
 	spans := o.assigner.assign(buf[:0], c.t)
 	if o.assigner.merging() {
-		return o.addToSession(ctx, rec, spans[0], in, c)
+		own := spans[0]
+		if o.assigner.dynamic {
+			gap := o.spec.SessionGap(in)
+			if gap < time.Millisecond {
+				return fmt.Errorf("window: SessionGap gave %s for the record: want at least 1ms", gap)
+			}
+			own.end = c.t + gap.Milliseconds()
+		}
+		return o.addToSession(ctx, rec, own, in, c)
 	}
 	accepted := false
 	for _, s := range spans {

@@ -62,6 +62,13 @@ type Spec[IN, OUT any] struct {
 	// firing at the end kept). Sessions that merge add their counts, so a
 	// merge can step over a multiple.
 	EarlyCount int
+	// SessionGap gives each element's session gap, for
+	// DynamicEventTimeSession and DynamicProcessingTimeSession (required
+	// there, refused elsewhere): the element's own window is [t,
+	// t+SessionGap(element)). It must be deterministic (replays call it
+	// again) and give at least 1ms (a fraction of a millisecond is
+	// dropped); a gap below 1ms fails the record (dead-lettered).
+	SessionGap func(in IN) time.Duration
 	// LateDropped, if set, is incremented for each record dropped as too
 	// late (committed or not: a replayed epoch counts again).
 	LateDropped prometheus.Counter
@@ -114,6 +121,12 @@ func (s Spec[IN, OUT]) validate() error {
 		return s.validateCount()
 	}
 	switch {
+	case s.Assigner.dynamic && s.SessionGap == nil:
+		return errors.New("dynamic sessions need SessionGap, each element's gap")
+	case !s.Assigner.dynamic && s.SessionGap != nil:
+		return errors.New("SessionGap is for DynamicEventTimeSession and DynamicProcessingTimeSession")
+	}
+	switch {
 	case s.Decode == nil:
 		return errors.New("Decode is nil")
 	case s.Encode == nil:
@@ -145,6 +158,8 @@ func (s Spec[IN, OUT]) validateCount() error {
 		return errors.New("Encode is nil")
 	case s.Timestamp != nil:
 		return errors.New("Timestamp is for event-time windows: " + why + " (a count window's Window spans its records' Kafka times)")
+	case s.SessionGap != nil:
+		return errors.New("SessionGap is for dynamic sessions, not count windows")
 	case s.AllowedLateness != 0, s.LateOutput != "", s.LateDropped != nil:
 		return errors.New("AllowedLateness, LateOutput and LateDropped are for event-time windows: " + why + ", and no record is late")
 	case s.EarlyInterval != 0, s.EarlyCount != 0, s.EarlyFailed != nil:
