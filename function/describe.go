@@ -27,9 +27,13 @@ func (e *DescribeError) Error() string {
 type Spec struct {
 	States      []StateSpec
 	SideOutputs []string
-	// EventTime: the function works in event time (the Kafka record
+	// EventTime: the function works in event time (the records' event
 	// times drive a watermark, and it may set event-time timers).
 	EventTime bool
+	// EventTimeSource is where a record's event time is, for a function
+	// in event time; nil: its Kafka timestamp.
+	EventTimeSource *functionv1.EventTimeSource
+	eventTime       *eventTimeSource // EventTimeSource, checked
 }
 
 // StateSpec is one declared state.
@@ -41,7 +45,7 @@ type StateSpec struct {
 // features are what this processor supports beyond the protocol's first
 // form, sent with Describe (DescribeRequest.features): a function that
 // needs one a processor lacks refuses it there.
-var features = []string{"event_time", "partial", "output_timestamp"}
+var features = []string{"event_time", "partial", "output_timestamp", "event_time_source"}
 
 // describe asks the function for its Spec. While it cannot be reached or
 // fails to answer (it starts beside the processor and may not listen yet)
@@ -112,5 +116,15 @@ func checkSpec(url string, d *functionv1.DescribeResponse) (Spec, error) {
 		s.SideOutputs = append(s.SideOutputs, tag)
 	}
 	s.EventTime = d.GetEventTime()
+	if src := d.GetEventTimeSource(); src != nil {
+		if !s.EventTime {
+			return bad("event_time_source is declared without event_time")
+		}
+		checked, err := newEventTimeSource(src)
+		if err != nil {
+			return bad("%v", err)
+		}
+		s.EventTimeSource, s.eventTime = src, checked
+	}
 	return s, nil
 }

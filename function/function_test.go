@@ -296,6 +296,18 @@ func TestDescribeMismatchIsRefused(t *testing.T) {
 		{"state twice", &functionv1.DescribeResponse{ProtocolVersion: 1, States: []*functionv1.StateSpec{{Name: "s"}, {Name: "s"}}}, `state "s" is declared twice`},
 		{"negative ttl", &functionv1.DescribeResponse{ProtocolVersion: 1, States: []*functionv1.StateSpec{{Name: "s", TtlMs: -1}}}, "negative ttl_ms"},
 		{"tag twice", &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: []string{"x", "x"}}, `side output "x" is declared twice`},
+		{"event time source without event time", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTimeSource: pointerSource("/t", 0)},
+			"event_time_source is declared without event_time"},
+		{"event time source from nothing", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: &functionv1.EventTimeSource{}},
+			"neither a jsonPointer nor a header"},
+		{"bad JSON pointer", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("t", 0)},
+			`JSON Pointer "t": want "" or one starting with /`},
+		{"bad JSON pointer escape", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("/a~2", 0)},
+			"~ must be followed by 0 or 1"},
+		{"empty header", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true,
+			EventTimeSource: &functionv1.EventTimeSource{From: &functionv1.EventTimeSource_Header{}}}, "names an empty header"},
+		{"unknown time format", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("/t", 7)},
+			"the format 7, which this processor does not know"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mux := http.NewServeMux()
@@ -534,4 +546,8 @@ type refusing struct {
 
 func (refusing) Describe(context.Context, *connect.Request[functionv1.DescribeRequest]) (*connect.Response[functionv1.DescribeResponse], error) {
 	return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("too old"))
+}
+
+func pointerSource(p string, f functionv1.TimeFormat) *functionv1.EventTimeSource {
+	return &functionv1.EventTimeSource{From: &functionv1.EventTimeSource_JsonPointer{JsonPointer: p}, Format: f}
 }

@@ -56,9 +56,13 @@ func New(ctx context.Context, o Options) (sluice.Job, error) {
 		QueryState: f.queryState,
 	}
 	if spec.EventTime {
-		// The records' Kafka times: a function in another language
-		// cannot be asked for each record's time before its batch.
+		// The records' Kafka times, or where the function said they are:
+		// a function in another language cannot be asked for each
+		// record's time before its batch.
 		job.EventTime, job.Timestamp = true, sluice.KafkaTime
+		if spec.eventTime != nil {
+			job.Timestamp = spec.eventTime.timestamp
+		}
 	}
 	for _, st := range spec.States {
 		job.States = append(job.States, st.Name)
@@ -86,6 +90,9 @@ type fn struct {
 	closed  atomic.Bool
 	// eventTime: the function declared event_time.
 	eventTime bool
+	// timeSource is where its records' event time is; nil: their Kafka
+	// timestamps.
+	timeSource *eventTimeSource
 }
 
 // errClosed is what a closed job answers when run again: its metrics are
@@ -121,7 +128,7 @@ func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec)
 	if err != nil {
 		return nil, err
 	}
-	f := &fn{o: o, client: client, m: m, index: map[string]int{}, tags: map[string]bool{}, batches: map[int32]map[recordID]*recordPlan{}, eventTime: spec.EventTime}
+	f := &fn{o: o, client: client, m: m, index: map[string]int{}, tags: map[string]bool{}, batches: map[int32]map[recordID]*recordPlan{}, eventTime: spec.EventTime, timeSource: spec.eventTime}
 	for i, st := range spec.States {
 		var opts []kstate.Option
 		if st.TTL > 0 {
@@ -190,6 +197,19 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 	byKey := map[string]*keyCall{}
 	plans := make(map[recordID]*recordPlan, len(recs))
 	for _, r := range recs {
+		var eventTime *int64
+		if src := f.timeSource; src != nil {
+			t, err := src.timestamp(r)
+			if err != nil {
+				// The engine dead-letters it at its Timestamp, the same
+				// call, before Process: the function never sees it, and
+				// the key's answer is applied at its last record that
+				// has a time.
+				continue
+			}
+			ms := t.UnixMilli()
+			eventTime = &ms
+		}
 		k := byKey[string(r.Key)]
 		if k == nil {
 			k = &keyCall{key: r.Key}
@@ -198,7 +218,7 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 		}
 		id := recordID{r.Topic, r.Offset}
 		plans[id] = &recordPlan{key: k, index: len(k.events)}
-		k.events = append(k.events, recordEvent(r))
+		k.events = append(k.events, recordEvent(r, eventTime))
 	}
 	for _, k := range keys {
 		states, err := f.readStates(keyScope{pc.Store(), k.key, pc.Now()})
@@ -347,14 +367,14 @@ func (f *fn) apply(ctx sluice.Context, r *functionv1.KeyResult) error {
 	return nil
 }
 
-func recordEvent(r *sluice.Record) *functionv1.Event {
+func recordEvent(r *sluice.Record, eventTimeMs *int64) *functionv1.Event {
 	var hs []*functionv1.Header
 	for _, h := range r.Headers {
 		hs = append(hs, &functionv1.Header{Key: h.Key, Value: h.Value})
 	}
 	return &functionv1.Event{Event: &functionv1.Event_Record{Record: &functionv1.Record{
 		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, TimestampMs: r.Timestamp.UnixMilli(),
-		Key: r.Key, Value: r.Value, Headers: hs,
+		Key: r.Key, Value: r.Value, Headers: hs, EventTimeMs: eventTimeMs,
 	}}}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/examples/function-go/aggregate"
 	"github.com/sluicehq/sluice/function"
+	functionv1 "github.com/sluicehq/sluice/function/functionv1"
 	"github.com/sluicehq/sluice/function/sdk"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -639,5 +640,83 @@ func TestTimerCutShortByTheShutdownFiresAfterTheRestart(t *testing.T) {
 	}
 	if dl := h.DeadLetters(); len(dl) != 0 {
 		t.Fatalf("dead letters %q", values(dl))
+	}
+}
+
+// A function whose event time is a field of its records' JSON values: the
+// watermark in its calls and its event-time timers follow that time, not
+// the Kafka timestamps (far off here); a record without the field, or not
+// JSON, is dead-lettered at the timestamp stage, saying why; over each
+// protocol.
+func TestEventTimeFromTheValue(t *testing.T) {
+	url := startGo(t, sdk.Declaration{EventTime: true, EventTimeSource: pointerSource("/at", functionv1.TimeFormat_UNIX_MILLIS)},
+		func(_ context.Context, c *sdk.Call) *sdk.Result {
+			r := &sdk.Result{}
+			for _, e := range c.Events {
+				if e.Record == nil {
+					r.Emit(c.Key, fmt.Appendf(nil, "fired %d wm=%d", e.Timer.UnixMilli(), c.Watermark.UnixMilli()))
+					continue
+				}
+				var v struct{ At int64 }
+				if err := json.Unmarshal(e.Record.GetValue(), &v); err != nil || e.Record.EventTimeMs == nil || v.At != e.Record.GetEventTimeMs() {
+					return r.DeadLetter(fmt.Sprintf("the record %s has event_time_ms %v", e.Record.GetValue(), e.Record.EventTimeMs))
+				}
+				r.Emit(c.Key, fmt.Appendf(nil, "seen wm=%d", c.Watermark.UnixMilli()))
+				r.SetEventTimer(time.UnixMilli(e.Record.GetEventTimeMs()).Add(10 * time.Second))
+			}
+			return r
+		})
+	ms := eventTimeT0.UnixMilli()
+	kafkaTime := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC) // not the event time
+	for _, p := range []function.Protocol{function.JSON, function.GRPC} {
+		t.Run(string(p), func(t *testing.T) {
+			h := sluicetest.New(t, newJob(t, function.Options{URL: url, Protocol: p}), sluicetest.Options{})
+			h.Send([]byte("k"), fmt.Appendf(nil, `{"id":"k","at":%d}`, ms), kafkaTime)
+			h.Settle()
+			h.Send([]byte("bad"), []byte(`{"id":"bad"}`), kafkaTime)
+			h.Send([]byte("bad"), []byte(`not json`), kafkaTime)
+			h.Send([]byte("x"), fmt.Appendf(nil, `{"at":%d,"id":"x"}`, ms+20000), kafkaTime) // past k's timer
+			h.Send([]byte("x"), []byte(`{"id":"x","at":"soon"}`), kafkaTime)                 // x's answer is still applied
+			h.Settle()
+			want := map[string][]string{
+				"k": {"seen wm=" + fmt.Sprint(time.Time{}.UnixMilli()), fmt.Sprintf("fired %d wm=%d", ms+10000, ms+20000)},
+				"x": {fmt.Sprintf("seen wm=%d", ms)},
+			}
+			if got := valuesByKey(h.Output()); !maps.EqualFunc(got, want, slices.Equal) {
+				t.Fatalf("outputs %q, want %q", got, want)
+			}
+			dl := h.DeadLetters()
+			if len(dl) != 3 {
+				t.Fatalf("%d dead letters, want the three records without a time", len(dl))
+			}
+			for i, says := range []string{`event time: "/at": not in the value`, `event time: "/at": the value is not JSON`,
+				`event time: "/at" is "soon": want milliseconds since the Unix epoch, an integer`} {
+				if header(dl[i], sluice.HeaderStage) != "timestamp" || !strings.Contains(header(dl[i], sluice.HeaderError), says) {
+					t.Errorf("dead letter %d: stage %q, error %q; want timestamp, saying %q", i, header(dl[i], sluice.HeaderStage), header(dl[i], sluice.HeaderError), says)
+				}
+			}
+		})
+	}
+}
+
+// The Python SDK with an event time from a header, in RFC 3339.
+func TestPythonEventTimeFromAHeader(t *testing.T) {
+	job := newJob(t, function.Options{URL: startPythonAt(t, filepath.Join("testdata", "event_time_header.py"))})
+	h := sluicetest.New(t, job, sluicetest.Options{})
+	at := func(d time.Duration) sluice.Header {
+		return sluice.Header{Key: "at", Value: []byte(eventTimeT0.Add(d).Format(time.RFC3339Nano))}
+	}
+	kafkaTime := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	h.Send([]byte("k"), []byte("v"), kafkaTime, at(0))
+	h.Settle()
+	h.Send([]byte("x"), []byte("v"), kafkaTime, at(20*time.Second+500*time.Millisecond))
+	h.Settle()
+	ms := eventTimeT0.UnixMilli()
+	want := map[string][]string{
+		"k": {"seen wm=None", fmt.Sprintf("fired %d wm=%d", ms+10000, ms+20500)},
+		"x": {fmt.Sprintf("seen wm=%d", ms)},
+	}
+	if got := valuesByKey(h.Output()); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("outputs %q, want %q", got, want)
 	}
 }

@@ -32,6 +32,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// How an event time is written.
+type TimeFormat int32
+
+const (
+	// Milliseconds since the Unix epoch: an integer (in a JSON value a
+	// number or a string of digits).
+	TimeFormat_UNIX_MILLIS TimeFormat = 0
+	// Seconds since the Unix epoch, a fraction allowed: 1733590500.123.
+	TimeFormat_UNIX_SECONDS TimeFormat = 1
+	// RFC 3339 text: "2026-12-07T16:55:00.123Z", "2026-12-07T17:55:00+01:00".
+	TimeFormat_RFC3339 TimeFormat = 2
+)
+
+// Enum value maps for TimeFormat.
+var (
+	TimeFormat_name = map[int32]string{
+		0: "UNIX_MILLIS",
+		1: "UNIX_SECONDS",
+		2: "RFC3339",
+	}
+	TimeFormat_value = map[string]int32{
+		"UNIX_MILLIS":  0,
+		"UNIX_SECONDS": 1,
+		"RFC3339":      2,
+	}
+)
+
+func (x TimeFormat) Enum() *TimeFormat {
+	p := new(TimeFormat)
+	*p = x
+	return p
+}
+
+func (x TimeFormat) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TimeFormat) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_function_v1_function_proto_enumTypes[0].Descriptor()
+}
+
+func (TimeFormat) Type() protoreflect.EnumType {
+	return &file_sluice_function_v1_function_proto_enumTypes[0]
+}
+
+func (x TimeFormat) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TimeFormat.Descriptor instead.
+func (TimeFormat) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{0}
+}
+
 // The clock a timer runs on.
 type TimeDomain int32
 
@@ -65,11 +119,11 @@ func (x TimeDomain) String() string {
 }
 
 func (TimeDomain) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_function_v1_function_proto_enumTypes[0].Descriptor()
+	return file_sluice_function_v1_function_proto_enumTypes[1].Descriptor()
 }
 
 func (TimeDomain) Type() protoreflect.EnumType {
-	return &file_sluice_function_v1_function_proto_enumTypes[0]
+	return &file_sluice_function_v1_function_proto_enumTypes[1]
 }
 
 func (x TimeDomain) Number() protoreflect.EnumNumber {
@@ -78,7 +132,7 @@ func (x TimeDomain) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TimeDomain.Descriptor instead.
 func (TimeDomain) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{0}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{1}
 }
 
 type Status int32
@@ -129,11 +183,11 @@ func (x Status) String() string {
 }
 
 func (Status) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_function_v1_function_proto_enumTypes[1].Descriptor()
+	return file_sluice_function_v1_function_proto_enumTypes[2].Descriptor()
 }
 
 func (Status) Type() protoreflect.EnumType {
-	return &file_sluice_function_v1_function_proto_enumTypes[1]
+	return &file_sluice_function_v1_function_proto_enumTypes[2]
 }
 
 func (x Status) Number() protoreflect.EnumNumber {
@@ -142,7 +196,7 @@ func (x Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Status.Descriptor instead.
 func (Status) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{1}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{2}
 }
 
 type DescribeRequest struct {
@@ -154,7 +208,8 @@ type DescribeRequest struct {
 	// What the processor supports beyond the protocol's first form:
 	// "event_time" (DescribeResponse.event_time, InvokeRequest.watermark_ms,
 	// event-time timers), "partial" (Status PARTIAL), "output_timestamp"
-	// (Output.timestamp_ms). A function that needs one the list lacks answers
+	// (Output.timestamp_ms), "event_time_source"
+	// (DescribeResponse.event_time_source). A function that needs one the list lacks answers
 	// Describe with the error FAILED_PRECONDITION saying so, which the
 	// processor reports and stops on, rather than run it without.
 	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
@@ -227,9 +282,15 @@ type DescribeResponse struct {
 	// records' Kafka timestamps (less the processor's
 	// SLUICE_MAX_OUT_OF_ORDERNESS), sent with every call, and the function
 	// may set event-time timers, which fire as the watermark passes them.
-	EventTime     bool `protobuf:"varint,4,opt,name=event_time,json=eventTime,proto3" json:"event_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EventTime bool `protobuf:"varint,4,opt,name=event_time,json=eventTime,proto3" json:"event_time,omitempty"`
+	// Where a record's event time is, for a function in event time: a field
+	// of its JSON value or one of its headers. Absent: the record's Kafka
+	// timestamp. The processor reads it before each call (it drives the
+	// watermark); a record it cannot read a time from goes to the dead-letter
+	// topic (sluice.stage=timestamp). Needs the feature "event_time_source".
+	EventTimeSource *EventTimeSource `protobuf:"bytes,5,opt,name=event_time_source,json=eventTimeSource,proto3" json:"event_time_source,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DescribeResponse) Reset() {
@@ -290,6 +351,107 @@ func (x *DescribeResponse) GetEventTime() bool {
 	return false
 }
 
+func (x *DescribeResponse) GetEventTimeSource() *EventTimeSource {
+	if x != nil {
+		return x.EventTimeSource
+	}
+	return nil
+}
+
+// Where a record's event time is, and how it is written.
+type EventTimeSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to From:
+	//
+	//	*EventTimeSource_JsonPointer
+	//	*EventTimeSource_Header
+	From          isEventTimeSource_From `protobuf_oneof:"from"`
+	Format        TimeFormat             `protobuf:"varint,3,opt,name=format,proto3,enum=sluice.function.v1.TimeFormat" json:"format,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventTimeSource) Reset() {
+	*x = EventTimeSource{}
+	mi := &file_sluice_function_v1_function_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventTimeSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventTimeSource) ProtoMessage() {}
+
+func (x *EventTimeSource) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_function_v1_function_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventTimeSource.ProtoReflect.Descriptor instead.
+func (*EventTimeSource) Descriptor() ([]byte, []int) {
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EventTimeSource) GetFrom() isEventTimeSource_From {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *EventTimeSource) GetJsonPointer() string {
+	if x != nil {
+		if x, ok := x.From.(*EventTimeSource_JsonPointer); ok {
+			return x.JsonPointer
+		}
+	}
+	return ""
+}
+
+func (x *EventTimeSource) GetHeader() string {
+	if x != nil {
+		if x, ok := x.From.(*EventTimeSource_Header); ok {
+			return x.Header
+		}
+	}
+	return ""
+}
+
+func (x *EventTimeSource) GetFormat() TimeFormat {
+	if x != nil {
+		return x.Format
+	}
+	return TimeFormat_UNIX_MILLIS
+}
+
+type isEventTimeSource_From interface {
+	isEventTimeSource_From()
+}
+
+type EventTimeSource_JsonPointer struct {
+	// A JSON Pointer (RFC 6901) into the record's value, which must be
+	// JSON: "/ts", "/meta/time", "/events/0/at".
+	JsonPointer string `protobuf:"bytes,1,opt,name=json_pointer,json=jsonPointer,proto3,oneof"`
+}
+
+type EventTimeSource_Header struct {
+	// The name of a header of the record; its value is the time as text.
+	Header string `protobuf:"bytes,2,opt,name=header,proto3,oneof"`
+}
+
+func (*EventTimeSource_JsonPointer) isEventTimeSource_From() {}
+
+func (*EventTimeSource_Header) isEventTimeSource_From() {}
+
 type StateSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the state, unique within the function.
@@ -303,7 +465,7 @@ type StateSpec struct {
 
 func (x *StateSpec) Reset() {
 	*x = StateSpec{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[2]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -315,7 +477,7 @@ func (x *StateSpec) String() string {
 func (*StateSpec) ProtoMessage() {}
 
 func (x *StateSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[2]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -328,7 +490,7 @@ func (x *StateSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateSpec.ProtoReflect.Descriptor instead.
 func (*StateSpec) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{2}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *StateSpec) GetName() string {
@@ -363,7 +525,7 @@ type InvokeRequest struct {
 
 func (x *InvokeRequest) Reset() {
 	*x = InvokeRequest{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[3]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +537,7 @@ func (x *InvokeRequest) String() string {
 func (*InvokeRequest) ProtoMessage() {}
 
 func (x *InvokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[3]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +550,7 @@ func (x *InvokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeRequest.ProtoReflect.Descriptor instead.
 func (*InvokeRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{3}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *InvokeRequest) GetTask() int32 {
@@ -433,7 +595,7 @@ type KeyEvents struct {
 
 func (x *KeyEvents) Reset() {
 	*x = KeyEvents{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[4]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +607,7 @@ func (x *KeyEvents) String() string {
 func (*KeyEvents) ProtoMessage() {}
 
 func (x *KeyEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[4]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +620,7 @@ func (x *KeyEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyEvents.ProtoReflect.Descriptor instead.
 func (*KeyEvents) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{4}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *KeyEvents) GetKey() []byte {
@@ -492,7 +654,7 @@ type State struct {
 
 func (x *State) Reset() {
 	*x = State{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[5]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +666,7 @@ func (x *State) String() string {
 func (*State) ProtoMessage() {}
 
 func (x *State) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[5]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +679,7 @@ func (x *State) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use State.ProtoReflect.Descriptor instead.
 func (*State) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{5}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *State) GetName() string {
@@ -547,7 +709,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[6]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +721,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[6]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +734,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{6}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Event) GetEvent() isEvent_Event {
@@ -622,17 +784,21 @@ type Record struct {
 	Partition int32                  `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
 	Offset    int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
 	// Kafka record timestamp, unix milliseconds.
-	TimestampMs   int64     `protobuf:"varint,4,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
-	Key           []byte    `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
-	Value         []byte    `protobuf:"bytes,6,opt,name=value,proto3" json:"value,omitempty"`
-	Headers       []*Header `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty"`
+	TimestampMs int64     `protobuf:"varint,4,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
+	Key         []byte    `protobuf:"bytes,5,opt,name=key,proto3" json:"key,omitempty"`
+	Value       []byte    `protobuf:"bytes,6,opt,name=value,proto3" json:"value,omitempty"`
+	Headers     []*Header `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty"`
+	// The record's event time as the processor read it where the function's
+	// DescribeResponse.event_time_source says, unix milliseconds; absent
+	// without one (the event time is then timestamp_ms).
+	EventTimeMs   *int64 `protobuf:"varint,8,opt,name=event_time_ms,json=eventTimeMs,proto3,oneof" json:"event_time_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[7]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +810,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[7]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +823,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{7}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Record) GetTopic() string {
@@ -709,6 +875,13 @@ func (x *Record) GetHeaders() []*Header {
 	return nil
 }
 
+func (x *Record) GetEventTimeMs() int64 {
+	if x != nil && x.EventTimeMs != nil {
+		return *x.EventTimeMs
+	}
+	return 0
+}
+
 type Header struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -719,7 +892,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[8]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +904,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[8]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +917,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{8}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Header) GetKey() string {
@@ -773,7 +946,7 @@ type Timer struct {
 
 func (x *Timer) Reset() {
 	*x = Timer{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[9]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +958,7 @@ func (x *Timer) String() string {
 func (*Timer) ProtoMessage() {}
 
 func (x *Timer) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[9]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +971,7 @@ func (x *Timer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timer.ProtoReflect.Descriptor instead.
 func (*Timer) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{9}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Timer) GetAtMs() int64 {
@@ -825,7 +998,7 @@ type InvokeResponse struct {
 
 func (x *InvokeResponse) Reset() {
 	*x = InvokeResponse{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[10]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +1010,7 @@ func (x *InvokeResponse) String() string {
 func (*InvokeResponse) ProtoMessage() {}
 
 func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[10]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +1023,7 @@ func (x *InvokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeResponse.ProtoReflect.Descriptor instead.
 func (*InvokeResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{10}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *InvokeResponse) GetResults() []*KeyResult {
@@ -882,7 +1055,7 @@ type KeyResult struct {
 
 func (x *KeyResult) Reset() {
 	*x = KeyResult{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[11]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +1067,7 @@ func (x *KeyResult) String() string {
 func (*KeyResult) ProtoMessage() {}
 
 func (x *KeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[11]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1080,7 @@ func (x *KeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyResult.ProtoReflect.Descriptor instead.
 func (*KeyResult) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{11}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *KeyResult) GetKey() []byte {
@@ -972,7 +1145,7 @@ type FailedEvent struct {
 
 func (x *FailedEvent) Reset() {
 	*x = FailedEvent{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1157,7 @@ func (x *FailedEvent) String() string {
 func (*FailedEvent) ProtoMessage() {}
 
 func (x *FailedEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[12]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1170,7 @@ func (x *FailedEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailedEvent.ProtoReflect.Descriptor instead.
 func (*FailedEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{12}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FailedEvent) GetIndex() int32 {
@@ -1026,7 +1199,7 @@ type StateMutation struct {
 
 func (x *StateMutation) Reset() {
 	*x = StateMutation{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1038,7 +1211,7 @@ func (x *StateMutation) String() string {
 func (*StateMutation) ProtoMessage() {}
 
 func (x *StateMutation) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[13]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1051,7 +1224,7 @@ func (x *StateMutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateMutation.ProtoReflect.Descriptor instead.
 func (*StateMutation) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{13}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StateMutation) GetName() string {
@@ -1094,7 +1267,7 @@ type Output struct {
 
 func (x *Output) Reset() {
 	*x = Output{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1279,7 @@ func (x *Output) String() string {
 func (*Output) ProtoMessage() {}
 
 func (x *Output) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[14]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1292,7 @@ func (x *Output) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Output.ProtoReflect.Descriptor instead.
 func (*Output) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{14}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Output) GetKey() []byte {
@@ -1171,7 +1344,7 @@ type TimerMutation struct {
 
 func (x *TimerMutation) Reset() {
 	*x = TimerMutation{}
-	mi := &file_sluice_function_v1_function_proto_msgTypes[15]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1356,7 @@ func (x *TimerMutation) String() string {
 func (*TimerMutation) ProtoMessage() {}
 
 func (x *TimerMutation) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_function_v1_function_proto_msgTypes[15]
+	mi := &file_sluice_function_v1_function_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1369,7 @@ func (x *TimerMutation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimerMutation.ProtoReflect.Descriptor instead.
 func (*TimerMutation) Descriptor() ([]byte, []int) {
-	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{15}
+	return file_sluice_function_v1_function_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TimerMutation) GetAtMs() int64 {
@@ -1228,13 +1401,19 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\x0fDescribeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x15\n" +
 	"\x06app_id\x18\x02 \x01(\tR\x05appId\x12\x1a\n" +
-	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"\xb6\x01\n" +
+	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"\x87\x02\n" +
 	"\x10DescribeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x125\n" +
 	"\x06states\x18\x02 \x03(\v2\x1d.sluice.function.v1.StateSpecR\x06states\x12!\n" +
 	"\fside_outputs\x18\x03 \x03(\tR\vsideOutputs\x12\x1d\n" +
 	"\n" +
-	"event_time\x18\x04 \x01(\bR\teventTime\"6\n" +
+	"event_time\x18\x04 \x01(\bR\teventTime\x12O\n" +
+	"\x11event_time_source\x18\x05 \x01(\v2#.sluice.function.v1.EventTimeSourceR\x0feventTimeSource\"\x90\x01\n" +
+	"\x0fEventTimeSource\x12#\n" +
+	"\fjson_pointer\x18\x01 \x01(\tH\x00R\vjsonPointer\x12\x18\n" +
+	"\x06header\x18\x02 \x01(\tH\x00R\x06header\x126\n" +
+	"\x06format\x18\x03 \x01(\x0e2\x1e.sluice.function.v1.TimeFormatR\x06formatB\x06\n" +
+	"\x04from\"6\n" +
 	"\tStateSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\"\xa6\x01\n" +
@@ -1254,7 +1433,7 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\x05Event\x124\n" +
 	"\x06record\x18\x01 \x01(\v2\x1a.sluice.function.v1.RecordH\x00R\x06record\x121\n" +
 	"\x05timer\x18\x02 \x01(\v2\x19.sluice.function.v1.TimerH\x00R\x05timerB\a\n" +
-	"\x05event\"\xd5\x01\n" +
+	"\x05event\"\x90\x02\n" +
 	"\x06Record\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x16\n" +
@@ -1262,7 +1441,9 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\ftimestamp_ms\x18\x04 \x01(\x03R\vtimestampMs\x12\x10\n" +
 	"\x03key\x18\x05 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x06 \x01(\fR\x05value\x124\n" +
-	"\aheaders\x18\a \x03(\v2\x1a.sluice.function.v1.HeaderR\aheaders\"0\n" +
+	"\aheaders\x18\a \x03(\v2\x1a.sluice.function.v1.HeaderR\aheaders\x12'\n" +
+	"\revent_time_ms\x18\b \x01(\x03H\x00R\veventTimeMs\x88\x01\x01B\x10\n" +
+	"\x0e_event_time_ms\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\"T\n" +
@@ -1296,7 +1477,12 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\rTimerMutation\x12\x13\n" +
 	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x12\x16\n" +
 	"\x06delete\x18\x02 \x01(\bR\x06delete\x126\n" +
-	"\x06domain\x18\x03 \x01(\x0e2\x1e.sluice.function.v1.TimeDomainR\x06domain*1\n" +
+	"\x06domain\x18\x03 \x01(\x0e2\x1e.sluice.function.v1.TimeDomainR\x06domain*<\n" +
+	"\n" +
+	"TimeFormat\x12\x0f\n" +
+	"\vUNIX_MILLIS\x10\x00\x12\x10\n" +
+	"\fUNIX_SECONDS\x10\x01\x12\v\n" +
+	"\aRFC3339\x10\x02*1\n" +
 	"\n" +
 	"TimeDomain\x12\x13\n" +
 	"\x0fPROCESSING_TIME\x10\x00\x12\x0e\n" +
@@ -1323,54 +1509,58 @@ func file_sluice_function_v1_function_proto_rawDescGZIP() []byte {
 	return file_sluice_function_v1_function_proto_rawDescData
 }
 
-var file_sluice_function_v1_function_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sluice_function_v1_function_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_sluice_function_v1_function_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_sluice_function_v1_function_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_sluice_function_v1_function_proto_goTypes = []any{
-	(TimeDomain)(0),          // 0: sluice.function.v1.TimeDomain
-	(Status)(0),              // 1: sluice.function.v1.Status
-	(*DescribeRequest)(nil),  // 2: sluice.function.v1.DescribeRequest
-	(*DescribeResponse)(nil), // 3: sluice.function.v1.DescribeResponse
-	(*StateSpec)(nil),        // 4: sluice.function.v1.StateSpec
-	(*InvokeRequest)(nil),    // 5: sluice.function.v1.InvokeRequest
-	(*KeyEvents)(nil),        // 6: sluice.function.v1.KeyEvents
-	(*State)(nil),            // 7: sluice.function.v1.State
-	(*Event)(nil),            // 8: sluice.function.v1.Event
-	(*Record)(nil),           // 9: sluice.function.v1.Record
-	(*Header)(nil),           // 10: sluice.function.v1.Header
-	(*Timer)(nil),            // 11: sluice.function.v1.Timer
-	(*InvokeResponse)(nil),   // 12: sluice.function.v1.InvokeResponse
-	(*KeyResult)(nil),        // 13: sluice.function.v1.KeyResult
-	(*FailedEvent)(nil),      // 14: sluice.function.v1.FailedEvent
-	(*StateMutation)(nil),    // 15: sluice.function.v1.StateMutation
-	(*Output)(nil),           // 16: sluice.function.v1.Output
-	(*TimerMutation)(nil),    // 17: sluice.function.v1.TimerMutation
+	(TimeFormat)(0),          // 0: sluice.function.v1.TimeFormat
+	(TimeDomain)(0),          // 1: sluice.function.v1.TimeDomain
+	(Status)(0),              // 2: sluice.function.v1.Status
+	(*DescribeRequest)(nil),  // 3: sluice.function.v1.DescribeRequest
+	(*DescribeResponse)(nil), // 4: sluice.function.v1.DescribeResponse
+	(*EventTimeSource)(nil),  // 5: sluice.function.v1.EventTimeSource
+	(*StateSpec)(nil),        // 6: sluice.function.v1.StateSpec
+	(*InvokeRequest)(nil),    // 7: sluice.function.v1.InvokeRequest
+	(*KeyEvents)(nil),        // 8: sluice.function.v1.KeyEvents
+	(*State)(nil),            // 9: sluice.function.v1.State
+	(*Event)(nil),            // 10: sluice.function.v1.Event
+	(*Record)(nil),           // 11: sluice.function.v1.Record
+	(*Header)(nil),           // 12: sluice.function.v1.Header
+	(*Timer)(nil),            // 13: sluice.function.v1.Timer
+	(*InvokeResponse)(nil),   // 14: sluice.function.v1.InvokeResponse
+	(*KeyResult)(nil),        // 15: sluice.function.v1.KeyResult
+	(*FailedEvent)(nil),      // 16: sluice.function.v1.FailedEvent
+	(*StateMutation)(nil),    // 17: sluice.function.v1.StateMutation
+	(*Output)(nil),           // 18: sluice.function.v1.Output
+	(*TimerMutation)(nil),    // 19: sluice.function.v1.TimerMutation
 }
 var file_sluice_function_v1_function_proto_depIdxs = []int32{
-	4,  // 0: sluice.function.v1.DescribeResponse.states:type_name -> sluice.function.v1.StateSpec
-	6,  // 1: sluice.function.v1.InvokeRequest.keys:type_name -> sluice.function.v1.KeyEvents
-	7,  // 2: sluice.function.v1.KeyEvents.states:type_name -> sluice.function.v1.State
-	8,  // 3: sluice.function.v1.KeyEvents.events:type_name -> sluice.function.v1.Event
-	9,  // 4: sluice.function.v1.Event.record:type_name -> sluice.function.v1.Record
-	11, // 5: sluice.function.v1.Event.timer:type_name -> sluice.function.v1.Timer
-	10, // 6: sluice.function.v1.Record.headers:type_name -> sluice.function.v1.Header
-	0,  // 7: sluice.function.v1.Timer.domain:type_name -> sluice.function.v1.TimeDomain
-	13, // 8: sluice.function.v1.InvokeResponse.results:type_name -> sluice.function.v1.KeyResult
-	1,  // 9: sluice.function.v1.KeyResult.status:type_name -> sluice.function.v1.Status
-	15, // 10: sluice.function.v1.KeyResult.states:type_name -> sluice.function.v1.StateMutation
-	16, // 11: sluice.function.v1.KeyResult.outputs:type_name -> sluice.function.v1.Output
-	17, // 12: sluice.function.v1.KeyResult.timers:type_name -> sluice.function.v1.TimerMutation
-	14, // 13: sluice.function.v1.KeyResult.failed_events:type_name -> sluice.function.v1.FailedEvent
-	10, // 14: sluice.function.v1.Output.headers:type_name -> sluice.function.v1.Header
-	0,  // 15: sluice.function.v1.TimerMutation.domain:type_name -> sluice.function.v1.TimeDomain
-	2,  // 16: sluice.function.v1.FunctionService.Describe:input_type -> sluice.function.v1.DescribeRequest
-	5,  // 17: sluice.function.v1.FunctionService.Invoke:input_type -> sluice.function.v1.InvokeRequest
-	3,  // 18: sluice.function.v1.FunctionService.Describe:output_type -> sluice.function.v1.DescribeResponse
-	12, // 19: sluice.function.v1.FunctionService.Invoke:output_type -> sluice.function.v1.InvokeResponse
-	18, // [18:20] is the sub-list for method output_type
-	16, // [16:18] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	6,  // 0: sluice.function.v1.DescribeResponse.states:type_name -> sluice.function.v1.StateSpec
+	5,  // 1: sluice.function.v1.DescribeResponse.event_time_source:type_name -> sluice.function.v1.EventTimeSource
+	0,  // 2: sluice.function.v1.EventTimeSource.format:type_name -> sluice.function.v1.TimeFormat
+	8,  // 3: sluice.function.v1.InvokeRequest.keys:type_name -> sluice.function.v1.KeyEvents
+	9,  // 4: sluice.function.v1.KeyEvents.states:type_name -> sluice.function.v1.State
+	10, // 5: sluice.function.v1.KeyEvents.events:type_name -> sluice.function.v1.Event
+	11, // 6: sluice.function.v1.Event.record:type_name -> sluice.function.v1.Record
+	13, // 7: sluice.function.v1.Event.timer:type_name -> sluice.function.v1.Timer
+	12, // 8: sluice.function.v1.Record.headers:type_name -> sluice.function.v1.Header
+	1,  // 9: sluice.function.v1.Timer.domain:type_name -> sluice.function.v1.TimeDomain
+	15, // 10: sluice.function.v1.InvokeResponse.results:type_name -> sluice.function.v1.KeyResult
+	2,  // 11: sluice.function.v1.KeyResult.status:type_name -> sluice.function.v1.Status
+	17, // 12: sluice.function.v1.KeyResult.states:type_name -> sluice.function.v1.StateMutation
+	18, // 13: sluice.function.v1.KeyResult.outputs:type_name -> sluice.function.v1.Output
+	19, // 14: sluice.function.v1.KeyResult.timers:type_name -> sluice.function.v1.TimerMutation
+	16, // 15: sluice.function.v1.KeyResult.failed_events:type_name -> sluice.function.v1.FailedEvent
+	12, // 16: sluice.function.v1.Output.headers:type_name -> sluice.function.v1.Header
+	1,  // 17: sluice.function.v1.TimerMutation.domain:type_name -> sluice.function.v1.TimeDomain
+	3,  // 18: sluice.function.v1.FunctionService.Describe:input_type -> sluice.function.v1.DescribeRequest
+	7,  // 19: sluice.function.v1.FunctionService.Invoke:input_type -> sluice.function.v1.InvokeRequest
+	4,  // 20: sluice.function.v1.FunctionService.Describe:output_type -> sluice.function.v1.DescribeResponse
+	14, // 21: sluice.function.v1.FunctionService.Invoke:output_type -> sluice.function.v1.InvokeResponse
+	20, // [20:22] is the sub-list for method output_type
+	18, // [18:20] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_sluice_function_v1_function_proto_init() }
@@ -1378,19 +1568,24 @@ func file_sluice_function_v1_function_proto_init() {
 	if File_sluice_function_v1_function_proto != nil {
 		return
 	}
-	file_sluice_function_v1_function_proto_msgTypes[3].OneofWrappers = []any{}
-	file_sluice_function_v1_function_proto_msgTypes[6].OneofWrappers = []any{
+	file_sluice_function_v1_function_proto_msgTypes[2].OneofWrappers = []any{
+		(*EventTimeSource_JsonPointer)(nil),
+		(*EventTimeSource_Header)(nil),
+	}
+	file_sluice_function_v1_function_proto_msgTypes[4].OneofWrappers = []any{}
+	file_sluice_function_v1_function_proto_msgTypes[7].OneofWrappers = []any{
 		(*Event_Record)(nil),
 		(*Event_Timer)(nil),
 	}
-	file_sluice_function_v1_function_proto_msgTypes[14].OneofWrappers = []any{}
+	file_sluice_function_v1_function_proto_msgTypes[8].OneofWrappers = []any{}
+	file_sluice_function_v1_function_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_function_v1_function_proto_rawDesc), len(file_sluice_function_v1_function_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   16,
+			NumEnums:      3,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

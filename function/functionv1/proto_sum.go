@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "0dd28ec57a8e5228c1c3d9121a84f979b27ae6e458b2352dcd259576e7eced17"
+const ProtoSHA256 = "e5246f1288ff67baba32c08c2b39ce240d07644dff6bd0d92c1caa63993c5293"

@@ -40,6 +40,31 @@ class State:
         self.name, self.ttl_ms = name, ttl_ms
 
 
+class EventTimeSource:
+    """Where a record's event time is, for a function in event time: a
+    field of its JSON value named by a JSON Pointer (RFC 6901, "/ts"), or
+    a header; format is "UNIX_MILLIS" (an integer), "UNIX_SECONDS" (a
+    number, a fraction allowed) or "RFC3339" (text). The processor reads
+    it before each call; a record without one is dead-lettered."""
+
+    FORMATS = ("UNIX_MILLIS", "UNIX_SECONDS", "RFC3339")
+
+    def __init__(self, json_pointer=None, header=None, format="UNIX_MILLIS"):
+        if (json_pointer is None) == (header is None):
+            raise ValueError("EventTimeSource: give json_pointer or header, one of them")
+        if format not in self.FORMATS:
+            raise ValueError("EventTimeSource: format %r: want one of %s" % (format, ", ".join(self.FORMATS)))
+        self.json_pointer, self.header, self.format = json_pointer, header, format
+
+    def to_json(self):
+        d = {"format": self.format}
+        if self.json_pointer is not None:
+            d["jsonPointer"] = self.json_pointer
+        else:
+            d["header"] = self.header
+        return d
+
+
 class Event:
     """A record (timer_at_ms is None) or a fired timer (is_event_timer says
     its domain: event time, or processing time)."""
@@ -56,6 +81,10 @@ class Event:
         self.partition = int(r.get("partition", 0))
         self.offset = int(r.get("offset", 0))
         self.timestamp_ms = int(r.get("timestampMs", 0))
+        # The event time the processor read where event_time_source says;
+        # None without one (the event time is then timestamp_ms).
+        et = r.get("eventTimeMs")
+        self.event_time_ms = int(et) if et is not None else None
         self.key = _b(r.get("key"))
         self.value = _b(r.get("value"))
         self.headers = [(h.get("key", ""), _b(h.get("value"))) for h in r.get("headers", [])]
@@ -172,11 +201,15 @@ def _e(b):
     return base64.b64encode(b or b"").decode("ascii")
 
 
-def _handler(fn, states, side_outputs, event_time=False):
+def _handler(fn, states, side_outputs, event_time=False, event_time_source=None):
     describe = {"protocolVersion": PROTOCOL_VERSION,
                 "states": [{"name": s.name, "ttlMs": str(s.ttl_ms)} for s in states],
                 "sideOutputs": list(side_outputs),
                 "eventTime": bool(event_time)}
+    if event_time_source is not None:
+        if not event_time:
+            raise ValueError("event_time_source needs event_time=True")
+        describe["eventTimeSource"] = event_time_source.to_json()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: one connection per caller
@@ -195,6 +228,10 @@ def _handler(fn, states, side_outputs, event_time=False):
                     return self._reply(400, {"code": "failed_precondition", "message":
                                              "this function works in event time, which the processor "
                                              "does not support: upgrade the processor"})
+                if event_time_source is not None and "event_time_source" not in features:
+                    return self._reply(400, {"code": "failed_precondition", "message":
+                                             "this function says where its records' event time is, which "
+                                             "the processor does not support: upgrade the processor"})
                 return self._reply(200, describe)
             if self.path != SERVICE + "Invoke":
                 return self._reply(404, {"code": "unimplemented", "message": self.path})
@@ -230,12 +267,14 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         return conn, ("unix", 0)  # http.server wants a (host, port)
 
 
-def serve(fn, states=(), side_outputs=(), address=None, event_time=False):
+def serve(fn, states=(), side_outputs=(), address=None, event_time=False, event_time_source=None):
     """Serve fn until the process ends. address defaults to
     $FUNCTION_LISTEN, then 127.0.0.1:8080. event_time=True declares the
-    function in event time (watermarks in calls, event-time timers)."""
+    function in event time (watermarks in calls, event-time timers), its
+    event time the records' Kafka timestamps, or what event_time_source
+    (an EventTimeSource) says."""
     address = address or os.environ.get("FUNCTION_LISTEN", "127.0.0.1:8080")
-    handler = _handler(fn, states, side_outputs, event_time)
+    handler = _handler(fn, states, side_outputs, event_time, event_time_source)
     if address.startswith("unix:"):
         path = address[len("unix:"):]
         if os.path.exists(path):

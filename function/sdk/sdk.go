@@ -33,6 +33,13 @@ type Declaration struct {
 	// task's watermark (Call.Watermark), and the function may set
 	// event-time timers (Result.SetEventTimer).
 	EventTime bool
+	// EventTimeSource, with EventTime, says where a record's event time
+	// is: a field of its JSON value (JsonPointer, RFC 6901) or a header,
+	// in a TimeFormat; the processor reads it before each call. Nil: the
+	// records' Kafka timestamps. For example
+	//
+	//	&functionv1.EventTimeSource{From: &functionv1.EventTimeSource_JsonPointer{JsonPointer: "/ts"}, Format: functionv1.TimeFormat_RFC3339}
+	EventTimeSource *functionv1.EventTimeSource
 }
 
 // Call is one key's events with its current states (unset states absent).
@@ -189,7 +196,11 @@ func (s *service) Describe(_ context.Context, req *connect.Request[functionv1.De
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
 			errors.New("this function works in event time, which the processor does not support (features "+strings.Join(req.Msg.GetFeatures(), ",")+"): upgrade the processor"))
 	}
-	resp := &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: s.d.SideOutputs, EventTime: s.d.EventTime}
+	if s.d.EventTimeSource != nil && !slices.Contains(req.Msg.GetFeatures(), "event_time_source") {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			errors.New("this function says where its records' event time is, which the processor does not support (features "+strings.Join(req.Msg.GetFeatures(), ",")+"): upgrade the processor"))
+	}
+	resp := &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: s.d.SideOutputs, EventTime: s.d.EventTime, EventTimeSource: s.d.EventTimeSource}
 	for _, st := range s.d.States {
 		resp.States = append(resp.States, &functionv1.StateSpec{Name: st.Name, TtlMs: st.TTL.Milliseconds()})
 	}
