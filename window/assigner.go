@@ -110,8 +110,11 @@ func TumblingCount(size int) Assigner {
 // SlidingCount fires a key's window every slide records, with the last
 // size records of the key (fewer until size have come), in the order they
 // were processed: Flink's countWindow(size, slide), a global window with a
-// count evictor and a count trigger. A record is in up to size/slide
-// windows; the key keeps its last size records in state for good.
+// count evictor and a count trigger. A record is in up to ⌈size/slide⌉
+// windows, and updates each window's entry (and accumulator), as a record
+// of a sliding window of time does; a Process function's records are
+// stored once each. With slide < size the key keeps its open windows and
+// its last records in state for good.
 func SlidingCount(size, slide int) Assigner {
 	return Assigner{kind: slidingCount, size: int64(size), slide: int64(slide)}
 }
@@ -164,13 +167,9 @@ func (a Assigner) validate() error {
 		if a.gap <= 0 && !a.dynamic {
 			return fmt.Errorf("session gap %s: want at least 1ms", time.Duration(a.gap)*time.Millisecond)
 		}
-	case tumblingCount:
-		if a.size <= 0 {
-			return fmt.Errorf("count window size %d: want at least 1 record", a.size)
-		}
-	case slidingCount:
-		if a.size <= 0 || a.slide <= 0 {
-			return fmt.Errorf("count window size %d, slide %d: want both at least 1 record", a.size, a.slide)
+	case tumblingCount, slidingCount:
+		if a.size <= 0 || a.slide <= 0 || a.size > maxCount || a.slide > maxCount {
+			return fmt.Errorf("count window size %d, slide %d: want 1 to %d records", a.size, a.slide, int64(maxCount))
 		}
 	default:
 		return fmt.Errorf("no window assigner (use TumblingEventTime, SlidingEventTime, EventTimeSession, a processing-time one, TumblingCount or SlidingCount)")

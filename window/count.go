@@ -12,6 +12,20 @@ import "github.com/sluicehq/sluice"
 // the window function or Encode fails, the record fails (dead-lettered,
 // as any record whose Process fails) and its window, which it no longer
 // completes, waits for the key's next record.
+//
+// An incremental function keeps an accumulator in each open window's
+// entry. A full-window function (Process) stores each record once, under
+// countSlot and its number, however many windows hold it; a firing reads
+// the window's records by number and removes those no later window
+// holds.
+
+// countSlot is the slot of a count window's elements: one per key, since
+// the elements are numbered by the key's records rather than per window.
+var countSlot = span{}
+
+// maxCount bounds a count window's size and slide, so that record numbers
+// and window ends never overflow.
+const maxCount = 1 << 31
 
 // addToCounts adds in, the key's next record, to the count windows it
 // belongs to and fires the one it completes.
@@ -23,6 +37,7 @@ func (o *operator[IN, OUT]) addToCounts(ctx sluice.Context, in IN) error {
 	}
 	n := seen + 1
 	t := ctx.Timestamp().UnixMilli()
+	stored := false
 	for c := ceilTo(n, slide); c < n+size; c += slide {
 		s := span{c - size, c}
 		e, ok, err := o.st.windows.Get(ctx, s)
@@ -30,11 +45,22 @@ func (o *operator[IN, OUT]) addToCounts(ctx sluice.Context, in IN) error {
 			return err
 		}
 		if !ok {
-			e = entry{slot: s, timed: true, times: span{t, t + 1}}
+			e = entry{slot: countSlot, timed: true, times: span{t, t + 1}}
 		}
 		e.times = span{min(e.times.start, t), max(e.times.end, t+1)}
-		if err := o.addElement(ctx, &e, in); err != nil {
-			return err
+		switch {
+		case o.fn.incremental():
+			if err := o.addElement(ctx, &e, in); err != nil {
+				return err
+			}
+		case !stored:
+			if err := o.st.elements.Put(ctx, elementKey{countSlot, n}, in); err != nil {
+				return err
+			}
+			stored = true
+			fallthrough
+		default:
+			e.count++
 		}
 		if c != n {
 			if err := o.st.windows.Put(ctx, s, e); err != nil {
@@ -46,7 +72,7 @@ func (o *operator[IN, OUT]) addToCounts(ctx sluice.Context, in IN) error {
 		if err := o.fire(ctx, w); err != nil {
 			return err
 		}
-		if err := o.clear(ctx, w); err != nil {
+		if err := o.clearCount(ctx, w); err != nil {
 			return err
 		}
 	}
@@ -56,6 +82,43 @@ func (o *operator[IN, OUT]) addToCounts(ctx sluice.Context, in IN) error {
 		return o.st.seen.Clear(ctx)
 	}
 	return o.st.seen.Set(ctx, n)
+}
+
+// countElements returns the elements of count window w, records c-count+1
+// to c of its key, c its end.
+func (o *operator[IN, OUT]) countElements(ctx sluice.Context, w window) ([]IN, error) {
+	c := w.s.end
+	elems := make([]IN, 0, w.e.count)
+	for n := c - w.e.count + 1; n <= c; n++ {
+		v, ok, err := o.st.elements.Get(ctx, elementKey{countSlot, n})
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, errMissing
+		}
+		elems = append(elems, v)
+	}
+	return elems, nil
+}
+
+// clearCount removes count window w, which fired, and the elements that
+// no later window holds: those up to c+slide-size, the next window's
+// first being c+slide-size+1.
+func (o *operator[IN, OUT]) clearCount(ctx sluice.Context, w window) error {
+	if err := o.st.windows.Remove(ctx, w.s); err != nil {
+		return err
+	}
+	if o.fn.incremental() {
+		return nil
+	}
+	c := w.s.end
+	for n := c - w.e.count + 1; n <= c+o.assigner.slide-o.assigner.size; n++ {
+		if err := o.st.elements.Remove(ctx, elementKey{countSlot, n}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ceilTo is the first multiple of m at or after n (n, m > 0).

@@ -373,7 +373,13 @@ func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window) (sluice.Contex
 	if o.fn.incremental() {
 		err = o.fn.fire(ctx, win, w.e.acc, emit)
 	} else {
-		elems, rerr := o.elements(ctx, w.e)
+		var elems []IN
+		var rerr error
+		if w.e.timed {
+			elems, rerr = o.countElements(ctx, w)
+		} else {
+			elems, rerr = o.elements(ctx, w.e)
+		}
 		if rerr != nil {
 			return nil, nil, readError{rerr}
 		}
@@ -385,6 +391,8 @@ func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window) (sluice.Contex
 	return ctx, vals, err
 }
 
+var errMissing = errors.New("window: an element of the window is missing from state")
+
 func (o *operator[IN, OUT]) elements(ctx sluice.Context, e entry) ([]IN, error) {
 	elems := make([]IN, 0, e.count)
 	for n := range e.count {
@@ -393,7 +401,7 @@ func (o *operator[IN, OUT]) elements(ctx sluice.Context, e entry) ([]IN, error) 
 			return nil, err
 		}
 		if !ok {
-			return nil, errors.New("window: an element of the window is missing from state")
+			return nil, errMissing
 		}
 		elems = append(elems, v)
 	}

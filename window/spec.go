@@ -30,7 +30,7 @@ type Spec[IN, OUT any] struct {
 	Encode func(key []byte, w Window, out OUT) ([]byte, error)
 	// Timestamp gives a record's event time; required by event-time
 	// assigners (sluice.KafkaTime takes the Kafka record time), unused in
-	// processing time.
+	// processing time, refused for count windows.
 	Timestamp sluice.TimestampFunc
 	// AllowedLateness keeps an event-time window this long past its end:
 	// an element that comes after the window fired but before the

@@ -14,7 +14,8 @@ import (
 //	<name>.windows       map: window → entry, the key's live windows
 //	<name>.elements      map: (slot, n) → element, full-window functions only
 //	<name>.late-dropped  value: records dropped as too late (no LateOutput)
-//	<name>.count         value: count windows only, the key's records so far
+//	<name>.count         value: count windows only, the key's records since
+//	                     its numbering last started
 //
 // and timers of the key, in the assigner's domain, at each window's end
 // (firing) and at end + allowed lateness (cleanup). A key with no live
@@ -141,7 +142,7 @@ type stores[IN any] struct {
 	windows  *kstate.MapState[span, entry]
 	elements *kstate.MapState[elementKey, IN] // nil for incremental functions
 	dropped  *kstate.ValueState[int64]
-	seen     *kstate.ValueState[int64] // count windows: the key's records so far
+	seen     *kstate.ValueState[int64] // count windows: the key's records since its numbering started
 }
 
 func newStores[IN any](name string, elements kstate.Codec[IN]) stores[IN] {
