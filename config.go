@@ -254,6 +254,10 @@ type Options struct {
 	controlApp   string
 	forwardTopic string
 	purgeInput   bool
+	// pipelineStages, set on a pipeline's first stage, names its later
+	// stages: RestoreFrom must then be a pipeline's savepoint of the same
+	// stages (savepoint.FormatPipeline), and only then.
+	pipelineStages []string
 
 	// Registry receives the instance's metrics. Default a private
 	// registry: pass your own to export them. The metrics stay registered

@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/savepoint"
 )
 
 // A Pipeline is a short chain of stages, Flink's keyBy between operators and
@@ -77,9 +79,6 @@ func NewPipeline(opts Options, stages ...Stage) (*Pipeline, error) {
 	if len(stages) < 2 {
 		return nil, errors.New("sluice: a pipeline needs two stages or more (one stage is sluice.New)")
 	}
-	if opts.RestoreFrom != "" {
-		return nil, errors.New("sluice: Options.RestoreFrom: restoring a pipeline from a savepoint is not supported yet")
-	}
 	if opts.BroadcastTopic != "" {
 		return nil, errors.New("sluice: Options.BroadcastTopic: broadcast state in a pipeline is not supported yet")
 	}
@@ -126,6 +125,20 @@ func (p *Pipeline) build(opts Options, reg prometheus.Registerer, stages []Stage
 			o.AppID = opts.AppID + "-" + s.Name
 			o.InputTopics = []string{RepartitionTopic(opts.AppID, s.Name)}
 			o.purgeInput = true
+		}
+		if opts.RestoreFrom != "" {
+			// A pipeline's savepoint: the first stage's at its root,
+			// each later one's in a directory of its own under it.
+			if i == 0 {
+				for _, later := range stages[1:] {
+					o.pipelineStages = append(o.pipelineStages, later.Name)
+				}
+			} else {
+				var err error
+				if o.RestoreFrom, err = savepoint.Join(opts.RestoreFrom, savepoint.StageDir(s.Name)); err != nil {
+					return fmt.Errorf("sluice: Options.RestoreFrom: %w", err)
+				}
+			}
 		}
 		if i+1 < len(stages) {
 			o.forwardTopic = RepartitionTopic(opts.AppID, stages[i+1].Name)

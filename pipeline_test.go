@@ -1,8 +1,13 @@
 package sluice
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/savepoint"
 )
 
 func TestNewPipelineValidates(t *testing.T) {
@@ -18,7 +23,7 @@ func TestNewPipelineValidates(t *testing.T) {
 		{"bad name", opts, []Stage{{Name: "a", Job: job}, {Name: "b/c", Job: job}}, `name "b/c"`},
 		{"same name", opts, []Stage{{Name: "a", Job: job}, {Name: "a", Job: job}}, `name "a"`},
 		{"bad job", opts, []Stage{{Name: "a", Job: job}, {Name: "b"}}, "stage b: job: Name is empty"},
-		{"restore", func() Options { o := opts; o.RestoreFrom = "/sp"; return o }(), []Stage{{Name: "a", Job: job}, {Name: "b", Job: job}}, "not supported yet"},
+		{"restore from nowhere", func() Options { o := opts; o.RestoreFrom = "s3://"; return o }(), []Stage{{Name: "a", Job: job}, {Name: "b", Job: job}}, "Options.RestoreFrom"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -37,5 +42,42 @@ func TestNewPipelineValidates(t *testing.T) {
 		second.AppID != "app-count" || second.InputTopics[0] != "app-count-repartition" || second.forwardTopic != "" || !second.purgeInput ||
 		second.controlApp != "app" || second.DLQTopic != "app-dlq" {
 		t.Fatalf("stages: %+v\n%+v", first, second)
+	}
+	// Restored, each stage from its part of the pipeline's savepoint.
+	o := opts
+	o.Registry = prometheus.NewRegistry()
+	o.RestoreFrom = "/sp/words-1"
+	p, err = NewPipeline(o, Stage{Name: "split", Job: job}, Stage{Name: "count", Job: job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second = p.stages[0].cfg, p.stages[1].cfg
+	if first.RestoreFrom != "/sp/words-1" || !slices.Equal(first.pipelineStages, []string{"count"}) ||
+		second.RestoreFrom != "/sp/words-1/stage-count" || second.pipelineStages != nil {
+		t.Fatalf("restored stages: %q %q, %q %q", first.RestoreFrom, first.pipelineStages, second.RestoreFrom, second.pipelineStages)
+	}
+}
+
+// A pipeline's savepoint restores into the first stage of a pipeline of the
+// same later stages (in any order), and only there.
+func TestCheckStages(t *testing.T) {
+	pipeline := savepoint.Manifest{Job: "split", Stages: []savepoint.Stage{{Name: "count", Dir: "stage-count"}, {Name: "b", Dir: "stage-b"}}}
+	single := savepoint.Manifest{Job: "aggregate"}
+	for _, tt := range []struct {
+		stages []string
+		m      savepoint.Manifest
+		want   string
+	}{
+		{nil, single, ""},
+		{[]string{"b", "count"}, pipeline, ""},
+		{[]string{"count", "b"}, pipeline, ""},
+		{nil, pipeline, "it is the savepoint of a pipeline (its later stages: b, count)"},
+		{[]string{"count"}, single, `it is the savepoint of one job, "aggregate", not of a pipeline`},
+		{[]string{"count"}, pipeline, "it holds a pipeline whose later stages are b, count; this pipeline's are count"},
+	} {
+		in := &Instance{cfg: Options{pipelineStages: tt.stages}}
+		if got := in.checkStages(tt.m); !strings.HasPrefix(got, tt.want) || (tt.want == "") != (got == "") {
+			t.Errorf("stages %q, savepoint stages %v: %q, want %q", tt.stages, tt.m.Stages, got, tt.want)
+		}
 	}
 }

@@ -89,7 +89,12 @@ func (in *Instance) openSeed(ctx context.Context) (*seedSource, error) {
 	}
 	m := sp.Manifest
 	job := in.cfg.Job
+	if err := in.checkStages(m); err != "" {
+		sp.Close()
+		return nil, &RestoreError{loc, err}
+	}
 	if m.Job != "" && m.Job != job.Name {
+		sp.Close()
 		return nil, &RestoreError{loc, fmt.Sprintf("it holds the state of job %q, this instance runs job %q", m.Job, job.Name)}
 	}
 	src := &seedSource{sp: sp, drop: map[string]bool{}, inputs: map[string]bool{}}
@@ -124,6 +129,13 @@ func (in *Instance) openSeed(ctx context.Context) (*seedSource, error) {
 		return nil, &RestoreError{loc, fmt.Sprintf("it holds broadcast positions and operator state job %q does not declare (%s); a broadcast job's savepoint restores with all its operator state or not at all", job.Name, strings.Join(unknown, ", "))}
 	}
 	for _, t := range m.Inputs {
+		if in.cfg.purgeInput && t.Topic == m.AppID+"-repartition" {
+			// A later stage of a pipeline: its savepoint's input is the
+			// old app's repartition topic, drained when the savepoint
+			// was taken (processor savepoint --stop checks it), and this
+			// stage's own starts where its log does (cut).
+			continue
+		}
 		if slices.Contains(in.cfg.InputTopics, t.Topic) {
 			src.inputs[t.Topic] = true
 		} else {
@@ -143,6 +155,27 @@ func (in *Instance) openSeed(ctx context.Context) (*seedSource, error) {
 		in.log.Warn("the job declares no States: the savepoint's state names are not checked against it", "savepoint", loc, "job", job.Name)
 	}
 	return src, nil
+}
+
+// checkStages refuses a pipeline's savepoint for anything but the first
+// stage of a pipeline of the same stages, and the reverse; it says why, or
+// "".
+func (in *Instance) checkStages(m savepoint.Manifest) string {
+	var names []string
+	for _, st := range m.Stages {
+		names = append(names, st.Name)
+	}
+	slices.Sort(names)
+	want := slices.Sorted(slices.Values(in.cfg.pipelineStages))
+	switch {
+	case in.cfg.pipelineStages == nil && names != nil:
+		return fmt.Sprintf("it is the savepoint of a pipeline (its later stages: %s): restore it into a pipeline of the same stages (NewPipeline; the binary: the same SLUICE_JOB)", strings.Join(names, ", "))
+	case in.cfg.pipelineStages != nil && names == nil:
+		return fmt.Sprintf("it is the savepoint of one job, %q, not of a pipeline (its later stages here: %s)", m.Job, strings.Join(want, ", "))
+	case in.cfg.pipelineStages != nil && !slices.Equal(names, want):
+		return fmt.Sprintf("it holds a pipeline whose later stages are %s; this pipeline's are %s", strings.Join(names, ", "), strings.Join(want, ", "))
+	}
+	return ""
 }
 
 // checkPartitions refuses a savepoint of more partitions than the input has:

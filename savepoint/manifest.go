@@ -12,8 +12,15 @@ import (
 )
 
 // FormatVersion is the version of the manifest and data file layout this
-// package writes and reads.
+// package writes and reads for the savepoint of one job.
 const FormatVersion = 1
+
+// FormatPipeline is the format of a pipeline's savepoint: its first stage's
+// savepoint, as FormatVersion, whose manifest lists the later stages
+// (Manifest.Stages), each a FormatVersion savepoint in a directory of its
+// own under it. A release that reads only FormatVersion refuses it rather
+// than restore the first stage alone.
+const FormatPipeline = 2
 
 // ManifestName is the manifest's file name in a savepoint directory (or
 // its key under an object store prefix).
@@ -52,7 +59,23 @@ type Manifest struct {
 	States []State `json:"states"`
 	// Tasks are ordered by partition.
 	Tasks []Task `json:"tasks"`
+	// Stages are the later stages of a pipeline (FormatPipeline), sorted
+	// by name; none for the savepoint of one job.
+	Stages []Stage `json:"stages,omitempty"`
 }
+
+// Stage is a later stage of a pipeline in its savepoint: the stage's name
+// and the directory (or key prefix) under the savepoint's location that
+// holds its own savepoint, of the stage's app id <app>-<name>. Join(the
+// savepoint's location, Dir) opens it.
+type Stage struct {
+	Name string `json:"name"`
+	Dir  string `json:"dir"`
+}
+
+// StageDir is the directory of a pipeline stage's savepoint under the
+// pipeline's.
+func StageDir(name string) string { return "stage-" + name }
 
 // Input is an input topic and its partition count when the savepoint was
 // taken (that of the changelog, which always has the input's count).
@@ -122,8 +145,16 @@ func readManifest(ctx context.Context, st store, where string) (Manifest, error)
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Manifest{}, fmt.Errorf("%w: manifest of %s: %v", ErrFormat, where, err)
 	}
-	if m.Format != FormatVersion {
-		return Manifest{}, fmt.Errorf("%w: manifest of %s has format %d, this release reads %d", ErrFormat, where, m.Format, FormatVersion)
+	switch {
+	case m.Format != FormatVersion && m.Format != FormatPipeline:
+		return Manifest{}, fmt.Errorf("%w: manifest of %s has format %d, this release reads %d and %d", ErrFormat, where, m.Format, FormatVersion, FormatPipeline)
+	case (m.Format == FormatPipeline) != (len(m.Stages) > 0):
+		return Manifest{}, fmt.Errorf("%w: manifest of %s has format %d and %d stages", ErrFormat, where, m.Format, len(m.Stages))
+	}
+	for _, st := range m.Stages {
+		if st.Dir != StageDir(st.Name) || st.Name == "" || strings.ContainsAny(st.Name, "/\\") {
+			return Manifest{}, fmt.Errorf("%w: manifest of %s names stage %q in %q", ErrFormat, where, st.Name, st.Dir)
+		}
 	}
 	for _, t := range m.Tasks {
 		if t.File != filepath.Base(t.File) || t.File == "." || t.File == ".." || t.File == ManifestName || strings.Contains(t.File, "\\") {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -304,11 +305,71 @@ func TestOtherFormatIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, put := object(t, loc, savepoint.ManifestName)
-		put([]byte(`{"format":2}`))
-		if _, err := savepoint.Open(ctx, loc); !errors.Is(err, savepoint.ErrFormat) {
-			t.Fatalf("Open: %v, want ErrFormat", err)
+		for _, m := range []string{
+			`{"format":3}`,
+			`{"format":2}`, // a pipeline's without stages
+			`{"format":1,"stages":[{"name":"count","dir":"stage-count"}]}`,
+			`{"format":2,"stages":[{"name":"count","dir":"../elsewhere"}]}`,
+			`{"format":2,"stages":[{"name":"a/b","dir":"stage-a/b"}]}`,
+		} {
+			put([]byte(m))
+			if _, err := savepoint.Open(ctx, loc); !errors.Is(err, savepoint.ErrFormat) {
+				t.Fatalf("Open of %s: %v, want ErrFormat", m, err)
+			}
 		}
 	})
+}
+
+// A pipeline's savepoint: the first stage's with its later stages listed
+// (FormatPipeline), each stage's a savepoint of its own under it, written
+// first; Abort of the pipeline's removes the stages' too.
+func TestPipelineSavepoint(t *testing.T) {
+	small, _ := fill(t, 3)
+	eachStore(t, func(t *testing.T, loc string) {
+		w, err := savepoint.Create(ctx, loc, savepoint.Manifest{AppID: "app"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.WriteTask(ctx, savepoint.Cut{Partition: 0}, small); err != nil {
+			t.Fatal(err)
+		}
+		for _, stage := range []string{"a", "b"} {
+			sloc, err := savepoint.Join(loc, savepoint.StageDir(stage))
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, sloc, map[int32]kstate.Backend{0: small})
+		}
+		w.SetStages([]string{"a", "b"})
+		m, err := w.Commit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp := open(t, loc)
+		if sp.Manifest.Format != savepoint.FormatPipeline || !reflect.DeepEqual(sp.Manifest.Stages, m.Stages) ||
+			!reflect.DeepEqual(m.Stages, []savepoint.Stage{{Name: "a", Dir: "stage-a"}, {Name: "b", Dir: "stage-b"}}) {
+			t.Fatalf("manifest: %+v", sp.Manifest)
+		}
+		for _, st := range sp.Manifest.Stages {
+			sloc, _ := savepoint.Join(loc, st.Dir)
+			if s := open(t, sloc); s.Manifest.Format != savepoint.FormatVersion || len(s.Manifest.Tasks) != 1 || s.Verify(ctx) != nil {
+				t.Fatalf("stage %s: %+v", st.Name, s.Manifest)
+			}
+		}
+	})
+	dir := filepath.Join(t.TempDir(), "sp")
+	w, err := savepoint.Create(ctx, dir, savepoint.Manifest{AppID: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sloc, _ := savepoint.Join(dir, savepoint.StageDir("a"))
+	write(t, sloc, map[int32]kstate.Backend{0: small})
+	if err := w.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("after Abort: %v", err)
+	}
 }
 
 func TestLocations(t *testing.T) {

@@ -75,7 +75,7 @@ func Create(ctx context.Context, location string, m Manifest) (*Writer, error) {
 		st.Close()
 		return nil, err
 	}
-	m.Format, m.States, m.Tasks = FormatVersion, nil, nil
+	m.Format, m.States, m.Tasks, m.Stages = FormatVersion, nil, nil, nil
 	return &Writer{st: st, where: l.String(), m: m, states: map[State]bool{}}, nil
 }
 
@@ -90,6 +90,17 @@ func (w *Writer) Location() string { return w.where }
 // SetInputs sets the manifest's input topics, for a writer that learns them
 // from the tasks it writes.
 func (w *Writer) SetInputs(in []Input) { w.m.Inputs = in }
+
+// SetStages makes the savepoint a pipeline's (FormatPipeline): stages are
+// its later stages, whose savepoints the caller writes with writers of
+// their own at Join(Location(), StageDir(name)) and commits before this
+// one, so that the pipeline's manifest, written last, finds them whole.
+func (w *Writer) SetStages(stages []string) {
+	w.m.Stages = nil
+	for _, name := range stages {
+		w.m.Stages = append(w.m.Stages, Stage{Name: name, Dir: StageDir(name)})
+	}
+}
 
 // WriteTask writes the data file of one task from src, which must yield the
 // task's entries (keys as kstate encodes them) in ascending key order, and
@@ -200,6 +211,10 @@ func (w *Writer) Commit(ctx context.Context) (Manifest, error) {
 	}
 	if w.m.Created.IsZero() {
 		w.m.Created = time.Now().UTC()
+	}
+	w.m.Format = FormatVersion
+	if len(w.m.Stages) > 0 {
+		w.m.Format = FormatPipeline
 	}
 	if err := writeManifest(ctx, w.st, w.m); err != nil {
 		return Manifest{}, err

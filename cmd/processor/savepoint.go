@@ -52,10 +52,18 @@ func takeSavepoint(ctx context.Context, envm map[string]string, args []string, s
 		log.Warn(w)
 	}
 	var loc string
-	if flags.stop {
-		loc, err = stopApp(ctx, log, cfg, flags)
-	} else {
-		loc, _, err = writeSavepoint(ctx, log, cfg)
+	var stages []string
+	if stages, err = appStages(ctx, cfg); err == nil {
+		switch {
+		case flags.stop:
+			loc, err = stopApp(ctx, log, cfg, flags, stages)
+		case len(stages) > 0:
+			// Each stage's cut is its own epoch's: records in flight
+			// between them at the cuts would be in neither stage's part.
+			err = fmt.Errorf("%s is a pipeline (later stages: %s): its savepoint needs --stop, and --drain unless no record is in flight between its stages", cfg.AppID, strings.Join(stages, ", "))
+		default:
+			loc, _, err = writeSavepoint(ctx, log, cfg, nil)
+		}
 	}
 	if err != nil {
 		log.Error("savepoint failed", "err", err)
@@ -67,72 +75,70 @@ func takeSavepoint(ctx context.Context, envm map[string]string, args []string, s
 
 // writeSavepoint copies every changelog partition of the app, up to its
 // last epoch marker, into a new savepoint under SLUICE_SAVEPOINT_DIR and
-// returns its location.
+// returns its location and the manifest of each app id in it: the app's,
+// and for a pipeline each later stage's, <app>-<stage>, whose savepoint
+// goes in a directory of its own under the app's (savepoint.FormatPipeline;
+// stages names them, found by the caller).
 //
 // Each task's cut is its last committed epoch: changelog.Restore reads
 // read_committed and applies nothing past the last marker, so the state
 // and the offsets in the savepoint agree task by task while instances keep
 // running. The tasks' cuts are independent epochs, not one moment of the
-// whole app (stopping with a savepoint, stopApp, gives that).
+// whole app (stopping with a savepoint, stopApp, gives that, which a
+// pipeline needs).
 //
 // Each partition is restored into a bbolt file in a temporary directory,
 // then scanned in key order into its data file: memory stays bounded by the
 // restore's batch whatever the state's size, where the memory backend
 // would hold a whole task. The temporary file is removed after each task.
-func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) (string, savepoint.Manifest, error) {
+func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig, stages []string) (string, map[string]savepoint.Manifest, error) {
 	cl, opts, err := adminClient(cfg.Brokers, cfg.Security)
 	if err != nil {
-		return "", savepoint.Manifest{}, err
+		return "", nil, err
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	topic := changelog.TopicName(cfg.AppID)
-	partitions, err := changelogPartitions(ctx, adm, topic)
-	if err != nil {
-		return "", savepoint.Manifest{}, err
-	}
 	created := time.Now().UTC()
 	loc, err := savepoint.Join(cfg.Dir, cfg.AppID+"-"+created.Format("20060102T150405.000Z"))
 	if err != nil {
-		return "", savepoint.Manifest{}, fmt.Errorf("SLUICE_SAVEPOINT_DIR: %w", err)
+		return "", nil, fmt.Errorf("SLUICE_SAVEPOINT_DIR: %w", err)
 	}
-	w, err := savepoint.Create(ctx, loc, savepoint.Manifest{AppID: cfg.AppID, Created: created, ChangelogTopic: topic})
-	if err != nil {
-		return "", savepoint.Manifest{}, err
-	}
-	var m savepoint.Manifest
 	scratch, err := os.MkdirTemp("", "sluice-savepoint-")
+	if err != nil {
+		return "", nil, err
+	}
+	defer os.RemoveAll(scratch)
+	// The app's writer first: it claims the location, which must hold
+	// nothing yet; the stages' go under it, and its manifest, last, makes
+	// the whole a savepoint.
+	w, err := savepoint.Create(ctx, loc, savepoint.Manifest{AppID: cfg.AppID, Created: created, ChangelogTopic: changelog.TopicName(cfg.AppID)})
+	if err != nil {
+		return "", nil, err
+	}
+	manifests := map[string]savepoint.Manifest{}
+	err = saveApp(ctx, log, adm, opts, w, scratch, cfg.AppID)
+	for _, stage := range stages {
+		if err != nil {
+			break
+		}
+		app := cfg.AppID + "-" + stage
+		var sloc string
+		if sloc, err = savepoint.Join(loc, savepoint.StageDir(stage)); err != nil {
+			break
+		}
+		var sw *savepoint.Writer
+		if sw, err = savepoint.Create(ctx, sloc, savepoint.Manifest{AppID: app, Created: created, ChangelogTopic: changelog.TopicName(app)}); err != nil {
+			break
+		}
+		if err = saveApp(ctx, log, adm, opts, sw, scratch, app); err != nil {
+			sw.Abort(context.WithoutCancel(ctx)) // the app's Abort below removes it anyway
+			break
+		}
+		manifests[app], err = sw.Commit(ctx)
+	}
 	if err == nil {
-		defer os.RemoveAll(scratch)
-		var inputs []string
-		job := ""
-		for p := range partitions {
-			var m *changelog.Marker
-			if m, err = savepointTask(ctx, log, adm, opts, w, scratch, topic, p); err != nil {
-				break
-			}
-			if m == nil {
-				continue
-			}
-			if m.Job != "" && job != "" && m.Job != job {
-				err = fmt.Errorf("the tasks' epoch markers name two jobs, %q and %q: was the app restarted with another job mid-way?", job, m.Job)
-				break
-			}
-			if m.Job != "" {
-				job = m.Job
-			}
-			for name := range m.Offsets {
-				if !slices.Contains(inputs, name) {
-					inputs = append(inputs, name)
-				}
-			}
-		}
-		if err == nil {
-			slices.Sort(inputs)
-			w.SetJob(job)
-			w.SetInputs(inputsOf(inputs, partitions))
-			m, err = w.Commit(ctx)
-		}
+		w.SetStages(stages)
+		manifests[cfg.AppID], err = w.Commit(ctx)
 	}
 	if err != nil {
 		// Without its manifest the location is no savepoint: leave
@@ -140,10 +146,46 @@ func writeSavepoint(ctx context.Context, log *slog.Logger, cfg SavepointConfig) 
 		if aerr := w.Abort(context.WithoutCancel(ctx)); aerr != nil {
 			log.Error("removing the incomplete savepoint failed", "location", w.Location(), "err", aerr)
 		}
-		return "", savepoint.Manifest{}, err
+		return "", nil, err
 	}
-	log.Info("savepoint written", "location", w.Location(), "tasks", partitions)
-	return w.Location(), m, nil
+	log.Info("savepoint written", "location", w.Location(), "stages", len(stages)+1)
+	return w.Location(), manifests, nil
+}
+
+// saveApp writes every task of app (one job, or one stage of a pipeline)
+// with w, which it leaves to the caller to commit.
+func saveApp(ctx context.Context, log *slog.Logger, adm *kadm.Client, opts []kgo.Opt, w *savepoint.Writer, scratch, app string) error {
+	topic := changelog.TopicName(app)
+	partitions, err := changelogPartitions(ctx, adm, topic)
+	if err != nil {
+		return err
+	}
+	var inputs []string
+	job := ""
+	for p := range partitions {
+		m, err := savepointTask(ctx, log, adm, opts, w, scratch, topic, p)
+		if err != nil {
+			return err
+		}
+		if m == nil {
+			continue
+		}
+		if m.Job != "" && job != "" && m.Job != job {
+			return fmt.Errorf("the tasks' epoch markers of %s name two jobs, %q and %q: was the app restarted with another job mid-way?", app, job, m.Job)
+		}
+		if m.Job != "" {
+			job = m.Job
+		}
+		for name := range m.Offsets {
+			if !slices.Contains(inputs, name) {
+				inputs = append(inputs, name)
+			}
+		}
+	}
+	slices.Sort(inputs)
+	w.SetJob(job)
+	w.SetInputs(inputsOf(inputs, partitions))
+	return nil
 }
 
 func inputsOf(topics []string, partitions int32) []savepoint.Input {
@@ -206,14 +248,6 @@ func changelogPartitions(ctx context.Context, adm *kadm.Client, topic string) (i
 	if err != nil {
 		return 0, fmt.Errorf("list topics: %w", err)
 	}
-	app := strings.TrimSuffix(topic, "-changelog")
-	for name := range details {
-		if _, ok := stageOf(app, name); ok {
-			// The later stages' state is in changelogs of their own,
-			// and a stop would have to drain the hops first.
-			return 0, fmt.Errorf("%s has a repartition topic, %s: savepoints of a pipeline of several stages are not supported yet", app, name)
-		}
-	}
 	d, ok := details[topic]
 	if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
 		return 0, fmt.Errorf("%w %s: has an instance of SLUICE_APP_ID run yet?", errNoChangelog, topic)
@@ -222,4 +256,32 @@ func changelogPartitions(ctx context.Context, adm *kadm.Client, topic string) (i
 		return 0, fmt.Errorf("describe %s: %w", topic, d.Err)
 	}
 	return int32(len(d.Partitions)), nil
+}
+
+// pipelineStages are the later stages of app if it is a pipeline (a
+// repartition topic <app>-<stage>-repartition for each, the stage's
+// changelog beside it), sorted by name; none for one job's app.
+func pipelineStages(ctx context.Context, adm *kadm.Client, app string) ([]string, error) {
+	details, err := adm.ListTopics(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	var stages []string
+	for name := range details {
+		if stage, ok := stageOf(app, name); ok {
+			stages = append(stages, stage)
+		}
+	}
+	slices.Sort(stages)
+	return stages, nil
+}
+
+// appStages is pipelineStages of SLUICE_APP_ID, with a client of its own.
+func appStages(ctx context.Context, cfg SavepointConfig) ([]string, error) {
+	cl, _, err := adminClient(cfg.Brokers, cfg.Security)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	return pipelineStages(ctx, kadm.NewClient(cl), cfg.AppID)
 }

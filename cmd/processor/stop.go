@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/control"
 	"github.com/sluicehq/sluice/savepoint"
 )
@@ -51,7 +53,7 @@ func parseSavepointFlags(args []string, stderr io.Writer) (stopFlags, error) {
 // group has no members, takes the savepoint, and checks that nothing was
 // committed past its cuts meanwhile. The app stays stopped (instances that
 // start wait, without joining) until `processor resume`.
-func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopFlags) (string, error) {
+func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopFlags, stages []string) (string, error) {
 	cl, _, err := adminClient(cfg.Brokers, cfg.Security)
 	if err != nil {
 		return "", err
@@ -60,9 +62,16 @@ func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopF
 	adm := kadm.NewClient(cl)
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
+	// The consumer groups: the app's, and each later stage's of a
+	// pipeline, which all follow the app's control topic.
+	groups, inputs := []string{cfg.AppID}, [][]string{nil}
+	for _, s := range stages {
+		groups = append(groups, cfg.AppID+"-"+s)
+		inputs = append(inputs, []string{sluice.RepartitionTopic(cfg.AppID, s)})
+	}
 	if f.drain {
 		start := time.Now()
-		if err := waitDrained(ctx, log, cl, adm, cfg.AppID); err != nil {
+		if err := waitDrained(ctx, log, cl, adm, groups, inputs); err != nil {
 			return "", fmt.Errorf("drain: %w", err)
 		}
 		log.Info("input drained", "took", time.Since(start).Round(time.Millisecond).String())
@@ -72,21 +81,38 @@ func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopF
 		return "", err
 	}
 	start := time.Now()
-	if err := waitGroupEmpty(ctx, log, adm, cfg.AppID); err != nil {
-		return "", fmt.Errorf("waiting for the instances to stop: %w", err)
+	for _, g := range groups {
+		if err := waitGroupEmpty(ctx, log, adm, g); err != nil {
+			return "", fmt.Errorf("waiting for the instances to stop (group %s): %w", g, err)
+		}
 	}
 	log.Info("every instance stopped", "request", id, "took", time.Since(start).Round(time.Millisecond).String())
-	dir, m, err := writeSavepoint(ctx, log, cfg)
+	// A pipeline's later stages start a new app from its repartition
+	// topics' log start (their old offsets name the old app's topics), so
+	// a record that one stage forwarded and the next had not committed at
+	// the stop would be in neither stage's part: refuse before writing.
+	for i, g := range groups[1:] {
+		behind, _, err := behindOf(ctx, cl, adm, g, inputs[i+1])
+		if err != nil {
+			return "", err
+		}
+		if behind > 0 {
+			return "", fmt.Errorf("%d records were in flight to stage group %s when the app stopped, which the savepoint could not hold; no savepoint was written. The app stays stopped: `processor resume`, pause the producers, and take it again with --stop --drain", behind, g)
+		}
+	}
+	dir, ms, err := writeSavepoint(ctx, log, cfg, stages)
 	if err != nil {
 		return "", err
 	}
 	// Ordering rule: the savepoint is only where the app stopped if no
 	// instance committed while it was taken.
-	if n, err := groupMembers(ctx, adm, cfg.AppID); err != nil || n > 0 {
-		return "", fmt.Errorf("the group has %d members again after the savepoint %s was taken (%v): an instance that does not follow the control topic? the savepoint may be behind it", n, dir, err)
-	}
-	if err := checkCuts(ctx, adm, cfg.AppID, m); err != nil {
-		return "", fmt.Errorf("savepoint %s: %w", dir, err)
+	for _, g := range groups {
+		if n, err := groupMembers(ctx, adm, g); err != nil || n > 0 {
+			return "", fmt.Errorf("the group %s has %d members again after the savepoint %s was taken (%v): an instance that does not follow the control topic? the savepoint may be behind it", g, n, dir, err)
+		}
+		if err := checkCuts(ctx, adm, g, ms[g]); err != nil {
+			return "", fmt.Errorf("savepoint %s: %w", dir, err)
+		}
 	}
 	return dir, nil
 }
@@ -175,49 +201,90 @@ func waitGroupEmpty(ctx context.Context, log *slog.Logger, adm *kadm.Client, app
 	})
 }
 
-// waitDrained waits until the group's committed offsets reach the end of
+// waitDrained waits until each group's committed offsets reach the end of
 // every input partition it has offsets for. A partition whose records past
-// the committed offset are all control records (the commit marker that ends
-// a transactional producer's input, which no consumer commits past) is
-// drained too.
-func waitDrained(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *kadm.Client, app string) error {
+// the committed offset are all control records (the commit marker that
+// ends a transactional producer's input, which no consumer commits past)
+// is drained too.
+//
+// With several groups, a pipeline's, one group's drain can undo another's
+// (a stage still forwarding refills the next stage's input), and their
+// order is not known here: they are drained once two rounds in a row find
+// every group drained and no input's end moved between them, so that no
+// stage consumed or forwarded anything in between.
+func waitDrained(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *kadm.Client, groups []string, inputs [][]string) error {
+	var last map[string]int64 // the ends of the last round that found all drained
 	return poll(ctx, func() (bool, error) {
-		committed, err := adm.FetchOffsets(kadm.RequireStable(ctx), app)
-		if err != nil {
-			log.Warn("fetching the group's offsets failed; retrying", "err", err)
-			return false, nil
-		}
-		topics := committed.Offsets().TopicsSet().Topics()
-		if len(topics) == 0 {
-			return false, fmt.Errorf("group %s has committed no offsets: has it run?", app)
-		}
-		ends, err := adm.ListEndOffsets(ctx, topics...)
-		if err != nil {
-			return false, err
-		}
-		behind := int64(0)
-		for _, o := range ends.Offsets().Sorted() {
-			c, ok := committed.Lookup(o.Topic, o.Partition)
-			if ok && c.At >= o.At {
-				continue
-			}
-			from := max(c.At, 0)
-			if ok {
-				only, err := onlyControlRecords(ctx, cl, o.Topic, o.Partition, from, o.At)
-				if err != nil {
+		total := int64(0)
+		ends := map[string]int64{}
+		for i, g := range groups {
+			behind, gEnds, err := behindOf(ctx, cl, adm, g, inputs[i])
+			if err != nil {
+				if errors.Is(err, errNoOffsets) {
 					return false, err
 				}
-				if only {
-					continue
-				}
+				log.Warn("fetching a group's offsets failed; retrying", "group", g, "err", err)
+				return false, nil
 			}
-			behind += o.At - from
+			total += behind
+			maps.Copy(ends, gEnds)
 		}
-		if behind > 0 {
-			log.Info("waiting for the input to drain", "records_behind", behind)
+		if total > 0 {
+			log.Info("waiting for the input to drain", "records_behind", total)
+			last = nil
+			return false, nil
 		}
-		return behind == 0, nil
+		done := len(groups) == 1 || last != nil && maps.Equal(last, ends)
+		last = ends
+		return done, nil
 	})
+}
+
+// errNoOffsets: a group has committed no offsets.
+var errNoOffsets = errors.New("has committed no offsets: has it run?")
+
+// behindOf counts the records of the group's input partitions past its
+// stable committed offsets (partitions whose records past it are all
+// control records count none), and returns the ends it compared with, by
+// "topic/partition". The inputs are topics, or nil for those the group
+// has committed offsets for (an app's input topics are not known here; a
+// pipeline stage's is its repartition topic, which it may not have
+// committed offsets for yet).
+func behindOf(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group string, topics []string) (int64, map[string]int64, error) {
+	committed, err := adm.FetchOffsets(kadm.RequireStable(ctx), group)
+	if err != nil {
+		return 0, nil, err
+	}
+	if topics == nil {
+		topics = committed.Offsets().TopicsSet().Topics()
+	}
+	if len(topics) == 0 {
+		return 0, nil, fmt.Errorf("group %s %w", group, errNoOffsets)
+	}
+	endOffsets, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return 0, nil, err
+	}
+	behind, ends := int64(0), map[string]int64{}
+	for _, o := range endOffsets.Offsets().Sorted() {
+		ends[fmt.Sprintf("%s/%d", o.Topic, o.Partition)] = o.At
+		c, ok := committed.Lookup(o.Topic, o.Partition)
+		if ok && c.At >= o.At {
+			continue
+		}
+		from := max(c.At, 0)
+		if ok {
+			only, err := onlyControlRecords(ctx, cl, o.Topic, o.Partition, from, o.At)
+			if err != nil {
+				return 0, nil, err
+			}
+			if only {
+				continue
+			}
+		}
+		behind += o.At - from
+	}
+	return behind, ends, nil
 }
 
 // onlyControlRecords reports whether [from, end) of a partition holds no
