@@ -12,7 +12,8 @@ import (
 
 // A program that imports the engine, or the packages a job is written
 // with, is not built with an object store's SDK: s3:// savepoints come
-// with savepoint/s3 and gs:// ones with savepoint/gcs, which only the
+// with savepoint/s3, gs:// ones with savepoint/gcs and azblob:// ones with
+// savepoint/azure, which only the
 // programs that want them import (the processor binary does). The AWS SDK, gocloud, gRPC and OpenTelemetry
 // were some forty of the fifty-odd modules a one-line program importing
 // the engine was built from.
@@ -27,7 +28,7 @@ func TestEngineDoesNotBuildObjectStoreSDKs(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	for _, p := range strings.Fields(string(out)) {
-		for _, heavy := range []string{"github.com/aws/", "cloud.google.com/", "gocloud.dev/", "google.golang.org/grpc", "go.opentelemetry.io/", "github.com/jackc/pgx", "connectrpc.com/"} {
+		for _, heavy := range []string{"github.com/aws/", "cloud.google.com/", "github.com/Azure/", "gocloud.dev/", "google.golang.org/grpc", "go.opentelemetry.io/", "github.com/jackc/pgx", "connectrpc.com/"} {
 			if strings.HasPrefix(p, heavy) {
 				t.Errorf("%s builds %s", strings.Join(pkgs, " "), p)
 			}
@@ -35,12 +36,13 @@ func TestEngineDoesNotBuildObjectStoreSDKs(t *testing.T) {
 	}
 }
 
-// Without its driver, an s3:// or gs:// RestoreFrom fails with an error
+// Without its driver, an s3://, gs:// or azblob:// RestoreFrom fails with an error
 // that names the import, not as an unknown scheme.
 func TestObjectStoreSavepointWithoutTheDriverSaysWhatToImport(t *testing.T) {
 	for _, tt := range []struct{ loc, pkg string }{
 		{"s3://bucket/backups/sp-1", "github.com/sluicehq/sluice/savepoint/s3"},
 		{"gs://bucket/backups/sp-1", "github.com/sluicehq/sluice/savepoint/gcs"},
+		{"azblob://container/backups/sp-1", "github.com/sluicehq/sluice/savepoint/azure"},
 	} {
 		in := &Instance{cfg: Options{RestoreFrom: tt.loc}}
 		_, err := in.openSeed(context.Background())

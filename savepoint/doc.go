@@ -11,13 +11,16 @@
 // A location is a path, a file://path (both through the os package, every
 // file fsynced), s3://bucket/prefix with the query parameters of
 // gocloud.dev/blob/s3blob (endpoint, region, use_path_style, ...;
-// credentials from the AWS SDK's default chain), or gs://bucket/prefix in
+// credentials from the AWS SDK's default chain), gs://bucket/prefix in
 // Google Cloud Storage (gcsblob's parameters; Application Default
-// Credentials). Each object store needs its driver, imported for its side
-// effect:
+// Credentials), or azblob://container/prefix in Azure Blob Storage
+// (azureblob's parameters; the account and credentials from AZURE_STORAGE_*
+// or DefaultAzureCredential). Each object store needs its driver, imported
+// for its side effect:
 //
-//	import _ "github.com/sluicehq/sluice/savepoint/s3"  // s3://
-//	import _ "github.com/sluicehq/sluice/savepoint/gcs" // gs://
+//	import _ "github.com/sluicehq/sluice/savepoint/s3"    // s3://
+//	import _ "github.com/sluicehq/sluice/savepoint/gcs"   // gs://
+//	import _ "github.com/sluicehq/sluice/savepoint/azure" // azblob://
 //
 // Without it they fail with ErrLocation and a message that names it; this
 // package imports neither, so that a program with no use for them (the

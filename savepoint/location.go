@@ -11,23 +11,25 @@ import (
 )
 
 // ErrLocation is returned (wrapped) for a location this package cannot
-// write to or read from: an unknown URL scheme, an empty path, an s3:// or
-// gs:// URL without a bucket or with query parameters its driver does not
-// know, or any such URL in a program that does not import its driver
-// (savepoint/s3, savepoint/gcs).
+// write to or read from: an unknown URL scheme, an empty path, an s3://,
+// gs:// or azblob:// URL without a bucket or with query parameters its
+// driver does not know, or any such URL in a program that does not import
+// its driver (savepoint/s3, savepoint/gcs, savepoint/azure).
 var ErrLocation = errors.New("savepoint: bad location")
 
 // A location is where a savepoint's files are: a local directory (a path
 // or a file:// URL) or a key prefix in an object store's bucket: S3
 // (s3://bucket/prefix, with the query parameters of
-// gocloud.dev/blob/s3blob) or Google Cloud Storage (gs://bucket/prefix,
-// gcsblob's).
+// gocloud.dev/blob/s3blob), Google Cloud Storage (gs://bucket/prefix,
+// gcsblob's) or Azure Blob Storage (azblob://container/prefix,
+// azureblob's).
 type location struct {
 	// local is the directory, absolute, for a path or file:// URL; ""
 	// for object storage.
 	local string
 	// scheme, bucket, prefix and query are those of an object store's
-	// URL (scheme "s3" or "gs"); prefix has no leading or trailing slash.
+	// URL (scheme "s3", "gs" or "azblob"); prefix has no leading or
+	// trailing slash.
 	scheme, bucket, prefix string
 	// rawQuery is kept as given, so the location printed reads as the
 	// one configured.
@@ -51,7 +53,7 @@ func parseLocation(s string) (location, error) {
 			return location{}, fmt.Errorf("%w: %q: %v", ErrLocation, s, err)
 		}
 		return location{local: abs}, nil
-	case "s3", "gs":
+	case "s3", "gs", "azblob":
 		u, err := url.Parse(s)
 		if err != nil {
 			return location{}, fmt.Errorf("%w: %v", ErrLocation, err)
@@ -61,7 +63,7 @@ func parseLocation(s string) (location, error) {
 		}
 		return location{scheme: u.Scheme, bucket: u.Host, prefix: strings.Trim(path.Clean("/"+u.Path), "/"), rawQuery: u.RawQuery}, nil
 	}
-	return location{}, fmt.Errorf("%w: %q: scheme %s:// is not supported (a path, file://path, s3://bucket/prefix or gs://bucket/prefix)", ErrLocation, s, scheme)
+	return location{}, fmt.Errorf("%w: %q: scheme %s:// is not supported (a path, file://path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix)", ErrLocation, s, scheme)
 }
 
 // String is the location in the form parseLocation reads: an absolute path,

@@ -9,11 +9,13 @@ import (
 	"testing"
 
 	"gocloud.dev/blob"
+	"gocloud.dev/blob/azureblob"
 	"gocloud.dev/blob/gcsblob"
 	"gocloud.dev/blob/s3blob"
 	"gocloud.dev/gcp"
 
 	"github.com/sluicehq/sluice/internal/objtest"
+	_ "github.com/sluicehq/sluice/savepoint/azure"
 	_ "github.com/sluicehq/sluice/savepoint/gcs"
 	_ "github.com/sluicehq/sluice/savepoint/s3"
 )
@@ -26,6 +28,11 @@ func s3Root(t *testing.T) string {
 
 func gcsRoot(t *testing.T) string {
 	loc, _ := objtest.GCS(t)
+	return loc
+}
+
+func azureRoot(t *testing.T) string {
+	loc, _ := objtest.Azure(t)
 	return loc
 }
 
@@ -44,6 +51,8 @@ func bucket(t *testing.T, loc string) (*blob.Bucket, string) {
 		b, err = (&s3blob.URLOpener{}).OpenBucketURL(context.Background(), bu)
 	case "gs":
 		b, err = (&gcsblob.URLOpener{Client: gcp.NewAnonymousHTTPClient(gcp.DefaultTransport())}).OpenBucketURL(context.Background(), bu)
+	case "azblob":
+		b, err = (&azureblob.URLOpener{MakeClient: azureblob.NewDefaultClient, ServiceURLOptions: *azureblob.NewDefaultServiceURLOptions()}).OpenBucketURL(context.Background(), bu)
 	default:
 		t.Fatalf("%s is not an object store's location", loc)
 	}
@@ -56,7 +65,7 @@ func bucket(t *testing.T, loc string) (*blob.Bucket, string) {
 
 // objectStore reports whether loc is in an object store.
 func objectStore(loc string) bool {
-	return strings.HasPrefix(loc, "s3://") || strings.HasPrefix(loc, "gs://")
+	return strings.HasPrefix(loc, "s3://") || strings.HasPrefix(loc, "gs://") || strings.HasPrefix(loc, "azblob://")
 }
 
 // object reads and rewrites one file of the savepoint at loc, local or in

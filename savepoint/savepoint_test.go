@@ -59,6 +59,7 @@ var stores = []struct {
 	{"file URL", func(t *testing.T) string { return "file://" + t.TempDir() }},
 	{"s3", s3Root},
 	{"gcs", gcsRoot},
+	{"azure", azureRoot},
 }
 
 // eachStore runs fn once per kind of location, with a fresh savepoint
@@ -393,7 +394,9 @@ func TestLocations(t *testing.T) {
 		{base: "gs://bucket/prefix", want: "gs://bucket/prefix/app-1"},
 		{base: "gs://bucket/?anonymous=true", want: "gs://bucket/app-1?anonymous=true"},
 		{base: "gs:///prefix", bad: true},
-		{base: "azblob://c/p", bad: true},
+		{base: "azblob://container/p?localemu=true", want: "azblob://container/p/app-1?localemu=true"},
+		{base: "azblob:///prefix", bad: true},
+		{base: "abs://c/p", bad: true},
 	}
 	for _, tt := range tests {
 		got, err := savepoint.Join(tt.base, "app-1")
@@ -496,7 +499,7 @@ func TestLargeTask(t *testing.T) {
 	for _, st := range []struct {
 		name  string
 		start func(testing.TB) (string, *atomic.Int64)
-	}{{"s3", objtest.S3}, {"gcs", objtest.GCS}} {
+	}{{"s3", objtest.S3}, {"gcs", objtest.GCS}, {"azure", objtest.Azure}} {
 		t.Run(st.name, func(t *testing.T) {
 			root, parts := st.start(t)
 			loc, err := savepoint.Join(root, "sp")
@@ -508,7 +511,7 @@ func TestLargeTask(t *testing.T) {
 				t.Fatalf("data file is %d bytes, want more than 16 MiB", m.Tasks[0].Bytes)
 			}
 			if n := parts.Load(); n < 3 {
-				t.Fatalf("%d parts uploaded, want the %d-byte file in 8 MiB parts", n, m.Tasks[0].Bytes)
+				t.Fatalf("%d parts (blocks) uploaded, want the %d-byte file in parts of 8 MiB or less", n, m.Tasks[0].Bytes)
 			}
 			sp := open(t, loc)
 			if err := sp.Verify(ctx); err != nil {

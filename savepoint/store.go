@@ -17,7 +17,7 @@ var errNotFound = objstore.ErrNotFound
 
 // store holds the files of one savepoint: a local directory (dirStore), or
 // an object store's, from the package that registered its URL scheme
-// (savepoint/s3, savepoint/gcs). Local directories go through the os package rather than
+// (savepoint/s3, savepoint/gcs, savepoint/azure). Local directories go through the os package rather than
 // gocloud's fileblob, which does not fsync: a savepoint on local disk must
 // survive a power cut once Commit returned.
 type store = objstore.Store
@@ -28,8 +28,9 @@ type file = objstore.File
 // drivers are the packages whose import lets each object store's
 // locations open, and what they are called in messages.
 var drivers = map[string]struct{ name, pkg, binary string }{
-	"s3": {"S3", "github.com/sluicehq/sluice/savepoint/s3", "the processor binary has it"},
-	"gs": {"Google Cloud Storage", "github.com/sluicehq/sluice/savepoint/gcs", "the processor binary has it unless built with -tags nogcs"},
+	"s3":     {"S3", "github.com/sluicehq/sluice/savepoint/s3", "the processor binary has it"},
+	"gs":     {"Google Cloud Storage", "github.com/sluicehq/sluice/savepoint/gcs", "the processor binary has it unless built with -tags nogcs"},
+	"azblob": {"Azure Blob Storage", "github.com/sluicehq/sluice/savepoint/azure", "the processor binary has it unless built with -tags noazure"},
 }
 
 func openStore(ctx context.Context, l location) (store, error) {

@@ -91,6 +91,7 @@ func TestDynamicSessionsInProcessingTime(t *testing.T) {
 	h.Settle()
 	expectInOrder(t, "after 2 s", values(h.Output()), line("short", t0, t0+2000, result{1, 2}))
 	send(h, elem{Key: "long", V: 1}) // at t0+2s, inside the long session: [t0+2s, t0+3s) changes nothing
+	h.Settle()                       // processed at t0+2s, before the clock moves on
 	h.Advance(8 * time.Second)
 	h.Settle()
 	expectInOrder(t, "after 10 s", values(h.Output()),

@@ -173,7 +173,7 @@ type GenerateConfig struct {
 type SavepointConfig struct {
 	Brokers []string `env:"SLUICE_BROKERS,required,notEmpty" expect:"comma-separated seed brokers such as kafka:9092" desc:"Comma-separated seed brokers (host:port)."`
 	AppID   string   `env:"SLUICE_APP_ID,required,notEmpty" expect:"1 to 200 of the characters a-z A-Z 0-9 . _ -" desc:"Consumer group id; prefix of the transactional id and of the internal topics (changelog, DLQ). Letters, digits, '.', '_', '-'; at most 200 characters."`
-	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path, file://path, s3://bucket/prefix?region=... or gs://bucket/prefix" desc:"savepoint: where processor savepoint writes each new savepoint, under a name made of the app id and the UTC time: a directory path, file://path, s3://bucket/prefix with gocloud s3blob query parameters (region, endpoint, use_path_style …; credentials from the AWS SDK chain), or gs://bucket/prefix in Google Cloud Storage (credentials from Application Default Credentials). See docs/savepoints.md."`
+	Dir     string   `env:"SLUICE_SAVEPOINT_DIR,required,notEmpty" docDefault:"required by savepoint" expect:"a directory path, file://path, s3://bucket/prefix?region=..., gs://bucket/prefix or azblob://container/prefix" desc:"savepoint: where processor savepoint writes each new savepoint, under a name made of the app id and the UTC time: a directory path, file://path, s3://bucket/prefix with gocloud s3blob query parameters (region, endpoint, use_path_style …; credentials from the AWS SDK chain), gs://bucket/prefix in Google Cloud Storage (credentials from Application Default Credentials), or azblob://container/prefix in Azure Blob Storage (the account and credentials from AZURE_STORAGE_* or DefaultAzureCredential). See docs/savepoints.md."`
 	Security
 }
 
@@ -493,7 +493,7 @@ func (c Config) validate(environ map[string]string, jobs []JobSpec) error {
 	v.check("SLUICE_MAX_TASK_IDLE", c.MaxTaskIdle >= 0, "a Go duration of 0 or more")
 	if c.RestoreFrom != "" {
 		err := savepoint.CheckLocation(context.Background(), c.RestoreFrom)
-		v.check("SLUICE_RESTORE_FROM", err == nil, because("a savepoint location as processor savepoint prints it: a directory path, file://path, s3://bucket/prefix?… or gs://bucket/prefix", err))
+		v.check("SLUICE_RESTORE_FROM", err == nil, because("a savepoint location as processor savepoint prints it: a directory path, file://path, s3://bucket/prefix?…, gs://bucket/prefix or azblob://container/prefix", err))
 	}
 	if job.SideOutput || c.SideOutputTopic != "" {
 		v.check("SLUICE_SIDE_OUTPUT_TOPIC", validTopic(c.SideOutputTopic), topic+writtenBy(job))

@@ -344,7 +344,7 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 }
 
 // `processor savepoint` writes to an object store (S3, Google Cloud
-// Storage) and prints the URL that SLUICE_RESTORE_FROM takes, query
+// Storage, Azure Blob Storage) and prints the URL that SLUICE_RESTORE_FROM takes, query
 // parameters kept.
 func TestSavepointToObjectStores(t *testing.T) {
 	for _, st := range []struct {
@@ -353,10 +353,14 @@ func TestSavepointToObjectStores(t *testing.T) {
 	}{
 		{"s3", func(t *testing.T) string { loc, _ := objtest.S3(t); return loc }},
 		{"gcs", func(t *testing.T) string { loc, _ := objtest.GCS(t); return loc }},
+		{"azure", func(t *testing.T) string { loc, _ := objtest.Azure(t); return loc }},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			if st.name == "gcs" && !gcsBuilt {
 				t.Skip("built with -tags nogcs")
+			}
+			if st.name == "azure" && !azureBuilt {
+				t.Skip("built with -tags noazure")
 			}
 			app := "sp" + st.name
 			brokers, cl := savepointCluster(t)
