@@ -1,7 +1,9 @@
 package sluice
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -108,9 +110,12 @@ func (f *controlFollower) run(ctx context.Context) {
 			f.log.Warn("reading the control topic failed; retrying", "topic", topic, "err", err)
 		})
 		fs.EachRecord(func(r *kgo.Record) {
-			s, err := control.Decode(r.Value)
-			if err != nil {
-				f.log.Warn("control record ignored: it does not decode", "offset", r.Offset, "err", err)
+			var s control.State
+			err := errOtherRecord // a pipeline's record of its stages
+			if bytes.Equal(r.Key, control.StateKey) {
+				if s, err = control.Decode(r.Value); err != nil {
+					f.log.Warn("control record ignored: it does not decode", "offset", r.Offset, "err", err)
+				}
 			}
 			f.mu.Lock()
 			defer f.mu.Unlock()
@@ -125,6 +130,9 @@ func (f *controlFollower) run(ctx context.Context) {
 		})
 	}
 }
+
+// errOtherRecord marks a control record that is not a state.
+var errOtherRecord = errors.New("not a state record")
 
 // notify wakes the waiters; f.mu is held.
 func (f *controlFollower) notify() {

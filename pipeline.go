@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice/internal/control"
 	"github.com/sluicehq/sluice/savepoint"
 )
 
@@ -230,6 +231,9 @@ func (p *Pipeline) createTopics(ctx context.Context) error {
 	backoff := 250 * time.Millisecond
 	for {
 		err := p.createTopicsOnce(ctx, adm)
+		if err == nil {
+			p.recordStages(ctx, cl, adm)
+		}
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
@@ -269,6 +273,23 @@ func (p *Pipeline) createTopicsOnce(ctx context.Context, adm *kadm.Client) error
 		}
 	}
 	return nil
+}
+
+// recordStages writes the pipeline's later stages to its control topic
+// (control.PipelineKey), which is how `processor savepoint` knows them:
+// topics named like its stages' could be another app's. A failure is
+// logged, not fatal: the pipeline runs without it, and its savepoint then
+// holds its first stage alone, which a restore into the pipeline refuses.
+func (p *Pipeline) recordStages(ctx context.Context, cl *kgo.Client, adm *kadm.Client) {
+	app := p.opts.AppID
+	rec := &kgo.Record{Topic: control.TopicName(app), Key: control.PipelineKey, Value: control.EncodePipeline(control.Pipeline{Stages: p.names[1:]})}
+	err := control.Create(ctx, adm, app)
+	if err == nil {
+		err = cl.ProduceSync(ctx, rec).FirstErr()
+	}
+	if err != nil && ctx.Err() == nil {
+		p.stages[0].log.Warn("cannot record the pipeline's stages in its control topic: processor savepoint will take the app for its first stage alone", "topic", rec.Topic, "err", err)
+	}
 }
 
 // Forward sends a record to the next stage of the pipeline, keyed by key:

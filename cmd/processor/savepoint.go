@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +19,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/control"
 	"github.com/sluicehq/sluice/kstate"
 	"github.com/sluicehq/sluice/savepoint"
 )
@@ -53,7 +56,7 @@ func takeSavepoint(ctx context.Context, envm map[string]string, args []string, s
 	}
 	var loc string
 	var stages []string
-	if stages, err = appStages(ctx, cfg); err == nil {
+	if stages, err = appStages(ctx, log, cfg); err == nil {
 		switch {
 		case flags.stop:
 			loc, err = stopApp(ctx, log, cfg, flags, stages)
@@ -258,30 +261,94 @@ func changelogPartitions(ctx context.Context, adm *kadm.Client, topic string) (i
 	return int32(len(d.Partitions)), nil
 }
 
-// pipelineStages are the later stages of app if it is a pipeline (a
-// repartition topic <app>-<stage>-repartition for each, the stage's
-// changelog beside it), sorted by name; none for one job's app.
-func pipelineStages(ctx context.Context, adm *kadm.Client, app string) ([]string, error) {
+// pipelineStages are the later stages of app if it is a pipeline, as it
+// recorded them in its control topic (control.PipelineKey) at its last
+// start; none for one job's app. Topics named like a stage's repartition
+// topic (<app>-<stage>-repartition) are not enough: they could be another
+// app's, <app>-<x>, so without the record the app is taken for one job,
+// and said so when such topics exist.
+func pipelineStages(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *kadm.Client, app string) ([]string, error) {
 	details, err := adm.ListTopics(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list topics: %w", err)
 	}
-	var stages []string
+	var named []string
 	for name := range details {
 		if stage, ok := stageOf(app, name); ok {
-			stages = append(stages, stage)
+			named = append(named, stage)
 		}
 	}
-	slices.Sort(stages)
-	return stages, nil
+	slices.Sort(named)
+	rec, err := lastControlRecord(ctx, cl, adm, app, control.PipelineKey)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		if len(named) > 0 {
+			log.Warn("topics are named like the repartition topics of stages of this app, but no pipeline recorded its stages in its control topic: taking the app for one job. A pipeline records them at each start (this release on); those topics may be another app's", "app", app, "stages", named)
+		}
+		return nil, nil
+	}
+	p, err := control.DecodePipeline(rec)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range p.Stages {
+		if !slices.Contains(named, s) {
+			return nil, fmt.Errorf("%s records the pipeline stage %s, whose repartition topic %s is missing", app, s, sluice.RepartitionTopic(app, s))
+		}
+	}
+	return slices.Sorted(slices.Values(p.Stages)), nil
+}
+
+// lastControlRecord is the value of the last record under key in app's
+// control topic, nil when there is none (or no control topic).
+func lastControlRecord(ctx context.Context, cl *kgo.Client, adm *kadm.Client, app string, key []byte) ([]byte, error) {
+	topic := control.TopicName(app)
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("control topic %s: %w", topic, err)
+	}
+	o, ok := ends.Lookup(topic, 0)
+	if !ok || errors.Is(o.Err, kerr.UnknownTopicOrPartition) || o.Err == nil && o.Offset == 0 {
+		return nil, nil
+	}
+	if o.Err != nil {
+		return nil, fmt.Errorf("control topic %s: end offset: %w", topic, o.Err)
+	}
+	rd, err := kgo.NewClient(append(cl.Opts(),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}),
+		kgo.FetchMaxWait(100*time.Millisecond),
+	)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	var last []byte
+	for {
+		fs := rd.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		done := false
+		fs.EachRecord(func(r *kgo.Record) {
+			if bytes.Equal(r.Key, key) {
+				last = r.Value
+			}
+			done = done || r.Offset >= o.Offset-1
+		})
+		if done {
+			return last, nil
+		}
+	}
 }
 
 // appStages is pipelineStages of SLUICE_APP_ID, with a client of its own.
-func appStages(ctx context.Context, cfg SavepointConfig) ([]string, error) {
+func appStages(ctx context.Context, log *slog.Logger, cfg SavepointConfig) ([]string, error) {
 	cl, _, err := adminClient(cfg.Brokers, cfg.Security)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
-	return pipelineStages(ctx, kadm.NewClient(cl), cfg.AppID)
+	return pipelineStages(ctx, log, cl, kadm.NewClient(cl), cfg.AppID)
 }

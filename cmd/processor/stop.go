@@ -10,6 +10,7 @@ import (
 	"maps"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -91,21 +92,16 @@ func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopF
 	// topics' log start (their old offsets name the old app's topics), so
 	// a record that one stage forwarded and the next had not committed at
 	// the stop would be in neither stage's part: refuse before writing.
-	for i, g := range groups[1:] {
-		behind, _, err := behindOf(ctx, cl, adm, g, inputs[i+1])
-		if err != nil {
-			return "", err
-		}
-		if behind > 0 {
-			return "", fmt.Errorf("%d records were in flight to stage group %s when the app stopped, which the savepoint could not hold; no savepoint was written. The app stays stopped: `processor resume`, pause the producers, and take it again with --stop --drain", behind, g)
-		}
+	if err := checkHops(ctx, log, cl, adm, groups[1:], inputs[1:]); err != nil {
+		return "", fmt.Errorf("%w; no savepoint was written. The app stays stopped: `processor resume`, pause the producers, and take it again with --stop --drain", err)
 	}
 	dir, ms, err := writeSavepoint(ctx, log, cfg, stages)
 	if err != nil {
 		return "", err
 	}
 	// Ordering rule: the savepoint is only where the app stopped if no
-	// instance committed while it was taken.
+	// instance committed while it was taken (one that does not follow
+	// the control topic, say), nor forwarded a record to a stage.
 	for _, g := range groups {
 		if n, err := groupMembers(ctx, adm, g); err != nil || n > 0 {
 			return "", fmt.Errorf("the group %s has %d members again after the savepoint %s was taken (%v): an instance that does not follow the control topic? the savepoint may be behind it", g, n, dir, err)
@@ -114,7 +110,37 @@ func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopF
 			return "", fmt.Errorf("savepoint %s: %w", dir, err)
 		}
 	}
+	if err := checkHops(ctx, log, cl, adm, groups[1:], inputs[1:]); err != nil {
+		return "", fmt.Errorf("savepoint %s: %w after it was taken: do not restore from it", dir, err)
+	}
 	return dir, nil
+}
+
+// checkHops checks, the app stopped, that no record is in flight to a
+// later stage of a pipeline: each stage's group has committed its whole
+// repartition topic (past control records). A new app's later stages start
+// at their own repartition topics' start, so such a record would be in
+// neither stage's part of a savepoint. Offsets that cannot be listed now
+// are asked again until ctx ends.
+func checkHops(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *kadm.Client, groups []string, inputs [][]string) error {
+	for i, g := range groups {
+		var behind int64
+		err := poll(ctx, func() (bool, error) {
+			var err error
+			if behind, _, err = behindOf(ctx, cl, adm, g, inputs[i]); err != nil {
+				log.Warn("listing a stage's offsets failed; retrying", "group", g, "err", err)
+				return false, nil
+			}
+			return true, nil
+		})
+		if err != nil {
+			return fmt.Errorf("whether records are in flight to stage group %s is not known: %w", g, err)
+		}
+		if behind > 0 {
+			return fmt.Errorf("%d records were in flight to stage group %s when the app stopped, which a savepoint cannot hold", behind, g)
+		}
+	}
+	return nil
 }
 
 // writeControl appends s to the app's control topic, creating the topic
@@ -252,6 +278,11 @@ var errNoOffsets = errors.New("has committed no offsets: has it run?")
 // committed offsets for yet).
 func behindOf(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group string, topics []string) (int64, map[string]int64, error) {
 	committed, err := adm.FetchOffsets(kadm.RequireStable(ctx), group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		// A group that never committed (Kafka answers such a group with
+		// no offsets, some brokers with this error).
+		committed, err = kadm.OffsetResponses{}, nil
+	}
 	if err != nil {
 		return 0, nil, err
 	}
@@ -265,6 +296,18 @@ func behindOf(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group strin
 	if err != nil {
 		return 0, nil, err
 	}
+	startOffsets, err := adm.ListStartOffsets(ctx, topics...)
+	if err != nil {
+		return 0, nil, err
+	}
+	// A partition whose offsets could not be listed (a leader moving, a
+	// topic gone) is not known to be drained: every one must answer.
+	if err := endOffsets.Error(); err != nil {
+		return 0, nil, fmt.Errorf("end offsets of %s: %w", strings.Join(topics, ", "), err)
+	}
+	if err := startOffsets.Error(); err != nil {
+		return 0, nil, fmt.Errorf("start offsets of %s: %w", strings.Join(topics, ", "), err)
+	}
 	behind, ends := int64(0), map[string]int64{}
 	for _, o := range endOffsets.Offsets().Sorted() {
 		ends[fmt.Sprintf("%s/%d", o.Topic, o.Partition)] = o.At
@@ -272,17 +315,26 @@ func behindOf(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group strin
 		if ok && c.At >= o.At {
 			continue
 		}
-		from := max(c.At, 0)
-		if ok {
-			only, err := onlyControlRecords(ctx, cl, o.Topic, o.Partition, from, o.At)
-			if err != nil {
-				return 0, nil, err
+		// Without a committed offset the group has read nothing of the
+		// partition: it is behind by what its log still holds, unless
+		// that is only control records (aborted transactions' markers).
+		from := c.At
+		if s, sok := startOffsets.Lookup(o.Topic, o.Partition); !ok || from < s.Offset {
+			if !sok {
+				return 0, nil, fmt.Errorf("no start offset of %s/%d", o.Topic, o.Partition)
 			}
-			if only {
-				continue
-			}
+			from = s.Offset
 		}
-		behind += o.At - from
+		if from >= o.At {
+			continue
+		}
+		only, err := onlyControlRecords(ctx, cl, o.Topic, o.Partition, from, o.At)
+		if err != nil {
+			return 0, nil, err
+		}
+		if !only {
+			behind += o.At - from
+		}
 	}
 	return behind, ends, nil
 }

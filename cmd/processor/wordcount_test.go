@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/control"
 	"github.com/sluicehq/sluice/savepoint"
 )
 
@@ -360,16 +364,100 @@ func TestPipelineSavepointRefusesRecordsInFlight(t *testing.T) {
 	}
 	commit("wcx", "lines", 0, 1)
 	commit("wcx-count", "wcx-count-repartition", 1, 2)
+	recordStages(t, cl, adm, "wcx", "count") // as the pipeline does at its start
 
 	dir := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	code := takeSavepoint(ctx, map[string]string{"SLUICE_BROKERS": brokers, "SLUICE_APP_ID": "wcx", "SLUICE_SAVEPOINT_DIR": dir},
 		[]string{"--stop", "--timeout", "1m"}, &stdout, &stderr)
-	if code != 1 || !strings.Contains(stderr.String(), "3 records were in flight to stage group wcx-count when the app stopped") ||
+	if code != 1 || !strings.Contains(stderr.String(), "3 records were in flight to stage group wcx-count when the app stopped") || !strings.Contains(stderr.String(), "no savepoint was written") ||
 		!strings.Contains(stderr.String(), "--stop --drain") {
 		t.Fatalf("exit %d, stderr %s", code, stderr.String())
 	}
 	if left, _ := os.ReadDir(dir); len(left) > 0 {
 		t.Fatalf("%d entries left in the savepoint directory", len(left))
+	}
+}
+
+// recordStages writes app's record of its pipeline stages to its control
+// topic, as sluice.Pipeline does when it starts.
+func recordStages(t *testing.T, cl *kgo.Client, adm *kadm.Client, app string, stages ...string) {
+	t.Helper()
+	if err := control.Create(context.Background(), adm, app); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: control.TopicName(app), Key: control.PipelineKey, Value: control.EncodePipeline(control.Pipeline{Stages: stages})}
+	if err := cl.ProduceSync(context.Background(), rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The stages of a pipeline are those it recorded in its control topic, not
+// whatever topics are named like its stages': an app rp beside an app
+// rp-v2 whose stage count has the topic rp-v2-count-repartition is one
+// job, and only a record makes it a pipeline. (Found by review: taken
+// from topic names, rp was a pipeline of the stage v2-count, and its
+// stop waited for rp-v2's group.)
+func TestPipelineStagesComeFromItsRecord(t *testing.T) {
+	_, cl := wordcountCluster(t)
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	for _, topic := range []string{"rp-v2-count-repartition", "rp-count-repartition"} {
+		if _, err := adm.CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if stages, err := pipelineStages(ctx, log, cl, adm, "rp"); err != nil || stages != nil {
+		t.Fatalf("without a record: stages %q, %v; want none (one job)", stages, err)
+	}
+	recordStages(t, cl, adm, "rp", "count")
+	if stages, err := pipelineStages(ctx, log, cl, adm, "rp"); err != nil || !slices.Equal(stages, []string{"count"}) {
+		t.Fatalf("with the record: stages %q, %v; want [count]", stages, err)
+	}
+	recordStages(t, cl, adm, "rp", "count", "gone")
+	if _, err := pipelineStages(ctx, log, cl, adm, "rp"); err == nil || !strings.Contains(err.Error(), "repartition topic rp-gone-repartition is missing") {
+		t.Fatalf("a recorded stage without its topic: %v", err)
+	}
+}
+
+// A stage that never committed an offset on a partition of its repartition
+// topic is behind by what the partition's log holds, and by nothing when
+// that is only an aborted transaction. (Found by review: such a partition
+// was counted from offset 0, aborted records included, so the stop reported
+// records in flight and --drain never ended.)
+func TestBehindOfAPartitionNeverCommitted(t *testing.T) {
+	brokers, cl := wordcountCluster(t)
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	const topic = "ab-count-repartition"
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	txn, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.TransactionalID("ab-test"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	produce := func(commit kgo.TransactionEndTry) {
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if err := txn.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte{byte(i)}}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := txn.EndTransaction(ctx, commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(kgo.TryAbort)
+	if behind, _, err := behindOf(ctx, cl, adm, "ab-count", []string{topic}); err != nil || behind != 0 {
+		t.Fatalf("an aborted transaction alone: behind %d, %v; want 0", behind, err)
+	}
+	produce(kgo.TryCommit)
+	if behind, _, err := behindOf(ctx, cl, adm, "ab-count", []string{topic}); err != nil || behind == 0 {
+		t.Fatalf("committed records never read: behind %d, %v; want more than 0", behind, err)
 	}
 }

@@ -1,6 +1,7 @@
 // Package control is the format of an app's control topic, <app>-control:
 // one compacted partition whose last record under StateKey says whether the
-// app runs or is stopped. `processor savepoint --stop` writes "stopped" and
+// app runs or is stopped, and, for a pipeline, whose last record under
+// PipelineKey names its later stages. `processor savepoint --stop` writes "stopped" and
 // `processor resume` writes "running"; every instance follows the topic,
 // ends its work with a final checkpoint and leaves the group when the app is
 // stopped, and does not join while it stays stopped.
@@ -69,4 +70,30 @@ func Decode(b []byte) (State, error) {
 		return State{}, fmt.Errorf("control: unknown state %q", s.State)
 	}
 	return s, nil
+}
+
+// PipelineKey is the key of the record in which a pipeline names its later
+// stages (Pipeline), so that `processor savepoint` knows them: topics
+// named like a stage's could be another app's. Every start of a pipeline
+// writes it; compaction keeps the last.
+var PipelineKey = []byte("pipeline")
+
+// Pipeline is the value of the PipelineKey record.
+type Pipeline struct {
+	Stages []string `json:"stages"` // the later stages' names, in order
+}
+
+// EncodePipeline is p as a record value.
+func EncodePipeline(p Pipeline) []byte {
+	b, _ := json.Marshal(p) // strings: cannot fail
+	return b
+}
+
+// DecodePipeline reads a PipelineKey record's value.
+func DecodePipeline(b []byte) (Pipeline, error) {
+	var p Pipeline
+	if err := json.Unmarshal(b, &p); err != nil {
+		return Pipeline{}, fmt.Errorf("control: pipeline record: %w", err)
+	}
+	return p, nil
 }
