@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -31,8 +32,9 @@ type eventTimeSource struct {
 
 // newEventTimeSource checks a declared source.
 func newEventTimeSource(s *functionv1.EventTimeSource) (*eventTimeSource, error) {
-	if _, ok := functionv1.TimeFormat_name[int32(s.GetFormat())]; !ok {
-		return nil, fmt.Errorf("event_time_source has the format %d, which this processor does not know (UNIX_MILLIS, UNIX_SECONDS, RFC3339)", s.GetFormat())
+	if _, ok := functionv1.TimeFormat_name[int32(s.GetFormat())]; !ok || s.GetFormat() == functionv1.TimeFormat_TIME_FORMAT_UNSPECIFIED {
+		// Over JSON a name this processor does not know reads as 0.
+		return nil, fmt.Errorf("event_time_source has the format %s, which this processor does not know: want UNIX_MILLIS, UNIX_SECONDS or RFC3339", s.GetFormat())
 	}
 	src := &eventTimeSource{format: s.GetFormat()}
 	switch from := s.GetFrom().(type) {
@@ -60,9 +62,11 @@ func newEventTimeSource(s *functionv1.EventTimeSource) (*eventTimeSource, error)
 // record (sluice.stage=timestamp), saying what was wrong with it.
 func (src *eventTimeSource) timestamp(rec *sluice.Record) (time.Time, error) {
 	if src.pointer == nil {
-		for _, h := range rec.Headers {
-			if h.Key == src.header {
-				return src.parse(h.Value, false)
+		// Of several headers of the name the last counts, as Kafka's
+		// Headers.lastHeader reads them.
+		for i := len(rec.Headers) - 1; i >= 0; i-- {
+			if rec.Headers[i].Key == src.header {
+				return src.parse(rec.Headers[i].Value, false)
 			}
 		}
 		return time.Time{}, fmt.Errorf("event time: the record has no %s", src.what)
@@ -90,11 +94,13 @@ func (src *eventTimeSource) parse(b []byte, isJSON bool) (time.Time, error) {
 	}
 	switch src.format {
 	case functionv1.TimeFormat_UNIX_SECONDS:
-		if isJSON && !quoted && !isNumber(b) {
+		// A JSON number, bare or as text: strconv alone would also take
+		// "0x1p30", "1_000" or "+5".
+		if !jsonNumber.MatchString(text) {
 			return bad("seconds since the Unix epoch, a number")
 		}
-		s, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
-		if err != nil || math.IsNaN(s) || math.IsInf(s, 0) || math.Abs(s) > math.MaxInt64/1e3 {
+		s, err := strconv.ParseFloat(text, 64)
+		if ms := s * 1e3; err != nil || math.Abs(ms) >= 1<<62 {
 			return bad("seconds since the Unix epoch, a number")
 		}
 		return time.UnixMilli(int64(math.Round(s * 1e3))).UTC(), nil
@@ -102,16 +108,21 @@ func (src *eventTimeSource) parse(b []byte, isJSON bool) (time.Time, error) {
 		if isJSON && !quoted {
 			return bad("RFC 3339 text, a string")
 		}
-		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(text))
+		// RFC 3339's grammar first: Go's parsers also take a comma for
+		// the point and one-digit hours. Its t and z may be lower case.
+		if !rfc3339.MatchString(text) {
+			return bad("RFC 3339 text such as 2026-12-07T16:55:00.123Z")
+		}
+		t, err := time.Parse(time.RFC3339Nano, strings.ToUpper(text))
 		if err != nil {
 			return bad("RFC 3339 text such as 2026-12-07T16:55:00.123Z")
 		}
 		return t, nil
 	default: // UNIX_MILLIS
-		if isJSON && !quoted && !isNumber(b) {
+		if !integer.MatchString(text) {
 			return bad("milliseconds since the Unix epoch, an integer")
 		}
-		ms, err := strconv.ParseInt(strings.TrimSpace(text), 10, 64)
+		ms, err := strconv.ParseInt(text, 10, 64)
 		if err != nil {
 			return bad("milliseconds since the Unix epoch, an integer")
 		}
@@ -119,9 +130,12 @@ func (src *eventTimeSource) parse(b []byte, isJSON bool) (time.Time, error) {
 	}
 }
 
-// isNumber reports whether a JSON value is a number (not true, null, an
-// object…): what strconv would also take from a string is not enough.
-func isNumber(b []byte) bool { return len(b) > 0 && (b[0] == '-' || b[0] >= '0' && b[0] <= '9') }
+var (
+	// jsonNumber is RFC 8259's number.
+	jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$`)
+	integer    = regexp.MustCompile(`^-?[0-9]+$`)
+	rfc3339    = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[-+][0-9]{2}:[0-9]{2})$`)
+)
 
 // pointerTokens parses an RFC 6901 JSON Pointer into its reference tokens:
 // "" is the whole value (no token), "/a~1b/0" is ["a/b", "0"].

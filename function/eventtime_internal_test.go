@@ -121,6 +121,10 @@ func TestEventTimeFormats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	whole, err := newEventTimeSource(&functionv1.EventTimeSource{From: &functionv1.EventTimeSource_JsonPointer{JsonPointer: ""}, Format: functionv1.TimeFormat_UNIX_MILLIS})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		src   *eventTimeSource
 		rec   sluice.Record
@@ -140,6 +144,18 @@ func TestEventTimeFormats(t *testing.T) {
 		{ptr(functionv1.TimeFormat_RFC3339), sluice.Record{Value: []byte(`{"t": "yesterday"}`)}, time.Time{}, "RFC 3339"},
 		{ptr(functionv1.TimeFormat_RFC3339), sluice.Record{Value: []byte(`{"u": 1}`)}, time.Time{}, `"/t": not in the value`},
 		{hdr, sluice.Record{Headers: []sluice.Header{{Key: "t", Value: []byte("1796662500.123")}}}, at, ""},
+		{hdr, sluice.Record{Headers: []sluice.Header{{Key: "t", Value: []byte("1")}, {Key: "t", Value: []byte("1796662500.123")}}}, at, ""}, // the last
+		{hdr, sluice.Record{Headers: []sluice.Header{{Key: "t", Value: []byte("1.0005")}}}, time.UnixMilli(1001).UTC(), ""},                 // rounded
+		{hdr, sluice.Record{Headers: []sluice.Header{{Key: "t", Value: []byte("0x1p30")}}}, time.Time{}, "a number"},
+		{hdr, sluice.Record{Headers: []sluice.Header{{Key: "t", Value: []byte("1_000")}}}, time.Time{}, "a number"},
+		{hdr, sluice.Record{Headers: []sluice.Header{{Key: "t", Value: []byte("9223372036854775.807")}}}, time.Time{}, "a number"}, // past int64 ms
+		{ptr(functionv1.TimeFormat_UNIX_MILLIS), sluice.Record{Value: []byte(`{"t": "+123"}`)}, time.Time{}, "an integer"},
+		{ptr(functionv1.TimeFormat_UNIX_MILLIS), sluice.Record{Value: []byte(`{"t": " 123"}`)}, time.Time{}, "an integer"},
+		{ptr(functionv1.TimeFormat_UNIX_MILLIS), sluice.Record{Value: []byte(`{"t": "-5"}`)}, time.UnixMilli(-5).UTC(), ""},
+		{ptr(functionv1.TimeFormat_RFC3339), sluice.Record{Value: []byte(`{"t": "2026-12-07T16:55:00,123Z"}`)}, time.Time{}, "RFC 3339"},
+		{ptr(functionv1.TimeFormat_RFC3339), sluice.Record{Value: []byte(`{"t": "2026-12-07T6:55:00Z"}`)}, time.Time{}, "RFC 3339"},
+		{ptr(functionv1.TimeFormat_RFC3339), sluice.Record{Value: []byte(`{"t": "2026-12-07t16:55:00.123z"}`)}, at, ""},
+		{whole, sluice.Record{Value: []byte(`1796662500123`)}, at, ""},
 		{hdr, sluice.Record{Headers: []sluice.Header{{Key: "u", Value: []byte("1")}}}, time.Time{}, `no header "t"`},
 	} {
 		got, err := tt.src.timestamp(&tt.rec)

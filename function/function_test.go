@@ -296,16 +296,18 @@ func TestDescribeMismatchIsRefused(t *testing.T) {
 		{"state twice", &functionv1.DescribeResponse{ProtocolVersion: 1, States: []*functionv1.StateSpec{{Name: "s"}, {Name: "s"}}}, `state "s" is declared twice`},
 		{"negative ttl", &functionv1.DescribeResponse{ProtocolVersion: 1, States: []*functionv1.StateSpec{{Name: "s", TtlMs: -1}}}, "negative ttl_ms"},
 		{"tag twice", &functionv1.DescribeResponse{ProtocolVersion: 1, SideOutputs: []string{"x", "x"}}, `side output "x" is declared twice`},
-		{"event time source without event time", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTimeSource: pointerSource("/t", 0)},
+		{"event time source without event time", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTimeSource: pointerSource("/t", millis)},
 			"event_time_source is declared without event_time"},
-		{"event time source from nothing", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: &functionv1.EventTimeSource{}},
+		{"event time source from nothing", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: &functionv1.EventTimeSource{Format: millis}},
 			"neither a jsonPointer nor a header"},
-		{"bad JSON pointer", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("t", 0)},
+		{"no time format", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("/t", 0)},
+			"the format TIME_FORMAT_UNSPECIFIED, which this processor does not know"},
+		{"bad JSON pointer", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("t", millis)},
 			`JSON Pointer "t": want "" or one starting with /`},
-		{"bad JSON pointer escape", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("/a~2", 0)},
+		{"bad JSON pointer escape", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("/a~2", millis)},
 			"~ must be followed by 0 or 1"},
 		{"empty header", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true,
-			EventTimeSource: &functionv1.EventTimeSource{From: &functionv1.EventTimeSource_Header{}}}, "names an empty header"},
+			EventTimeSource: &functionv1.EventTimeSource{From: &functionv1.EventTimeSource_Header{}, Format: millis}}, "names an empty header"},
 		{"unknown time format", &functionv1.DescribeResponse{ProtocolVersion: 1, EventTime: true, EventTimeSource: pointerSource("/t", 7)},
 			"the format 7, which this processor does not know"},
 	} {
@@ -548,6 +550,55 @@ func (refusing) Describe(context.Context, *connect.Request[functionv1.DescribeRe
 	return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("too old"))
 }
 
+const millis = functionv1.TimeFormat_UNIX_MILLIS
+
 func pointerSource(p string, f functionv1.TimeFormat) *functionv1.EventTimeSource {
 	return &functionv1.EventTimeSource{From: &functionv1.EventTimeSource_JsonPointer{JsonPointer: p}, Format: f}
+}
+
+// Over JSON, a time format whose name the processor does not know (a typo,
+// or one of a later release) reads as the zero value, which is refused: it
+// is not taken for milliseconds. (Found by review: "SECONDS" read every
+// time as milliseconds, in January 1970.)
+func TestUnknownTimeFormatNameIsRefused(t *testing.T) {
+	for _, name := range []string{"SECONDS", "unix_seconds", "UNIX_MICROS"} {
+		url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"protocolVersion":1,"eventTime":true,"eventTimeSource":{"jsonPointer":"/t","format":%q}}`, name)
+		}))
+		_, err := function.New(context.Background(), function.Options{URL: url, Protocol: function.JSON})
+		var de *function.DescribeError
+		if !errorAs(err, &de) || !strings.Contains(de.Reason, "TIME_FORMAT_UNSPECIFIED") {
+			t.Errorf("format %q: %v, want a DescribeError refusing it", name, err)
+		}
+	}
+}
+
+// Both SDKs refuse a processor that does not list event_time_source when
+// the function declares where its event time is, with FAILED_PRECONDITION.
+func TestEventTimeSourceRefusesAProcessorWithoutIt(t *testing.T) {
+	check := func(t *testing.T, client functionv1connect.FunctionServiceClient) {
+		t.Helper()
+		_, err := client.Describe(context.Background(), connect.NewRequest(&functionv1.DescribeRequest{ProtocolVersion: 1, Features: []string{"event_time"}}))
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "event time is") {
+			t.Fatalf("Describe without event_time_source: %v, want FAILED_PRECONDITION", err)
+		}
+		resp, err := client.Describe(context.Background(), connect.NewRequest(&functionv1.DescribeRequest{ProtocolVersion: 1, Features: []string{"event_time", "event_time_source"}}))
+		if err != nil || resp.Msg.GetEventTimeSource().GetHeader() != "at" && resp.Msg.GetEventTimeSource().GetJsonPointer() != "/at" {
+			t.Fatalf("Describe with it: %v, %v", resp, err)
+		}
+	}
+	t.Run("go", func(t *testing.T) {
+		url := startGo(t, sdk.Declaration{EventTime: true, EventTimeSource: pointerSource("/at", millis)}, func(context.Context, *sdk.Call) *sdk.Result { return &sdk.Result{} })
+		check(t, functionv1connect.NewFunctionServiceClient(http.DefaultClient, url, connect.WithProtoJSON()))
+	})
+	t.Run("python", func(t *testing.T) {
+		url := startPythonAt(t, filepath.Join("testdata", "event_time_header.py"))
+		newJob(t, function.Options{URL: url}) // this processor's Describe is answered, once it listens
+		sock := strings.TrimPrefix(url, "unix://")
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+		check(t, functionv1connect.NewFunctionServiceClient(hc, "http://fn", connect.WithProtoJSON()))
+	})
 }

@@ -32,30 +32,37 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// How an event time is written.
+// How an event time is written. A source must name one: the zero value,
+// which is also what a name this processor does not know reads as over
+// JSON, is refused.
 type TimeFormat int32
 
 const (
+	TimeFormat_TIME_FORMAT_UNSPECIFIED TimeFormat = 0
 	// Milliseconds since the Unix epoch: an integer (in a JSON value a
-	// number or a string of digits).
-	TimeFormat_UNIX_MILLIS TimeFormat = 0
-	// Seconds since the Unix epoch, a fraction allowed: 1733590500.123.
-	TimeFormat_UNIX_SECONDS TimeFormat = 1
-	// RFC 3339 text: "2026-12-07T16:55:00.123Z", "2026-12-07T17:55:00+01:00".
-	TimeFormat_RFC3339 TimeFormat = 2
+	// number, or a string of digits with an optional leading -).
+	TimeFormat_UNIX_MILLIS TimeFormat = 1
+	// Seconds since the Unix epoch, a fraction allowed: 1733590500.123
+	// (a JSON number, or a string of one), rounded to the millisecond.
+	TimeFormat_UNIX_SECONDS TimeFormat = 2
+	// RFC 3339 text: "2026-12-07T16:55:00.123Z", "2026-12-07T17:55:00+01:00";
+	// digits below the millisecond are dropped.
+	TimeFormat_RFC3339 TimeFormat = 3
 )
 
 // Enum value maps for TimeFormat.
 var (
 	TimeFormat_name = map[int32]string{
-		0: "UNIX_MILLIS",
-		1: "UNIX_SECONDS",
-		2: "RFC3339",
+		0: "TIME_FORMAT_UNSPECIFIED",
+		1: "UNIX_MILLIS",
+		2: "UNIX_SECONDS",
+		3: "RFC3339",
 	}
 	TimeFormat_value = map[string]int32{
-		"UNIX_MILLIS":  0,
-		"UNIX_SECONDS": 1,
-		"RFC3339":      2,
+		"TIME_FORMAT_UNSPECIFIED": 0,
+		"UNIX_MILLIS":             1,
+		"UNIX_SECONDS":            2,
+		"RFC3339":                 3,
 	}
 )
 
@@ -430,7 +437,7 @@ func (x *EventTimeSource) GetFormat() TimeFormat {
 	if x != nil {
 		return x.Format
 	}
-	return TimeFormat_UNIX_MILLIS
+	return TimeFormat_TIME_FORMAT_UNSPECIFIED
 }
 
 type isEventTimeSource_From interface {
@@ -445,6 +452,7 @@ type EventTimeSource_JsonPointer struct {
 
 type EventTimeSource_Header struct {
 	// The name of a header of the record; its value is the time as text.
+	// Of several headers of that name the last counts.
 	Header string `protobuf:"bytes,2,opt,name=header,proto3,oneof"`
 }
 
@@ -1477,12 +1485,13 @@ const file_sluice_function_v1_function_proto_rawDesc = "" +
 	"\rTimerMutation\x12\x13\n" +
 	"\x05at_ms\x18\x01 \x01(\x03R\x04atMs\x12\x16\n" +
 	"\x06delete\x18\x02 \x01(\bR\x06delete\x126\n" +
-	"\x06domain\x18\x03 \x01(\x0e2\x1e.sluice.function.v1.TimeDomainR\x06domain*<\n" +
+	"\x06domain\x18\x03 \x01(\x0e2\x1e.sluice.function.v1.TimeDomainR\x06domain*Y\n" +
 	"\n" +
-	"TimeFormat\x12\x0f\n" +
-	"\vUNIX_MILLIS\x10\x00\x12\x10\n" +
-	"\fUNIX_SECONDS\x10\x01\x12\v\n" +
-	"\aRFC3339\x10\x02*1\n" +
+	"TimeFormat\x12\x1b\n" +
+	"\x17TIME_FORMAT_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vUNIX_MILLIS\x10\x01\x12\x10\n" +
+	"\fUNIX_SECONDS\x10\x02\x12\v\n" +
+	"\aRFC3339\x10\x03*1\n" +
 	"\n" +
 	"TimeDomain\x12\x13\n" +
 	"\x0fPROCESSING_TIME\x10\x00\x12\x0e\n" +

@@ -3,4 +3,4 @@
 package functionv1
 
 // ProtoSHA256 is the SHA-256 of the proto/sluice/function/v1/function.proto this package was generated from.
-const ProtoSHA256 = "e5246f1288ff67baba32c08c2b39ce240d07644dff6bd0d92c1caa63993c5293"
+const ProtoSHA256 = "fe5258e4388e0370d9e02b8e11e234f9750c91cc381ddc734cc94e92f7830d89"

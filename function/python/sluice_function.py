@@ -125,9 +125,10 @@ class Result:
         """Produce a record: to the output topic, or to a side output tag.
 
         timestamp_ms sets its Kafka timestamp (unix milliseconds); None
-        stamps it with the time of what the call answers: the Kafka time
-        of the key's last record in the batch that the result does not
-        fail, or the timer's."""
+        stamps it with the time of what the call answers: the event time
+        (the Kafka time, or what event_time_source reads) of the key's
+        last record in the batch that the result does not fail, or the
+        timer's."""
         self._outputs.append((key, value, list(headers), tag, timestamp_ms))
 
     def set_timer(self, at_ms):

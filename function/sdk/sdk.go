@@ -39,6 +39,8 @@ type Declaration struct {
 	// records' Kafka timestamps. For example
 	//
 	//	&functionv1.EventTimeSource{From: &functionv1.EventTimeSource_JsonPointer{JsonPointer: "/ts"}, Format: functionv1.TimeFormat_RFC3339}
+	//
+	// Format is required.
 	EventTimeSource *functionv1.EventTimeSource
 }
 
@@ -86,8 +88,9 @@ func (r *Result) Emit(key, value []byte, headers ...*functionv1.Header) {
 
 // EmitTo produces a record to a declared side output ("" is the output).
 // Emit and EmitTo stamp it with the time of what the call answers: the
-// Kafka time of the key's last record in the batch that the result does
-// not Fail, or the timer's.
+// event time (the Kafka time, or what Declaration.EventTimeSource reads)
+// of the key's last record in the batch that the result does not Fail, or
+// the timer's.
 func (r *Result) EmitTo(tag string, key, value []byte, headers ...*functionv1.Header) {
 	r.r.Outputs = append(r.r.Outputs, &functionv1.Output{Key: key, Value: value, Headers: headers, Tag: tag})
 }
