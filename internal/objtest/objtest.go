@@ -98,7 +98,7 @@ func GCS(t testing.TB) (string, *atomic.Int64) {
 
 // AzuriteVersion is the Azurite that .ci/run installs (npm install -g
 // azurite@AzuriteVersion) and Azure's tests need.
-const AzuriteVersion = "3.37.0"
+const AzuriteVersion = "3.35.0"
 
 // azuriteKey is the shared key of Azurite's well-known account
 // devstoreaccount1, the same in every Azurite.
