@@ -88,18 +88,7 @@ func (o *operator[IN, OUT]) addToCounts(ctx sluice.Context, in IN) error {
 // to c of its key, c its end.
 func (o *operator[IN, OUT]) countElements(ctx sluice.Context, w window) ([]IN, error) {
 	c := w.s.end
-	elems := make([]IN, 0, w.e.count)
-	for n := c - w.e.count + 1; n <= c; n++ {
-		v, ok, err := o.st.elements.Get(ctx, elementKey{countSlot, n})
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
-			return nil, errMissing
-		}
-		elems = append(elems, v)
-	}
-	return elems, nil
+	return o.readElements(ctx, countSlot, c-w.e.count+1, c+1)
 }
 
 // clearCount removes count window w, which fired, and the elements that

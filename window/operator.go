@@ -394,9 +394,14 @@ func (o *operator[IN, OUT]) compute(ctx sluice.Context, w window) (sluice.Contex
 var errMissing = errors.New("window: an element of the window is missing from state")
 
 func (o *operator[IN, OUT]) elements(ctx sluice.Context, e entry) ([]IN, error) {
-	elems := make([]IN, 0, e.count)
-	for n := range e.count {
-		v, ok, err := o.st.elements.Get(ctx, elementKey{e.slot, n})
+	return o.readElements(ctx, e.slot, 0, e.count)
+}
+
+// readElements reads the elements numbered from to to-1 in slot.
+func (o *operator[IN, OUT]) readElements(ctx sluice.Context, slot span, from, to int64) ([]IN, error) {
+	elems := make([]IN, 0, to-from)
+	for n := from; n < to; n++ {
+		v, ok, err := o.st.elements.Get(ctx, elementKey{slot, n})
 		if err != nil {
 			return nil, err
 		}
