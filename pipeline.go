@@ -186,6 +186,9 @@ func (p *Pipeline) Ready() bool {
 // stage until ctx is cancelled (each ends with a final checkpoint, as
 // Instance.Run) or one of them fails, which stops the others.
 func (p *Pipeline) Run(ctx context.Context) error {
+	if err := p.checkSavepoint(ctx); err != nil {
+		return err
+	}
 	if err := p.createTopics(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -270,6 +273,39 @@ func (p *Pipeline) createTopicsOnce(ctx context.Context, adm *kadm.Client) error
 		}
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			return fmt.Errorf("create repartition topic %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// checkSavepoint checks that the stages' parts of Options.RestoreFrom are
+// one savepoint's: each later stage's was written with the first stage's
+// (its app id is the first's and its name, its time the first's), not
+// copied in from another. Each stage checks its own part against its job
+// when it starts.
+func (p *Pipeline) checkSavepoint(ctx context.Context) error {
+	loc := p.opts.RestoreFrom
+	if loc == "" {
+		return nil
+	}
+	root, err := savepoint.Open(ctx, loc)
+	if err != nil {
+		return &RestoreError{loc, err.Error()}
+	}
+	defer root.Close()
+	for _, st := range root.Manifest.Stages {
+		sloc, err := savepoint.Join(loc, st.Dir)
+		if err != nil {
+			return &RestoreError{loc, err.Error()}
+		}
+		sp, err := savepoint.Open(ctx, sloc)
+		if err != nil {
+			return &RestoreError{loc, fmt.Sprintf("stage %s: %v", st.Name, err)}
+		}
+		m := sp.Manifest
+		sp.Close()
+		if want := root.Manifest.AppID + "-" + st.Name; m.AppID != want || !m.Created.Equal(root.Manifest.Created) {
+			return &RestoreError{loc, fmt.Sprintf("stage %s's part is of app %s taken at %s, not of %s at %s: not one savepoint's", st.Name, m.AppID, m.Created.Format(time.RFC3339Nano), want, root.Manifest.Created.Format(time.RFC3339Nano))}
 		}
 	}
 	return nil

@@ -222,6 +222,25 @@ func TestStopWithSavepointOfAPipeline(t *testing.T) {
 		t.Fatalf("a single job from a pipeline's savepoint: %v", err)
 	}
 
+	// A stage's part copied in from another savepoint is refused.
+	forged := filepath.Join(t.TempDir(), "forged")
+	if err := os.CopyFS(forged, os.DirFS(loc)); err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(forged, "stage-count", savepoint.ManifestName)
+	b, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, []byte(strings.Replace(string(b), `"created": "20`, `"created": "19`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	forgedEnv := wordcountEnv("wcsp3", "counts3", "i4")
+	forgedEnv["SLUICE_RESTORE_FROM"] = forged
+	if err := startServe(t, forgedEnv).wait(t); err == nil || !strings.Contains(err.Error(), "not one savepoint's") {
+		t.Fatalf("a stage's part from another savepoint: %v", err)
+	}
+
 	restored := wordcountEnv("wcsp2", "counts2", "i3")
 	restored["SLUICE_RESTORE_FROM"] = loc
 	i3 := startServe(t, restored)
