@@ -195,6 +195,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	p.recordStages(ctx)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, len(p.stages))
@@ -234,9 +235,6 @@ func (p *Pipeline) createTopics(ctx context.Context) error {
 	backoff := 250 * time.Millisecond
 	for {
 		err := p.createTopicsOnce(ctx, adm)
-		if err == nil {
-			p.recordStages(ctx, cl, adm)
-		}
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
@@ -313,18 +311,34 @@ func (p *Pipeline) checkSavepoint(ctx context.Context) error {
 
 // recordStages writes the pipeline's later stages to its control topic
 // (control.PipelineKey), which is how `processor savepoint` knows them:
-// topics named like its stages' could be another app's. A failure is
-// logged, not fatal: the pipeline runs without it, and its savepoint then
-// holds its first stage alone, which a restore into the pipeline refuses.
-func (p *Pipeline) recordStages(ctx context.Context, cl *kgo.Client, adm *kadm.Client) {
+// topics named like its stages' could be another app's. It creates the
+// topic unless topic creation is off. A failure is logged, not fatal: the
+// pipeline runs without it, and `processor savepoint` then refuses the
+// app, or goes by an earlier record.
+func (p *Pipeline) recordStages(ctx context.Context) {
 	app := p.opts.AppID
 	rec := &kgo.Record{Topic: control.TopicName(app), Key: control.PipelineKey, Value: control.EncodePipeline(control.Pipeline{Stages: p.names[1:]})}
-	err := control.Create(ctx, adm, app)
+	// Bounded: a producer waits for a missing topic for good.
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(p.opts.Brokers...)}, p.opts.ClientOpts...)...)
 	if err == nil {
-		err = cl.ProduceSync(ctx, rec).FirstErr()
+		defer cl.Close()
+		adm := kadm.NewClient(cl)
+		if p.opts.DisableTopicCreation {
+			var topics kadm.TopicDetails
+			if topics, err = adm.ListTopics(rctx, rec.Topic); err == nil && topics[rec.Topic].Err != nil {
+				err = topics[rec.Topic].Err
+			}
+		} else {
+			err = control.Create(rctx, adm, app)
+		}
+	}
+	if err == nil {
+		err = cl.ProduceSync(rctx, rec).FirstErr()
 	}
 	if err != nil && ctx.Err() == nil {
-		p.stages[0].log.Warn("cannot record the pipeline's stages in its control topic: processor savepoint will take the app for its first stage alone", "topic", rec.Topic, "err", err)
+		p.stages[0].log.Warn("cannot record the pipeline's stages in its control topic, where processor savepoint looks for them", "topic", rec.Topic, "err", err)
 	}
 }
 

@@ -102,7 +102,9 @@ func (o *operator[IN, OUT]) clearCount(ctx sluice.Context, w window) error {
 		return nil
 	}
 	c := w.s.end
-	for n := c - w.e.count + 1; n <= c+o.assigner.slide-o.assigner.size; n++ {
+	// With slide > size the records after c are in no window yet, and
+	// none was stored: nothing past c to remove.
+	for n := c - w.e.count + 1; n <= min(c, c+o.assigner.slide-o.assigner.size); n++ {
 		if err := o.st.elements.Remove(ctx, elementKey{countSlot, n}); err != nil {
 			return err
 		}

@@ -543,9 +543,9 @@ func savepointBase() map[string]string {
 
 var savepointErrorTests = []configErrorTest{
 	{"missing dir", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "<unset>"), "SLUICE_SAVEPOINT_DIR",
-		"SLUICE_SAVEPOINT_DIR is required: expected a directory path, file://path, s3://bucket/prefix?region=... or gs://bucket/prefix"},
-	{"azblob", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "azblob://container/prefix"), "SLUICE_SAVEPOINT_DIR",
-		`SLUICE_SAVEPOINT_DIR="azblob://container/prefix": expected a directory path, file://path, s3://bucket/prefix?region=... or gs://bucket/prefix (savepoint: bad location: "azblob://container/prefix": scheme azblob:// is not supported (a path, file://path, s3://bucket/prefix or gs://bucket/prefix))`},
+		"SLUICE_SAVEPOINT_DIR is required: expected a directory path, file://path, s3://bucket/prefix?region=..., gs://bucket/prefix or azblob://container/prefix"},
+	{"other scheme", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "abs://container/prefix"), "SLUICE_SAVEPOINT_DIR",
+		`SLUICE_SAVEPOINT_DIR="abs://container/prefix": expected a directory path, file://path, s3://bucket/prefix?region=..., gs://bucket/prefix or azblob://container/prefix (savepoint: bad location: "abs://container/prefix": scheme abs:// is not supported (a path, file://path, s3://bucket/prefix, gs://bucket/prefix or azblob://container/prefix))`},
 	{"unknown gs parameter", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix?regoin=x"), "SLUICE_SAVEPOINT_DIR", ""},
 	{"unknown s3 parameter", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "s3://bucket/prefix?regoin=x"), "SLUICE_SAVEPOINT_DIR", ""},
 	{"empty file URL", envWith(savepointBase(), "SLUICE_SAVEPOINT_DIR", "file://"), "SLUICE_SAVEPOINT_DIR", ""},

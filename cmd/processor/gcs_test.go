@@ -26,9 +26,30 @@ func TestNoGCSTagLeavesOutTheGoogleClient(t *testing.T) {
 	if !slices.Contains(deps(), driver) {
 		t.Fatalf("the binary does not build %s", driver)
 	}
+	// The Cloud Storage client goes; Google's auth packages stay while the
+	// Azure driver is in (gocloud's user-agent package imports them).
 	for _, p := range deps("-tags", "nogcs") {
-		if p == driver || strings.HasPrefix(p, "cloud.google.com/") {
+		if p == driver || strings.HasPrefix(p, "cloud.google.com/go/storage") || strings.HasPrefix(p, "gocloud.dev/blob/gcsblob") {
 			t.Errorf("-tags nogcs builds %s", p)
+		}
+	}
+	for _, p := range deps("-tags", "nogcs noazure") {
+		if strings.HasPrefix(p, "cloud.google.com/") || strings.HasPrefix(p, "github.com/Azure/") {
+			t.Errorf("-tags 'nogcs noazure' builds %s", p)
+		}
+	}
+}
+
+// The binary has the azblob:// driver; `-tags noazure` builds it without
+// the driver and the Azure SDK.
+func TestNoAzureTagLeavesOutTheAzureSDK(t *testing.T) {
+	out, err := exec.Command("go", "list", "-tags", "noazure", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "github.com/sluicehq/sluice/savepoint/azure" || strings.HasPrefix(p, "github.com/Azure/") {
+			t.Errorf("-tags noazure builds %s", p)
 		}
 	}
 }

@@ -56,7 +56,9 @@ commands:
              group), so the savepoint is exactly where it stopped; --drain
              (with --stop) first waits until every input record is
              committed; --timeout (default 5m). A pipeline (wordcount)
-             needs --stop, and --drain unless its hops are idle
+             needs --stop, and --drain unless its hops are idle;
+             --one-job: the app is one job although topics are named like
+             a pipeline's stages (another app's)
   resume     let a stopped app run again (its waiting instances join)
   inspect    show SLUICE_APP_ID as Kafka sees it, no instance needed: the
              group and its members; per task the last committed epoch, its

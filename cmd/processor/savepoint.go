@@ -56,7 +56,7 @@ func takeSavepoint(ctx context.Context, envm map[string]string, args []string, s
 	}
 	var loc string
 	var stages []string
-	if stages, err = appStages(ctx, log, cfg); err == nil {
+	if stages, err = appStages(ctx, cfg, flags.oneJob); err == nil {
 		switch {
 		case flags.stop:
 			loc, err = stopApp(ctx, log, cfg, flags, stages)
@@ -265,9 +265,9 @@ func changelogPartitions(ctx context.Context, adm *kadm.Client, topic string) (i
 // recorded them in its control topic (control.PipelineKey) at its last
 // start; none for one job's app. Topics named like a stage's repartition
 // topic (<app>-<stage>-repartition) are not enough: they could be another
-// app's, <app>-<x>, so without the record the app is taken for one job,
-// and said so when such topics exist.
-func pipelineStages(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *kadm.Client, app string) ([]string, error) {
+// app's, <app>-<x>. Such topics without the record are refused
+// (errAmbiguous), unless oneJob (--one-job) says the app is one job.
+func pipelineStages(ctx context.Context, cl *kgo.Client, adm *kadm.Client, app string, oneJob bool) ([]string, error) {
 	details, err := adm.ListTopics(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list topics: %w", err)
@@ -284,8 +284,8 @@ func pipelineStages(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *
 		return nil, err
 	}
 	if rec == nil {
-		if len(named) > 0 {
-			log.Warn("topics are named like the repartition topics of stages of this app, but no pipeline recorded its stages in its control topic: taking the app for one job. A pipeline records them at each start (this release on); those topics may be another app's", "app", app, "stages", named)
+		if len(named) > 0 && !oneJob {
+			return nil, fmt.Errorf("%w: topics are named like repartition topics of stages of %s (%s), but no pipeline recorded its stages in %s. A pipeline records them at each start (this release on; it needs WRITE there): restart it first. If the topics are another app's (%s-<x>), take the savepoint with --one-job", errAmbiguous, app, strings.Join(named, ", "), control.TopicName(app), app)
 		}
 		return nil, nil
 	}
@@ -309,12 +309,22 @@ func lastControlRecord(ctx context.Context, cl *kgo.Client, adm *kadm.Client, ap
 	if err != nil {
 		return nil, fmt.Errorf("control topic %s: %w", topic, err)
 	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("control topic %s: %w", topic, err)
+	}
 	o, ok := ends.Lookup(topic, 0)
-	if !ok || errors.Is(o.Err, kerr.UnknownTopicOrPartition) || o.Err == nil && o.Offset == 0 {
+	if !ok || errors.Is(o.Err, kerr.UnknownTopicOrPartition) {
 		return nil, nil
 	}
-	if o.Err != nil {
+	s, sok := starts.Lookup(topic, 0)
+	switch {
+	case o.Err != nil:
 		return nil, fmt.Errorf("control topic %s: end offset: %w", topic, o.Err)
+	case !sok || s.Err != nil:
+		return nil, fmt.Errorf("control topic %s: start offset: %v", topic, s.Err)
+	case s.Offset >= o.Offset:
+		return nil, nil // empty, or emptied by retention
 	}
 	rd, err := kgo.NewClient(append(cl.Opts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().AtStart()}}),
@@ -330,6 +340,9 @@ func lastControlRecord(ctx context.Context, cl *kgo.Client, adm *kadm.Client, ap
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		if err := fetchError(fs); err != nil {
+			return nil, fmt.Errorf("read control topic %s: %w", topic, err)
+		}
 		done := false
 		fs.EachRecord(func(r *kgo.Record) {
 			if bytes.Equal(r.Key, key) {
@@ -344,11 +357,27 @@ func lastControlRecord(ctx context.Context, cl *kgo.Client, adm *kadm.Client, ap
 }
 
 // appStages is pipelineStages of SLUICE_APP_ID, with a client of its own.
-func appStages(ctx context.Context, log *slog.Logger, cfg SavepointConfig) ([]string, error) {
+func appStages(ctx context.Context, cfg SavepointConfig, oneJob bool) ([]string, error) {
 	cl, _, err := adminClient(cfg.Brokers, cfg.Security)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
-	return pipelineStages(ctx, log, cl, kadm.NewClient(cl), cfg.AppID)
+	return pipelineStages(ctx, cl, kadm.NewClient(cl), cfg.AppID, oneJob)
+}
+
+// errAmbiguous: the app may be a pipeline that has not recorded its
+// stages.
+var errAmbiguous = errors.New("not known to be one job")
+
+// fetchError is the first error of a poll that is not one franz-go retries
+// by itself (an ACL denial, say), nil if none.
+func fetchError(fs kgo.Fetches) error {
+	var err error
+	fs.EachError(func(_ string, _ int32, e error) {
+		if err == nil && !kerr.IsRetriable(e) {
+			err = e
+		}
+	})
+	return err
 }

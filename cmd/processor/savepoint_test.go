@@ -301,7 +301,9 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 	tests := []struct {
 		name, variable, value string
 	}{
-		{"other object storage", "SLUICE_SAVEPOINT_DIR", "azblob://container/prefix"},
+		{"other object storage", "SLUICE_SAVEPOINT_DIR", "abs://container/prefix"},
+		{"azure without an account", "SLUICE_SAVEPOINT_DIR", "azblob://container/prefix"},
+		{"unknown azblob parameter", "SLUICE_SAVEPOINT_DIR", "azblob://container/prefix?no_such=1"},
 		{"unknown s3 parameter", "SLUICE_SAVEPOINT_DIR", "s3://bucket/prefix?no_such=1"},
 		{"unknown gs parameter", "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix?no_such=1"},
 		{"gs over gRPC", "SLUICE_SAVEPOINT_DIR", "gs://bucket/prefix?grpc=true"},
@@ -329,14 +331,17 @@ func TestSavepointBadEnvironmentExitsTwo(t *testing.T) {
 			if len(lines) != 1 || !strings.Contains(lines[0], tt.variable) || stdout.Len() != 0 {
 				t.Fatalf("stderr %q, stdout %q: want one line naming %s", stderr.String(), stdout.String(), tt.variable)
 			}
-			if tt.value == "azblob://container/prefix" && !strings.Contains(lines[0], "azblob:// is not supported") {
-				t.Fatalf("stderr %q: want it to say azblob:// is not supported", lines[0])
+			if tt.value == "abs://container/prefix" && !strings.Contains(lines[0], "abs:// is not supported") {
+				t.Fatalf("stderr %q: want it to say abs:// is not supported", lines[0])
+			}
+			if tt.value == "azblob://container/prefix" && azureBuilt && !strings.Contains(lines[0], "AZURE_STORAGE_ACCOUNT") {
+				t.Fatalf("stderr %q: want it to say the account is missing", lines[0])
 			}
 		})
 	}
 	// The binary's wiring: `processor savepoint` exits 2 the same way.
 	cmd := exec.Command(binary, "savepoint")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_SAVEPOINT_DIR=azblob://container/prefix"}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_BROKERS=127.0.0.1:1", "SLUICE_APP_ID=app", "SLUICE_SAVEPOINT_DIR=abs://container/prefix"}
 	out, err := cmd.CombinedOutput()
 	if exit, ok := err.(*exec.ExitError); !ok || exit.ExitCode() != 2 || !strings.Contains(string(out), "SLUICE_SAVEPOINT_DIR") {
 		t.Fatalf("processor savepoint: %v, output %q", err, out)

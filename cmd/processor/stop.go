@@ -27,6 +27,7 @@ import (
 type stopFlags struct {
 	stop    bool
 	drain   bool
+	oneJob  bool
 	timeout time.Duration
 }
 
@@ -36,7 +37,8 @@ func parseSavepointFlags(args []string, stderr io.Writer) (stopFlags, error) {
 	fs.SetOutput(stderr)
 	fs.BoolVar(&f.stop, "stop", false, "stop the app first: every instance takes a final checkpoint and leaves the group; the savepoint is then exactly where they stopped")
 	fs.BoolVar(&f.drain, "drain", false, "with --stop: first wait until the group has committed every input record (pause the producers before)")
-	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "with --stop: how long to wait for the drain and for the instances to stop")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "with --stop: how long to wait for the drain, for the instances to stop and for the savepoint")
+	fs.BoolVar(&f.oneJob, "one-job", false, "take the app for one job although topics named like a pipeline's repartition topics exist and no pipeline recorded its stages (they are another app's)")
 	if err := fs.Parse(args); err != nil {
 		return f, err
 	}
@@ -125,16 +127,16 @@ func stopApp(ctx context.Context, log *slog.Logger, cfg SavepointConfig, f stopF
 func checkHops(ctx context.Context, log *slog.Logger, cl *kgo.Client, adm *kadm.Client, groups []string, inputs [][]string) error {
 	for i, g := range groups {
 		var behind int64
+		var last error
 		err := poll(ctx, func() (bool, error) {
-			var err error
-			if behind, _, err = behindOf(ctx, cl, adm, g, inputs[i]); err != nil {
-				log.Warn("listing a stage's offsets failed; retrying", "group", g, "err", err)
+			if behind, _, last = behindOf(ctx, cl, adm, g, inputs[i]); last != nil {
+				log.Warn("listing a stage's offsets failed; retrying", "group", g, "err", last)
 				return false, nil
 			}
 			return true, nil
 		})
 		if err != nil {
-			return fmt.Errorf("whether records are in flight to stage group %s is not known: %w", g, err)
+			return fmt.Errorf("whether records are in flight to stage group %s is not known: %w (last: %v)", g, err, last)
 		}
 		if behind > 0 {
 			return fmt.Errorf("%d records were in flight to stage group %s when the app stopped, which a savepoint cannot hold", behind, g)
@@ -283,6 +285,9 @@ func behindOf(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group strin
 		// no offsets, some brokers with this error).
 		committed, err = kadm.OffsetResponses{}, nil
 	}
+	if err == nil {
+		err = committed.Error() // a partition's (UNSTABLE_OFFSET_COMMIT): ask again
+	}
 	if err != nil {
 		return 0, nil, err
 	}
@@ -357,6 +362,9 @@ func onlyControlRecords(ctx context.Context, cl *kgo.Client, topic string, p int
 		fs := rd.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
 			return false, err
+		}
+		if err := fetchError(fs); err != nil {
+			return false, fmt.Errorf("read %s/%d: %w", topic, p, err)
 		}
 		only, last := true, int64(-1)
 		fs.EachRecord(func(r *kgo.Record) {

@@ -3,8 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
-	"log/slog"
+	"errors"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -391,10 +390,10 @@ func recordStages(t *testing.T, cl *kgo.Client, adm *kadm.Client, app string, st
 
 // The stages of a pipeline are those it recorded in its control topic, not
 // whatever topics are named like its stages': an app rp beside an app
-// rp-v2 whose stage count has the topic rp-v2-count-repartition is one
-// job, and only a record makes it a pipeline. (Found by review: taken
-// from topic names, rp was a pipeline of the stage v2-count, and its
-// stop waited for rp-v2's group.)
+// rp-v2 whose stage count has the topic rp-v2-count-repartition is not
+// taken for a pipeline of the stage v2-count (found by review: its stop
+// waited for rp-v2's group); without a record it is refused, rather than
+// saved as its first stage alone, unless --one-job says it is one job.
 func TestPipelineStagesComeFromItsRecord(t *testing.T) {
 	_, cl := wordcountCluster(t)
 	adm := kadm.NewClient(cl)
@@ -404,16 +403,21 @@ func TestPipelineStagesComeFromItsRecord(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if stages, err := pipelineStages(ctx, log, cl, adm, "rp"); err != nil || stages != nil {
-		t.Fatalf("without a record: stages %q, %v; want none (one job)", stages, err)
+	if _, err := pipelineStages(ctx, cl, adm, "rp", false); !errors.Is(err, errAmbiguous) || !strings.Contains(err.Error(), "--one-job") {
+		t.Fatalf("topics named like stages, no record: %v; want a refusal naming --one-job", err)
+	}
+	if stages, err := pipelineStages(ctx, cl, adm, "rp", true); err != nil || stages != nil {
+		t.Fatalf("with --one-job: stages %q, %v; want none (one job)", stages, err)
+	}
+	if stages, err := pipelineStages(ctx, cl, adm, "other", false); err != nil || stages != nil {
+		t.Fatalf("no such topics: stages %q, %v; want none", stages, err)
 	}
 	recordStages(t, cl, adm, "rp", "count")
-	if stages, err := pipelineStages(ctx, log, cl, adm, "rp"); err != nil || !slices.Equal(stages, []string{"count"}) {
+	if stages, err := pipelineStages(ctx, cl, adm, "rp", false); err != nil || !slices.Equal(stages, []string{"count"}) {
 		t.Fatalf("with the record: stages %q, %v; want [count]", stages, err)
 	}
 	recordStages(t, cl, adm, "rp", "count", "gone")
-	if _, err := pipelineStages(ctx, log, cl, adm, "rp"); err == nil || !strings.Contains(err.Error(), "repartition topic rp-gone-repartition is missing") {
+	if _, err := pipelineStages(ctx, cl, adm, "rp", false); err == nil || !strings.Contains(err.Error(), "repartition topic rp-gone-repartition is missing") {
 		t.Fatalf("a recorded stage without its topic: %v", err)
 	}
 }
