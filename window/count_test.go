@@ -208,6 +208,23 @@ func TestCountWindowsLeaveNoState(t *testing.T) {
 			}
 			slices.Sort(want)
 			expectInOrder(t, "sliding 3, 1: state after 5 records", liveState(t, h), want...)
+
+			// Windows apart (slide 5 > size 1): only records 5 and 10 are
+			// in one, and a Process function's changelog names no other
+			// element. (Found by review: each firing also wrote a
+			// tombstone for each of the slide-size numbers after it.)
+			h = sluicetest.New(t, countJob(t, window.SlidingCount(1, 5), f.fn), sluicetest.Options{})
+			for v := range int64(10) {
+				sendAt(h, a(v+1))
+			}
+			h.Settle()
+			for _, r := range h.Records(sluicetest.AppID + "-changelog") {
+				if k, err := kstate.DecodeKey(r.Key); err == nil && k.Name == "w.elements" {
+					if n := binary.BigEndian.Uint64(k.Sub[len(k.Sub)-8:]); n != 5 && n != 10 {
+						t.Fatalf("sliding 1, 5: the changelog has element %d, in no window", n)
+					}
+				}
+			}
 		})
 	}
 }
