@@ -25,6 +25,7 @@ var stateCases = []conformanceCase{
 	{"State/ReadStore", testReadStore},
 	{"State/ReadStoreScanBesideApply", testReadStoreScanBesideApply},
 	{"State/ValueAll", testValueAll},
+	{"State/Keys", testKeys},
 	{"State/ReadStoreScanInChunks", testReadStoreScanInChunks},
 }
 
@@ -703,5 +704,69 @@ func testValueAll(t *testing.T, kind string) {
 	job.Store().CommitRecord()
 	if n := job.Store().DirtyLen(); n != 0 {
 		t.Fatalf("All dirtied %d keys: it extended an OnReadAndWrite expiry", n)
+	}
+}
+
+// testKeys lists the record keys holding a state, once each whatever its
+// kind (a map's several entries, a TTL's kind), shorter first, and goes on
+// past a key given; nothing of other states; the open epoch's keys in a
+// job's scope, not through a read store.
+func testKeys(t *testing.T, kind string) {
+	count := kstate.Value("count", kstate.Int64())
+	attrs := kstate.Map("attrs", kstate.String(), kstate.Int64())
+	seen := kstate.List("seen", kstate.Int64(), kstate.WithTTL(time.Hour, kstate.OnCreateAndWrite))
+	job := newScope(t, kind)
+	for _, key := range []string{"b", "aa", "a", "", "ccc"} {
+		job.SetKey(key)
+		must(t, count.Set(job, 1))
+		must(t, attrs.Put(job, "x", 1))
+		must(t, attrs.Put(job, "y", 2))
+		must(t, seen.Add(job, 1))
+		must(t, seen.Add(job, 2))
+	}
+	must(t, attrs.Put(job.SetKey("only-attrs"), "z", 3))
+	endEpoch(t, job)
+	must(t, count.Set(job.SetKey("open"), 1)) // the open epoch
+	job.Store().CommitRecord()
+
+	keys := func(s kstate.Scope, name string, after []byte) []string {
+		t.Helper()
+		var got []string
+		must(t, kstate.Keys(s, name, after, func(k []byte) error {
+			got = append(got, string(k))
+			return nil
+		}))
+		return got
+	}
+	want := []string{"", "a", "b", "aa", "ccc"}
+	for _, name := range []string{"attrs", "seen"} {
+		got := keys(job, name, nil)
+		if name == "attrs" {
+			if w := append(slices.Clone(want), "only-attrs"); !slices.Equal(got, w) {
+				t.Fatalf("Keys of %s = %q, want %q", name, got, w)
+			}
+			continue
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("Keys of %s = %q, want %q", name, got, want)
+		}
+	}
+	if got, w := keys(job, "count", nil), []string{"", "a", "b", "aa", "ccc", "open"}; !slices.Equal(got, w) {
+		t.Fatalf("Keys of count in the job's scope = %q, want %q", got, w)
+	}
+	q := kstatetest.NewScope(kstate.NewReadStore(job.Store().Backend()))
+	if got := keys(q, "count", nil); !slices.Equal(got, want) {
+		t.Fatalf("Keys of count through a read store = %q, want %q (committed only)", got, want)
+	}
+	if got, w := keys(q, "attrs", []byte("b")), []string{"aa", "ccc", "only-attrs"}; !slices.Equal(got, w) {
+		t.Fatalf("Keys of attrs after b = %q, want %q", got, w)
+	}
+	if got := keys(q, "nothing", nil); got != nil {
+		t.Fatalf("Keys of a state no key holds = %q", got)
+	}
+	stop := errors.New("stop")
+	n := 0
+	if err := kstate.Keys(q, "seen", nil, func([]byte) error { n++; return stop }); err != stop || n != 1 {
+		t.Fatalf("Keys with fn failing = %v after %d calls, want fn's error after 1", err, n)
 	}
 }

@@ -1,6 +1,9 @@
 package kstate
 
-import "fmt"
+import (
+	"bytes"
+	"fmt"
+)
 
 // ValueState is a single value per record key (Flink's ValueState).
 type ValueState[T any] struct {
@@ -87,4 +90,50 @@ func (v *ValueState[T]) All(s Scope, fn func(key []byte, val T) error) error {
 		return fnErr
 	}
 	return v.d.wrap("scan", err)
+}
+
+// Keys calls fn with each record key that holds state name in the scope's
+// store (its task's, for a query's scope), once each, whatever the state's
+// kind (value, list, map, reducing, aggregating, with or without a TTL),
+// in the store's order: shorter keys first, then by bytes. With after set,
+// it starts past that key, so a listing can go on where it stopped. An
+// expired value's key may be listed (the value reads as absent). key is
+// valid during the call only. fn's error stops the scan and is returned.
+// It reads in the scope's store, as All does: a query's scope sees
+// committed state only. (A state is of one kind; were a name's entries of
+// both, keyed and keyed with a TTL, those of each would be listed in turn.)
+func Keys(s Scope, name string, after []byte, fn func(key []byte) error) error {
+	for _, kind := range [...]Kind{KindKeyed, KindKeyedTTL} {
+		k := EncodeKey(kind, name, nil, nil)
+		prefix := k[:len(k)-1] // without the empty record key's length
+		start := prefix
+		if after != nil {
+			start = EncodeKey(kind, name, after, nil)
+		}
+		var last []byte
+		seen := false
+		var fnErr error
+		err := s.Store().ScanFrom(prefix, start, func(k, _ []byte) error {
+			pk, err := DecodeKey(k)
+			if err != nil {
+				return err
+			}
+			if seen && bytes.Equal(pk.UserKey, last) || after != nil && bytes.Equal(pk.UserKey, after) {
+				return nil // the same key's next entry (a list's, a map's)
+			}
+			last, seen = append(last[:0], pk.UserKey...), true
+			if err := fn(pk.UserKey); err != nil {
+				fnErr = err
+				return ErrStopScan
+			}
+			return nil
+		})
+		if fnErr != nil {
+			return fnErr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

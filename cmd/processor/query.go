@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,6 +84,10 @@ type queryAnswer struct {
 }
 
 func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Has("list") {
+		q.list(w, r)
+		return
+	}
 	ans := queryAnswer{State: r.PathValue("state"), Instance: q.instance}
 	reply := func(code int) {
 		w.Header().Set("Content-Type", "application/json")
@@ -277,4 +282,164 @@ func queryKey(v url.Values) ([]byte, error) {
 		}
 	}
 	return nil, errors.New("key_base64 is not a non-empty base64 key")
+}
+
+// listAnswer is the body of a listing's answer.
+type listAnswer struct {
+	State    string      `json:"state"`
+	Instance string      `json:"instance"`
+	Entries  []listEntry `json:"entries"`
+	// Next is the after= of the next page; absent on the last.
+	Next  string `json:"next,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+type listEntry struct {
+	Key       *string         `json:"key,omitempty"`
+	KeyBase64 []byte          `json:"key_base64,omitempty"`
+	Partition int32           `json:"partition"`
+	Value     json.RawMessage `json:"value"`
+}
+
+// Listing: at most maxList entries a page, defaultList unless limit= says.
+const (
+	defaultList = 100
+	maxList     = 1000
+)
+
+// list answers GET /state/<state>?list[&limit=n][&after=cursor]: the keys
+// of the state in the tasks that run on this instance, with their values,
+// partition by partition and in each in the store's order (shorter keys
+// first), limit at a time, as Kafka Streams' store.all() lists a local
+// store. Each value is read as a single key's query reads it (committed
+// state only; a key whose value expired is left out), so the page is not
+// one snapshot: a key written meanwhile shows its value at the read.
+// next, when the listing goes on, is the cursor for after=.
+func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
+	ans := listAnswer{State: r.PathValue("state"), Instance: q.instance, Entries: []listEntry{}}
+	reply := func(code int) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(ans)
+	}
+	v := r.URL.Query()
+	limit := defaultList
+	if l := v.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > maxList {
+			ans.Error = fmt.Sprintf("limit=%s: want 1 to %d", l, maxList)
+			reply(http.StatusBadRequest)
+			return
+		}
+		limit = n
+	}
+	from, after, err := parseCursor(v.Get("after"))
+	if err != nil {
+		ans.Error = err.Error()
+		reply(http.StatusBadRequest)
+		return
+	}
+	states := q.states.Load()
+	if states == nil {
+		ans.Error = "the processor is starting"
+		w.Header().Set("Retry-After", "1")
+		reply(http.StatusServiceUnavailable)
+		return
+	}
+	st, ok := (*states)[ans.State]
+	if !ok {
+		ans.Error = fmt.Sprintf("no state %q: the job's queryable states are %q", ans.State, slices.Sorted(maps.Keys(*states)))
+		reply(http.StatusNotFound)
+		return
+	}
+	// The keys first, a page and one more (whether there is a next),
+	// then each key's value as a query of it reads it.
+	type found struct {
+		p   int32
+		key []byte
+	}
+	var keys []found
+	errFull := errors.New("page full")
+	err = st.in.QueryLocal(func(p int32, s kstate.Scope) error {
+		if p < from {
+			return nil
+		}
+		var start []byte
+		if p == from {
+			start = after
+		}
+		return kstate.Keys(s, ans.State, start, func(k []byte) error {
+			if len(keys) > limit {
+				return errFull
+			}
+			keys = append(keys, found{p, slices.Clone(k)})
+			return nil
+		})
+	})
+	var nl *sluice.NotLocalError
+	switch {
+	case errors.Is(err, errFull):
+	case errors.As(err, &nl):
+		ans.Error = "no task runs here yet"
+		w.Header().Set("Retry-After", "1")
+		reply(http.StatusServiceUnavailable)
+		return
+	case err != nil:
+		ans.Error = err.Error()
+		reply(http.StatusInternalServerError)
+		return
+	}
+	if len(keys) > limit {
+		keys = keys[:limit]
+		last := keys[limit-1]
+		ans.Next = fmt.Sprintf("%d:%s", last.p, base64.RawURLEncoding.EncodeToString(last.key))
+	}
+	for _, k := range keys {
+		e := listEntry{Partition: k.p}
+		if utf8.Valid(k.key) {
+			s := string(k.key)
+			e.Key = &s
+		} else {
+			e.KeyBase64 = k.key
+		}
+		ok := false
+		err := st.in.QueryPartition(k.p, k.key, func(s kstate.Scope) error {
+			v, found, err := st.job.QueryState(s, ans.State)
+			if err != nil || !found {
+				return err
+			}
+			ok = true
+			e.Value, err = json.Marshal(v) // in the call: v may share the store's bytes
+			return err
+		})
+		switch {
+		case errors.As(err, &nl):
+			continue // the task moved on meanwhile
+		case err != nil:
+			ans.Error = err.Error()
+			reply(http.StatusInternalServerError)
+			return
+		case ok:
+			ans.Entries = append(ans.Entries, e)
+		}
+	}
+	reply(http.StatusOK)
+}
+
+// parseCursor reads a listing's after=: "<partition>:<key, base64 URL
+// encoding without padding>", next's form; "" is the start.
+func parseCursor(c string) (int32, []byte, error) {
+	if c == "" {
+		return 0, nil, nil
+	}
+	ps, ks, ok := strings.Cut(c, ":")
+	p, err := strconv.ParseInt(ps, 10, 32)
+	if !ok || err != nil || p < 0 {
+		return 0, nil, fmt.Errorf("after=%s: want the next of a listing's answer", c)
+	}
+	key, err := base64.RawURLEncoding.DecodeString(ks)
+	if err != nil {
+		return 0, nil, fmt.Errorf("after=%s: want the next of a listing's answer", c)
+	}
+	return int32(p), key, nil
 }

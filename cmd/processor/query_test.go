@@ -181,6 +181,49 @@ func TestStateQueriesOverHTTP(t *testing.T) {
 		<-time.After(50 * time.Millisecond) // polling a condition, with a deadline
 	}
 
+	// Listing each instance's keys, five at a time: together they list
+	// every key once, each with its aggregation, and each from its owner.
+	listed := map[string]int{}
+	for i, p := range procs {
+		after := ""
+		for page := 0; ; page++ {
+			var ans listAnswer
+			code := getJSON(t, p.metrics, "/state/aggregate?list&limit=5&after="+url.QueryEscape(after), &ans)
+			if code != http.StatusOK || ans.Instance != ids[i] || len(ans.Entries) > 5 || ans.Next != "" && len(ans.Entries) == 0 {
+				t.Fatalf("list on %s, page %d: %d %+v", ids[i], page, code, ans)
+			}
+			for _, e := range ans.Entries {
+				var got check.Aggregation
+				if err := json.Unmarshal(e.Value, &got); err != nil || e.Key == nil || got != check.Running(inputs[*e.Key])[len(inputs[*e.Key])-1] {
+					t.Fatalf("list on %s: %+v (%s, %v)", ids[i], e, e.Value, err)
+				}
+				listed[*e.Key]++
+			}
+			if ans.Next == "" {
+				break
+			}
+			after = ans.Next
+		}
+	}
+	if len(listed) != len(inputs) {
+		t.Fatalf("listed %d keys, want %d: %v", len(listed), len(inputs), listed)
+	}
+	for key, n := range listed {
+		if n != 1 {
+			t.Fatalf("key %s listed %d times", key, n)
+		}
+	}
+	for _, bad := range []string{"limit=0", "limit=1001", "limit=x", "after=x", "after=-1:YQ", "after=1:%25"} {
+		var ans listAnswer
+		if code := getJSON(t, procs[0].metrics, "/state/aggregate?list&"+bad, &ans); code != http.StatusBadRequest || ans.Error == "" {
+			t.Fatalf("list with %s: %d %+v", bad, code, ans)
+		}
+	}
+	var none listAnswer
+	if code := getJSON(t, procs[0].metrics, "/state/nosuch?list", &none); code != http.StatusNotFound {
+		t.Fatalf("list of an unknown state: %d %+v", code, none)
+	}
+
 	// Refusals: no key, an unknown state, a key without state.
 	p := procs[1]
 	if code, ans, _ := queryAt(t, p.metrics, "/state/aggregate"); code != http.StatusBadRequest || !strings.Contains(ans.Error, "key=") {
@@ -241,4 +284,18 @@ func TestRedirectTo(t *testing.T) {
 			t.Errorf("redirectTo(%q, %q, %q) = %q, %v; want %q", tt.peer, tt.owner, tt.req, got, ok, tt.want)
 		}
 	}
+}
+
+// getJSON GETs path at addr and decodes the JSON answer into v.
+func getJSON(t *testing.T, addr, path string, v any) int {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return resp.StatusCode
 }
