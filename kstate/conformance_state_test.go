@@ -1,6 +1,7 @@
 package kstate_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -768,5 +769,47 @@ func testKeys(t *testing.T, kind string) {
 	n := 0
 	if err := kstate.Keys(q, "seen", nil, func([]byte) error { n++; return stop }); err != stop || n != 1 {
 		t.Fatalf("Keys with fn failing = %v after %d calls, want fn's error after 1", err, n)
+	}
+
+	// A state whose TTL was added keeps entries of both kinds: its keys
+	// are merged in order, once each, and a listing that goes on after
+	// each key, one at a time, lists them all (found by review: one kind
+	// after the other, paging skipped keys). More keys than a batch.
+	plain := kstate.Value("mixed", kstate.Int64())
+	withTTL := kstate.Value("mixed", kstate.Int64(), kstate.WithTTL(time.Hour, kstate.OnCreateAndWrite))
+	var mixed []string
+	for i := range 600 {
+		key := fmt.Sprintf("m%03d", i)
+		mixed = append(mixed, key)
+		d := plain
+		if i%3 == 0 {
+			d = withTTL
+		}
+		must(t, d.Set(job.SetKey(key), 1))
+		if i%7 == 0 {
+			must(t, plain.Set(job, 1)) // a key of both kinds
+		}
+	}
+	must(t, withTTL.Set(job.SetKey("m"), 1)) // shorter: first
+	mixed = append([]string{"m"}, mixed...)
+	endEpoch(t, job)
+	if got := keys(job, "mixed", nil); !slices.Equal(got, mixed) {
+		t.Fatalf("Keys of a state of both kinds: %d keys, want %d in order; first %q", len(got), len(mixed), got[:min(5, len(got))])
+	}
+	var paged []string
+	var after []byte
+	for {
+		var k []byte
+		err := kstate.Keys(job, "mixed", after, func(key []byte) error { k = bytes.Clone(key); return stop })
+		if err == nil {
+			break
+		}
+		if err != stop {
+			t.Fatal(err)
+		}
+		paged, after = append(paged, string(k)), k
+	}
+	if !slices.Equal(paged, mixed) {
+		t.Fatalf("Keys one at a time: %d keys, want %d", len(paged), len(mixed))
 	}
 }

@@ -2,6 +2,8 @@ package kstate
 
 import (
 	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -95,45 +97,108 @@ func (v *ValueState[T]) All(s Scope, fn func(key []byte, val T) error) error {
 // Keys calls fn with each record key that holds state name in the scope's
 // store (its task's, for a query's scope), once each, whatever the state's
 // kind (value, list, map, reducing, aggregating, with or without a TTL),
-// in the store's order: shorter keys first, then by bytes. With after set,
-// it starts past that key, so a listing can go on where it stopped. An
-// expired value's key may be listed (the value reads as absent). key is
-// valid during the call only. fn's error stops the scan and is returned.
-// It reads in the scope's store, as All does: a query's scope sees
-// committed state only. (A state is of one kind; were a name's entries of
-// both, keyed and keyed with a TTL, those of each would be listed in turn.)
+// in the store's order (shorter keys first below 128 bytes; then by
+// bytes). With after set, it starts past that key, so a listing can go on
+// where it stopped. An expired value's key may be listed (the value reads
+// as absent), and so may a key whose entries are of the state's other
+// kind, left when a TTL was added or removed (they read as absent too):
+// the two kinds' keys are merged in order. key is valid during the call
+// only. fn's error stops the scan and is returned. It reads in the
+// scope's store, as All does: a query's scope sees committed state only.
 func Keys(s Scope, name string, after []byte, fn func(key []byte) error) error {
-	for _, kind := range [...]Kind{KindKeyed, KindKeyedTTL} {
-		k := EncodeKey(kind, name, nil, nil)
-		prefix := k[:len(k)-1] // without the empty record key's length
-		start := prefix
-		if after != nil {
-			start = EncodeKey(kind, name, after, nil)
-		}
-		var last []byte
-		seen := false
-		var fnErr error
-		err := s.Store().ScanFrom(prefix, start, func(k, _ []byte) error {
-			pk, err := DecodeKey(k)
-			if err != nil {
+	kinds := [2]*keyRun{newKeyRun(s, KindKeyed, name, after), newKeyRun(s, KindKeyedTTL, name, after)}
+	for {
+		for _, r := range kinds {
+			if err := r.fill(); err != nil {
 				return err
 			}
-			if seen && bytes.Equal(pk.UserKey, last) || after != nil && bytes.Equal(pk.UserKey, after) {
-				return nil // the same key's next entry (a list's, a map's)
-			}
-			last, seen = append(last[:0], pk.UserKey...), true
-			if err := fn(pk.UserKey); err != nil {
-				fnErr = err
-				return ErrStopScan
-			}
-			return nil
-		})
-		if fnErr != nil {
-			return fnErr
 		}
-		if err != nil {
+		a, b := kinds[0].head(), kinds[1].head()
+		var next []byte
+		switch {
+		case a == nil && b == nil:
+			return nil
+		case b == nil || a != nil && bytes.Compare(a, b) <= 0:
+			next = a
+		default:
+			next = b
+		}
+		for _, r := range kinds {
+			if h := r.head(); h != nil && bytes.Equal(h, next) {
+				r.pop() // a key of both kinds is listed once
+			}
+		}
+		if err := fn(next[uvarintLen(uint64(len(next))):]); err != nil {
 			return err
 		}
 	}
+}
+
+// keyRun reads one kind's record keys of a state in store order, a batch
+// at a time, each key as its length (uvarint) and bytes: the order the
+// store sorts them in, so two kinds' keys merge by bytes.Compare.
+type keyRun struct {
+	s      Scope
+	prefix []byte // [format][kind][name]
+	next   []byte // where the next batch starts (a physical key)
+	skip   []byte // the encoded key to leave out (after, or the last read)
+	keys   [][]byte
+	done   bool
+}
+
+// keyBatch is how many keys a run reads at a time.
+const keyBatch = 256
+
+func newKeyRun(s Scope, kind Kind, name string, after []byte) *keyRun {
+	k := EncodeKey(kind, name, nil, nil)
+	r := &keyRun{s: s, prefix: k[:len(k)-1]}
+	r.next = r.prefix
+	if after != nil {
+		r.next = EncodeKey(kind, name, after, nil)
+		r.skip = r.next[len(r.prefix):]
+	}
+	return r
+}
+
+func (r *keyRun) head() []byte {
+	if len(r.keys) == 0 {
+		return nil
+	}
+	return r.keys[0]
+}
+
+func (r *keyRun) pop() { r.keys = r.keys[1:] }
+
+// fill reads the next batch once the last is used up.
+func (r *keyRun) fill() error {
+	if len(r.keys) > 0 || r.done {
+		return nil
+	}
+	errFull := errors.New("batch full")
+	err := r.s.Store().ScanFrom(r.prefix, r.next, func(k, _ []byte) error {
+		enc := k[len(r.prefix):] // [uvarint len][key][sub]
+		n, w := binary.Uvarint(enc)
+		if w <= 0 || uint64(len(enc)-w) < n {
+			return fmt.Errorf("%w: state key %q", ErrCorrupt, k)
+		}
+		enc = enc[:w+int(n)]
+		if bytes.Equal(enc, r.skip) {
+			return nil // the same key's next entry (a list's, a map's), or after
+		}
+		if len(r.keys) == keyBatch {
+			r.next = bytes.Clone(k)
+			return errFull
+		}
+		r.skip = bytes.Clone(enc)
+		r.keys = append(r.keys, r.skip)
+		return nil
+	})
+	switch {
+	case errors.Is(err, errFull):
+		return nil
+	case err != nil:
+		return err
+	}
+	r.done = true
 	return nil
 }

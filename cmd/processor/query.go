@@ -286,9 +286,12 @@ func queryKey(v url.Values) ([]byte, error) {
 
 // listAnswer is the body of a listing's answer.
 type listAnswer struct {
-	State    string      `json:"state"`
-	Instance string      `json:"instance"`
-	Entries  []listEntry `json:"entries"`
+	State    string `json:"state"`
+	Instance string `json:"instance"`
+	// Partitions are the tasks this page read, those running here (not
+	// restoring) from the cursor's on: a listing covers no other.
+	Partitions []int32     `json:"partitions"`
+	Entries    []listEntry `json:"entries"`
 	// Next is the after= of the next page; absent on the last.
 	Next  string `json:"next,omitempty"`
 	Error string `json:"error,omitempty"`
@@ -309,20 +312,27 @@ const (
 
 // list answers GET /state/<state>?list[&limit=n][&after=cursor]: the keys
 // of the state in the tasks that run on this instance, with their values,
-// partition by partition and in each in the store's order (shorter keys
-// first), limit at a time, as Kafka Streams' store.all() lists a local
-// store. Each value is read as a single key's query reads it (committed
-// state only; a key whose value expired is left out), so the page is not
-// one snapshot: a key written meanwhile shows its value at the read.
-// next, when the listing goes on, is the cursor for after=.
+// partition by partition and in each in the store's order (kstate.Keys),
+// limit keys at a time, as Kafka Streams' store.all() lists a local store.
+// Each value is read as a single key's query reads it (committed state
+// only; a key whose value reads absent, expired say, is left out, so a
+// page may hold fewer entries than keys), so the page is not one
+// snapshot. next, when the listing goes on, is the cursor for after=;
+// partitions names the tasks read, so a client sees what a page covered
+// (a task restoring here is not running, and not read).
 func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
-	ans := listAnswer{State: r.PathValue("state"), Instance: q.instance, Entries: []listEntry{}}
+	ans := listAnswer{State: r.PathValue("state"), Instance: q.instance, Partitions: []int32{}, Entries: []listEntry{}}
 	reply := func(code int) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)
 		json.NewEncoder(w).Encode(ans)
 	}
 	v := r.URL.Query()
+	if v.Has("key") || v.Has("key_base64") {
+		ans.Error = "list, or a key: not both"
+		reply(http.StatusBadRequest)
+		return
+	}
 	limit := defaultList
 	if l := v.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
@@ -361,9 +371,10 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 	var keys []found
 	errFull := errors.New("page full")
 	err = st.in.QueryLocal(func(p int32, s kstate.Scope) error {
-		if p < from {
+		if p < from || len(keys) > limit {
 			return nil
 		}
+		ans.Partitions = append(ans.Partitions, p)
 		var start []byte
 		if p == from {
 			start = after
