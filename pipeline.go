@@ -189,13 +189,21 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	if err := p.checkSavepoint(ctx); err != nil {
 		return err
 	}
-	if err := p.createTopics(ctx); err != nil {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(p.opts.Brokers...)}, p.opts.ClientOpts...)...)
+	if err != nil {
+		return fmt.Errorf("sluice: client: %w", err)
+	}
+	err = p.createTopics(ctx, kadm.NewClient(cl))
+	if err == nil {
+		p.recordStages(ctx, cl)
+	}
+	cl.Close()
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return err
 	}
-	p.recordStages(ctx)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, len(p.stages))
@@ -221,16 +229,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // createTopics creates the repartition topics, with the partition count of
 // the pipeline's input unless a stage sets its own; it waits for the input
 // as an Instance does.
-func (p *Pipeline) createTopics(ctx context.Context) error {
+func (p *Pipeline) createTopics(ctx context.Context, adm *kadm.Client) error {
 	if p.opts.DisableTopicCreation {
 		return nil // each stage waits for its input topic, saying so
 	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(p.opts.Brokers...)}, p.opts.ClientOpts...)...)
-	if err != nil {
-		return fmt.Errorf("sluice: client: %w", err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
 	log := p.stages[0].log
 	backoff := 250 * time.Millisecond
 	for {
@@ -315,24 +317,21 @@ func (p *Pipeline) checkSavepoint(ctx context.Context) error {
 // topic unless topic creation is off. A failure is logged, not fatal: the
 // pipeline runs without it, and `processor savepoint` then refuses the
 // app, or goes by an earlier record.
-func (p *Pipeline) recordStages(ctx context.Context) {
+func (p *Pipeline) recordStages(ctx context.Context, cl *kgo.Client) {
 	app := p.opts.AppID
 	rec := &kgo.Record{Topic: control.TopicName(app), Key: control.PipelineKey, Value: control.EncodePipeline(control.Pipeline{Stages: p.names[1:]})}
 	// Bounded: a producer waits for a missing topic for good.
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(p.opts.Brokers...)}, p.opts.ClientOpts...)...)
-	if err == nil {
-		defer cl.Close()
-		adm := kadm.NewClient(cl)
-		if p.opts.DisableTopicCreation {
-			var topics kadm.TopicDetails
-			if topics, err = adm.ListTopics(rctx, rec.Topic); err == nil && topics[rec.Topic].Err != nil {
-				err = topics[rec.Topic].Err
-			}
-		} else {
-			err = control.Create(rctx, adm, app)
+	adm := kadm.NewClient(cl)
+	var err error
+	if p.opts.DisableTopicCreation {
+		var topics kadm.TopicDetails
+		if topics, err = adm.ListTopics(rctx, rec.Topic); err == nil && topics[rec.Topic].Err != nil {
+			err = topics[rec.Topic].Err
 		}
+	} else {
+		err = control.Create(rctx, adm, app)
 	}
 	if err == nil {
 		err = cl.ProduceSync(rctx, rec).FirstErr()

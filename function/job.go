@@ -61,7 +61,7 @@ func New(ctx context.Context, o Options) (sluice.Job, error) {
 		// record's time before its batch.
 		job.EventTime, job.Timestamp = true, sluice.KafkaTime
 		if spec.eventTime != nil {
-			job.Timestamp = spec.eventTime.timestamp
+			job.Timestamp = f.timestamp
 		}
 	}
 	for _, st := range spec.States {
@@ -121,6 +121,21 @@ type recordID struct {
 type recordPlan struct {
 	key   *keyCall
 	index int // in key.events
+	// eventTime is the record's time as the function's eventTimeSource
+	// read it in Prefetch, for timestamp.
+	eventTime time.Time
+}
+
+// timestamp is the Job's Timestamp when the function says where its event
+// time is: the time Prefetch read for the record, which the engine calls
+// it for next (on the same goroutine; a task's number is its input
+// partition's), rather than reading the value again. A record Prefetch
+// left out has no plan: its time is read here, and fails again.
+func (f *fn) timestamp(rec *sluice.Record) (time.Time, error) {
+	if p := f.batches[rec.Partition][recordID{rec.Topic, rec.Offset}]; p != nil {
+		return p.eventTime, nil
+	}
+	return f.timeSource.timestamp(rec)
 }
 
 func newFn(o Options, client functionv1connect.FunctionServiceClient, spec Spec) (*fn, error) {
@@ -198,16 +213,17 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 	plans := make(map[recordID]*recordPlan, len(recs))
 	for _, r := range recs {
 		var eventTime *int64
+		var at time.Time
 		if src := f.timeSource; src != nil {
-			t, err := src.timestamp(r)
-			if err != nil {
+			var err error
+			if at, err = src.timestamp(r); err != nil {
 				// The engine dead-letters it at its Timestamp, the same
 				// call, before Process: the function never sees it, and
 				// the key's answer is applied at its last record that
 				// has a time.
 				continue
 			}
-			ms := t.UnixMilli()
+			ms := at.UnixMilli()
 			eventTime = &ms
 		}
 		k := byKey[string(r.Key)]
@@ -217,7 +233,7 @@ func (f *fn) prefetch(pc sluice.PrefetchContext, recs []*sluice.Record) error {
 			keys = append(keys, k)
 		}
 		id := recordID{r.Topic, r.Offset}
-		plans[id] = &recordPlan{key: k, index: len(k.events)}
+		plans[id] = &recordPlan{key: k, index: len(k.events), eventTime: at}
 		k.events = append(k.events, recordEvent(r, eventTime))
 	}
 	for _, k := range keys {

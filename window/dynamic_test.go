@@ -1,7 +1,6 @@
 package window_test
 
 import (
-	"cmp"
 	"slices"
 	"strings"
 	"testing"
@@ -18,29 +17,9 @@ import (
 func gapOf(e elem) time.Duration { return 1500*time.Millisecond + time.Duration(e.V%3)*time.Second }
 
 // batchDynamicSessions is Flink's sessions with a dynamic gap over the
-// whole stream: each element's window [t, t+gap), and the windows of a key
-// that overlap or touch, transitively, one session.
+// whole stream, gapOf each element's.
 func batchDynamicSessions(es []elem) []string {
-	byKey := map[string][]elem{}
-	for _, e := range es {
-		byKey[e.Key] = append(byKey[e.Key], e)
-	}
-	var out []string
-	for key, ks := range byKey {
-		slices.SortStableFunc(ks, func(a, b elem) int { return cmp.Compare(a.T, b.T) })
-		end := func(e elem) int64 { return e.T + gapOf(e).Milliseconds() }
-		start, stop, r := ks[0].T, end(ks[0]), result{}
-		for _, e := range ks {
-			if e.T > stop { // [e.T, end) neither overlaps nor touches the session
-				out = append(out, line(key, start, stop, r))
-				start, stop, r = e.T, end(e), result{}
-			}
-			stop = max(stop, end(e))
-			r = sum{}.Add(e, r)
-		}
-		out = append(out, line(key, start, stop, r))
-	}
-	return out
+	return batchSessionsBy(es, func(e elem) int64 { return gapOf(e).Milliseconds() })
 }
 
 // Sessions whose gap each element gives match the batch computation, for

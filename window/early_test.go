@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,17 +137,9 @@ func TestEarlyIntervalInProcessingTime(t *testing.T) {
 // holds a value for, as "<key>/<encoded window>".
 func liveWindows(t *testing.T, h *sluicetest.Harness) []string {
 	t.Helper()
-	live := map[string]bool{}
-	for _, r := range h.Records(sluicetest.AppID + "-changelog") {
-		k, err := kstate.DecodeKey(r.Key)
-		if err != nil || k.Name != "w.windows" {
-			continue // markers and other state
-		}
-		live[fmt.Sprintf("%s/%x", k.UserKey, k.Sub)] = r.Value != nil
-	}
 	var out []string
-	for id, ok := range live {
-		if ok {
+	for _, e := range liveState(t, h) {
+		if id, ok := strings.CutPrefix(e, "w.windows "); ok {
 			out = append(out, id)
 		}
 	}

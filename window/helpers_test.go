@@ -201,6 +201,13 @@ func batchFixed(es []elem, size, slide, offset int64) []string {
 }
 
 func batchSessions(es []elem, gap int64) []string {
+	return batchSessionsBy(es, func(elem) int64 { return gap })
+}
+
+// batchSessionsBy is sessions whose gap each element gives (ms): each
+// element's window [t, t+gap(e)), and the windows of a key that overlap or
+// touch, transitively, one session.
+func batchSessionsBy(es []elem, gap func(elem) int64) []string {
 	byKey := map[string][]elem{}
 	for _, e := range es {
 		byKey[e.Key] = append(byKey[e.Key], e)
@@ -208,13 +215,13 @@ func batchSessions(es []elem, gap int64) []string {
 	var out []string
 	for key, ks := range byKey {
 		slices.SortStableFunc(ks, func(a, b elem) int { return cmp.Compare(a.T, b.T) })
-		start, end, r := ks[0].T, ks[0].T+gap, result{}
+		start, end, r := ks[0].T, ks[0].T+gap(ks[0]), result{}
 		for _, e := range ks {
 			if e.T > end { // [e.T, e.T+gap) does not touch the session
 				out = append(out, line(key, start, end, r))
 				start, r = e.T, result{}
 			}
-			end = max(end, e.T+gap)
+			end = max(end, e.T+gap(e))
 			r = sum{}.Add(e, r)
 		}
 		out = append(out, line(key, start, end, r))

@@ -100,23 +100,11 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		reply(http.StatusBadRequest)
 		return
 	}
-	if utf8.Valid(key) {
-		s := string(key)
-		ans.Key = &s
-	} else {
-		ans.KeyBase64 = key
-	}
-	states := q.states.Load()
-	if states == nil {
-		ans.Error = "the processor is starting"
-		w.Header().Set("Retry-After", "1")
-		reply(http.StatusServiceUnavailable)
-		return
-	}
-	st, ok := (*states)[ans.State]
-	if !ok {
-		ans.Error = fmt.Sprintf("no state %q: the job's queryable states are %q", ans.State, slices.Sorted(maps.Keys(*states)))
-		reply(http.StatusNotFound)
+	ans.Key, ans.KeyBase64 = keyFields(key)
+	st, code, msg := q.state(w, ans.State)
+	if code != 0 {
+		ans.Error = msg
+		reply(code)
 		return
 	}
 	var found bool
@@ -349,17 +337,10 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 		reply(http.StatusBadRequest)
 		return
 	}
-	states := q.states.Load()
-	if states == nil {
-		ans.Error = "the processor is starting"
-		w.Header().Set("Retry-After", "1")
-		reply(http.StatusServiceUnavailable)
-		return
-	}
-	st, ok := (*states)[ans.State]
-	if !ok {
-		ans.Error = fmt.Sprintf("no state %q: the job's queryable states are %q", ans.State, slices.Sorted(maps.Keys(*states)))
-		reply(http.StatusNotFound)
+	st, code, msg := q.state(w, ans.State)
+	if code != 0 {
+		ans.Error = msg
+		reply(code)
 		return
 	}
 	// The keys first, a page and one more (whether there is a next),
@@ -407,12 +388,7 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, k := range keys {
 		e := listEntry{Partition: k.p}
-		if utf8.Valid(k.key) {
-			s := string(k.key)
-			e.Key = &s
-		} else {
-			e.KeyBase64 = k.key
-		}
+		e.Key, e.KeyBase64 = keyFields(k.key)
 		ok := false
 		err := st.in.QueryPartition(k.p, k.key, func(s kstate.Scope) error {
 			v, found, err := st.job.QueryState(s, ans.State)
@@ -435,6 +411,32 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	reply(http.StatusOK)
+}
+
+// state is the queryable state named name, or the status and error to
+// answer: 503 (with Retry-After) while the processor starts, 404 for a
+// name the jobs do not serve.
+func (q *stateQueries) state(w http.ResponseWriter, name string) (queryable, int, string) {
+	states := q.states.Load()
+	if states == nil {
+		w.Header().Set("Retry-After", "1")
+		return queryable{}, http.StatusServiceUnavailable, "the processor is starting"
+	}
+	st, ok := (*states)[name]
+	if !ok {
+		return queryable{}, http.StatusNotFound, fmt.Sprintf("no state %q: the job's queryable states are %q", name, slices.Sorted(maps.Keys(*states)))
+	}
+	return st, 0, ""
+}
+
+// keyFields is how an answer names a key: as text when it is UTF-8, else
+// as base64 bytes.
+func keyFields(key []byte) (*string, []byte) {
+	if utf8.Valid(key) {
+		s := string(key)
+		return &s, nil
+	}
+	return nil, key
 }
 
 // parseCursor reads a listing's after=: "<partition>:<key, base64 URL

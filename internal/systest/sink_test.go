@@ -54,15 +54,7 @@ func (f *feeder) expectedTable() map[string]string {
 	defer f.mu.Unlock()
 	out := map[string]string{}
 	for k, vs := range f.values {
-		var a check.Aggregation
-		for i, v := range vs {
-			if i == 0 {
-				a.Min, a.Max = v, v
-			}
-			a.Count++
-			a.Sum += v
-			a.Min, a.Max = min(a.Min, v), max(a.Max, v)
-		}
+		a := check.Running(vs)[len(vs)-1]
 		out[k] = fmt.Sprint(a.Count, a.Sum, a.Min, a.Max)
 	}
 	return out
