@@ -45,8 +45,13 @@ func (l *loop) sweepStateFiles() {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
-		if err := os.Remove(path); err != nil {
+		// A standby's file is not a released task's.
+		removed, err := in.standbys.removeUnlessHeld(p, func() error { return os.Remove(path) })
+		if err != nil {
 			in.log.Warn("deleting the state file of a released task failed", "file", path, "err", err)
+			continue
+		}
+		if !removed {
 			continue
 		}
 		in.log.Info("deleted the state file of a task released long ago", "task", p, "file", path, "idle", now.Sub(fi.ModTime()).Round(time.Second).String())

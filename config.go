@@ -221,6 +221,19 @@ type Options struct {
 	// Default 0: GOMAXPROCS, at least 2. See docs/operations.md.
 	RestoreConcurrency int
 
+	// StandbyReplicas is how many other instances keep a copy of each
+	// task's state (Kafka Streams' num.standby.replicas): a standby
+	// applies the task's changelog as its epochs commit, in a state file
+	// of its own, and the group's leader gives a task whose instance left
+	// or crashed to the instance with its most recent copy, which then
+	// restores only the few epochs its copy lacks instead of the whole
+	// changelog. It costs each standby's disk, and a read of the
+	// changelog (docs/operations.md#standby-replicas). It needs the bbolt
+	// backend and the classic group protocol, whose assignment Sluice
+	// makes itself; at most the other instances there are stand by.
+	// Default 0: none.
+	StandbyReplicas int
+
 	// BroadcastTopic is read whole by every instance; every task applies
 	// each of its records to its own copy of the job's broadcast state
 	// through Job.OnBroadcast, in its epochs (docs/topology.md). Empty:
@@ -451,6 +464,12 @@ func (c *Options) fill() error {
 		return fmt.Errorf("sluice: Options.Parallelism %d is negative (0 = 1: one goroutine processes every task)", c.Parallelism)
 	case c.RestoreConcurrency < 0:
 		return fmt.Errorf("sluice: Options.RestoreConcurrency %d is negative (0 = GOMAXPROCS, at least 2)", c.RestoreConcurrency)
+	case c.StandbyReplicas < 0:
+		return fmt.Errorf("sluice: Options.StandbyReplicas %d is negative (0 = none)", c.StandbyReplicas)
+	case c.StandbyReplicas > 0 && c.Backend != "bbolt":
+		return fmt.Errorf("sluice: Options.StandbyReplicas needs the bbolt backend: a standby keeps its copy in a state file (Backend is %q)", c.Backend)
+	case c.StandbyReplicas > 0 && c.GroupProtocol != "classic":
+		return errors.New("sluice: Options.StandbyReplicas needs GroupProtocol classic: under the consumer protocol (KIP-848) the broker assigns partitions and knows nothing of standbys")
 	}
 	if err := c.Job.Validate(); err != nil {
 		return err

@@ -109,6 +109,10 @@ type Instance struct {
 	// queries is what Query reads of the running tasks (query.go).
 	queries queries
 
+	// standbys are the standby replicas this instance keeps (standby.go);
+	// nil without Options.StandbyReplicas.
+	standbys *standbys
+
 	// poison is what sessions learned of inputs whose outputs can never be
 	// produced, per task; only the goroutine running sessions touches it.
 	poison map[int32]map[inputRef]*poison
@@ -146,6 +150,9 @@ func New(cfg Options) (*Instance, error) {
 		probes:         make(chan chan bool),
 		sasl:           newSASLWatch(),
 		clock:          cfg.Clock,
+	}
+	if cfg.StandbyReplicas > 0 {
+		in.standbys = newStandbys(in)
 	}
 	if cfg.adaptsFetchBound() {
 		in.fetchBound = newFetchBound(in.fetchPartitionBytes())
@@ -305,6 +312,8 @@ func (in *Instance) Run(ctx context.Context) error {
 	// A stop request ends the sessions as a shutdown does.
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
+	in.standbys.start(runCtx)
+	defer in.standbys.stop()
 	var stopRequested atomic.Bool
 	go func() {
 		if ctl.await(runCtx, true, nil) == nil {

@@ -77,6 +77,12 @@ func (in *Instance) groupOpts() []kgo.Opt {
 		// to its "uniform" assignor, which is sticky too.
 		kgo.Balancers(in.balancer()),
 	}
+	if in.standbys != nil {
+		// Preferred by every member that has standbys; the group keeps
+		// the other while a member without them is in it (a rolling
+		// start), and then has no standbys.
+		opts = append(opts, kgo.Balancers(in.standbyBalancer(), withoutStandbys{in.balancer(), in}))
+	}
 	if in.cfg.GroupProtocol == "consumer" {
 		opts = append(opts, kgo.ServerSideBalancer())
 	}

@@ -1233,6 +1233,7 @@ func (l *loop) release(why string, gone []int32) error {
 		l.in.m.forgetTask(p, l.in.cfg.InputTopics)
 		l.pauseOwned(p)
 	}
+	l.in.standbys.releaseActive(gone...)
 	// A batch that waited for its service may have been the released
 	// task's: the next Prefetch says again whether the service is down.
 	l.unavailable = false
@@ -1324,6 +1325,7 @@ func (l *loop) installRestored() error {
 			t.orphan(k)
 		}
 		l.tasks[p] = t
+		l.in.standbys.noteCopy(p, r.meta.ChangelogOffset)
 		l.in.queries.run(p, r.be)
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()
@@ -1406,6 +1408,7 @@ func (l *loop) close() error {
 		l.in.m.forgetTask(p, l.in.cfg.InputTopics)
 	}
 	l.in.m.tasks.Reset()
-	l.in.txnOpenedAt.Store(0) // an open transaction died with the session
+	l.in.standbys.releaseAll() // after the gauge's reset: it counts the standbys again
+	l.in.txnOpenedAt.Store(0)  // an open transaction died with the session
 	return applyErr
 }

@@ -20,6 +20,8 @@ type metrics struct {
 	transactions                                 *prometheus.CounterVec
 	stateKeys, stateBytes, stateHeapBytes        *prometheus.GaugeVec
 	restoreDone, restoreRemaining                *prometheus.GaugeVec
+	standbyOffset                                *prometheus.GaugeVec
+	standbyRecords                               prometheus.Counter
 	lag                                          *prometheus.GaugeVec
 	epoch                                        *prometheus.GaugeVec
 	tasks                                        *prometheus.GaugeVec
@@ -50,6 +52,8 @@ func newMetrics(in *Instance) (*metrics, []prometheus.Collector) {
 		stateHeapBytes:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_state_heap_bytes", Help: "Estimated Go heap held by the task's committed store (memory backend; 0 for bbolt, whose state is in its file)."}, task),
 		restoreDone:        prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_restore_records_done", Help: "Changelog records read by the task's current or last restore."}, task),
 		restoreRemaining:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_restore_records_remaining", Help: "Changelog offsets left to read by the task's restore."}, task),
+		standbyOffset:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_standby_changelog_offset", Help: "Changelog offset up to which the standby replica of the task is complete (just past the last epoch marker it applied); its lag is the changelog partition's end minus this."}, task),
+		standbyRecords:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_standby_records_total", Help: "Changelog records standby replicas read."}),
 		lag:                prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_consumer_lag", Help: "High-water mark minus the next offset to process."}, []string{"topic", "partition"}),
 		tasks:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_tasks", Help: "Tasks by lifecycle state."}, []string{"state"}),
 		timers:             prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_timers", Help: "Timers registered in the task's committed store, per time domain (event, processing)."}, []string{"task", "domain"}),
@@ -66,7 +70,7 @@ func newMetrics(in *Instance) (*metrics, []prometheus.Collector) {
 	m.transactions.WithLabelValues("abort")
 	cs := []prometheus.Collector{m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
-		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.lag, m.tasks, m.epoch,
+		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.standbyOffset, m.standbyRecords, m.lag, m.tasks, m.epoch,
 		m.timers, m.watermarkLag, m.timersFired, m.ttlExpired, m.overlapped, m.pollPartitions,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_epochs_committed_total", Help: "Epochs this instance committed since it started."},
 			func() float64 { return float64(in.committedEpochs.Load()) }),

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/kstate"
 )
@@ -19,6 +21,8 @@ import (
 // is deleted, and the task is restored from the start of its changelog.
 func (in *Instance) restore(ctx context.Context, p int32) restoreResult {
 	start := time.Now()
+	// The file is the task's now: a standby of it here stops first.
+	in.standbys.acquire(p)
 	// Before anything of the changelog is read (sink.go).
 	claim, err := in.sinkClaim(ctx, p)
 	if err != nil {
@@ -89,6 +93,7 @@ func taskName(p int32) string { return fmt.Sprintf("task-%04d", p) }
 func (in *Instance) openStore(p int32, fresh bool) (kstate.Backend, kstate.Meta, error) {
 	dir, name := in.stateDir(), taskName(p)
 	if fresh {
+		in.standbys.forget(p) // the group is told of copies, not of empty files
 		if err := kstate.Remove(in.cfg.Backend, dir, name); err != nil {
 			return nil, kstate.Meta{}, err
 		}
@@ -108,6 +113,7 @@ func (in *Instance) openStore(p int32, fresh bool) (kstate.Backend, kstate.Meta,
 		if rerr := os.Rename(kstate.BoltPath(dir, name), aside); rerr != nil {
 			return nil, kstate.Meta{}, fmt.Errorf("move corrupt state of task %d aside: %w", p, rerr)
 		}
+		in.standbys.forget(p)
 		return in.openStore(p, false)
 	}
 	if err != nil {
@@ -171,19 +177,26 @@ func (in *Instance) admitRestore(ctx context.Context, p int32, records int64) (f
 
 // restoreStore reads the changelog into be from the offset its meta holds.
 func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta) (changelog.Result, error) {
+	return in.readChangelog(ctx, p, be, meta, nil)
+}
+
+// readChangelog brings be up to date from task p's changelog partition,
+// from the offset its meta holds: for a task to run (standby nil), or for
+// a standby replica's round (a live read with the standby's client; see
+// standby.go).
+func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta, standby *kgo.Client) (changelog.Result, error) {
 	var applied *changelog.Marker
 	if len(meta.Offsets) > 0 && !meta.Partial {
 		applied = &changelog.Marker{Epoch: meta.Epoch, Offsets: meta.Offsets, Watermark: meta.Watermark}
 	}
 	label := taskLabel(p)
-	defer in.m.restoreRemaining.DeleteLabelValues(label)
 	runs, err := in.restoreRunsDir(p, be, meta)
 	if err != nil {
 		return changelog.Result{}, err
 	}
 	wrote := false
 	var bulkMeta *kstate.Meta // the last batch's, when it went through ApplyBulk
-	res, err := changelog.Restore(ctx, changelog.RestoreParams{
+	params := changelog.RestoreParams{
 		Admin:       in.adm,
 		ClientOpts:  in.baseOpts(),
 		Topic:       in.changelogTopic,
@@ -217,7 +230,17 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 			in.m.restoreRemaining.WithLabelValues(label).Set(float64(remaining))
 		},
 		Logf: func(msg string, args ...any) { in.log.Info(msg, args...) },
-	})
+	}
+	if standby != nil {
+		params.Live, params.Client, params.Group = true, standby, ""
+		params.Admit = func(ctx context.Context, records int64) (func(), error) {
+			return in.standbys.admit(ctx, p, records)
+		}
+		params.Progress = nil
+	} else {
+		defer in.m.restoreRemaining.DeleteLabelValues(label)
+	}
+	res, err := changelog.Restore(ctx, params)
 	if err == nil && bulkMeta != nil {
 		// The batches left what speeds up the next open unwritten (bbolt's
 		// freelist): write it now rather than at the task's first epoch,
@@ -225,9 +248,10 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 		// then does not cost the next open a walk over every page.
 		err = be.Apply(nil, *bulkMeta)
 	}
-	if err == nil && !wrote && len(meta.Offsets) > 0 {
-		// Nothing new, but the store is now known to be current: say
-		// so, or a task idle for long would look stale at its next start.
+	// Nothing new, but the store is now known to be current: say so, or
+	// a task idle for long would look stale at its next start. A standby
+	// says so once a minute, not at each of its rounds.
+	if err == nil && !wrote && len(meta.Offsets) > 0 && (standby == nil || in.now().Sub(meta.AppliedAt) > time.Minute) {
 		meta.AppliedAt = in.now()
 		err = be.Apply(nil, meta)
 	}

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice/kstate"
 )
@@ -24,8 +26,12 @@ type RestoreParams struct {
 	// brokers, TLS, SASL, logging. It consumes nothing (see
 	// partitionReader).
 	ClientOpts []kgo.Opt
-	Topic      string
-	Partition  int32
+	// Client, if set, is the client the restore fetches with instead of
+	// one built from ClientOpts: a standby's rounds share one. Restore
+	// does not close it.
+	Client    *kgo.Client
+	Topic     string
+	Partition int32
 	// From is the backend's stored changelog offset: just past the last
 	// epoch marker it applied, or for a partial restore just past the last
 	// record it applied.
@@ -35,6 +41,15 @@ type RestoreParams struct {
 	// last marker. An empty Group skips the check.
 	Group       string
 	InputTopics []string
+	// Live reads a partition that a running task is writing, for a
+	// standby replica: up to its last stable offset as it is when the
+	// round begins, without waiting for the open transaction to end, and
+	// everything up to the last marker below it is applied. Group is
+	// ignored: the group's offsets move on with the running task. The
+	// entries after that marker are not orphans but the start of the
+	// next round (Result.Next is where it begins); Result.Orphans is
+	// left empty.
+	Live bool
 	// Applied, if set, is the last marker the backend applied (its epoch
 	// and offsets), so a restore that finds nothing new still knows them.
 	Applied *Marker
@@ -162,11 +177,14 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 			release()
 		}
 	}()
-	cl, err := kgo.NewClient(p.ClientOpts...)
-	if err != nil {
-		return Result{}, fmt.Errorf("changelog: restore client: %w", err)
+	cl := p.Client
+	if cl == nil {
+		var err error
+		if cl, err = kgo.NewClient(p.ClientOpts...); err != nil {
+			return Result{}, fmt.Errorf("changelog: restore client: %w", err)
+		}
+		defer cl.Close()
 	}
-	defer cl.Close()
 	r := restorer{
 		ctx: ctx,
 		p:   p, res: Result{Next: p.From, Last: p.Applied}, pos: p.From, lastMarker: -1,
@@ -221,6 +239,9 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 			ahead = true
 		}
 		if !ahead {
+			if p.Live {
+				return r.res, nil
+			}
 			for k := range r.tail {
 				r.res.Orphans = append(r.res.Orphans, []byte(k))
 			}
@@ -282,27 +303,75 @@ func (r *restorer) logf(msg string, args ...any) {
 }
 
 // stableEnd waits until the partition has no open transaction and returns
-// its high-water mark and log start offset.
+// its high-water mark (then its last stable offset) and log start offset.
+// A live read (RestoreParams.Live) does not wait: it returns the last
+// stable offset as it is.
 func (r *restorer) stableEnd(ctx context.Context) (end, start int64, err error) {
 	backoff := 50 * time.Millisecond
+	listEnd, listStable, listStart := r.p.Admin.ListEndOffsets, r.p.Admin.ListCommittedOffsets, r.p.Admin.ListStartOffsets
+	if r.p.Live {
+		// A standby lists its offsets every round: one partition in a
+		// request of its own, rather than the topic's every partition
+		// after a metadata request, as kadm does.
+		listEnd, listStable, listStart = r.listOne(-1, 0), r.listOne(-1, 1), r.listOne(-2, 0)
+	}
 	for {
-		hwm, err := r.listed(ctx, r.p.Admin.ListEndOffsets)
+		hwm, err := r.listed(ctx, listEnd)
 		if err != nil {
 			return 0, 0, err
 		}
-		lso, err := r.listed(ctx, r.p.Admin.ListCommittedOffsets)
+		lso, err := r.listed(ctx, listStable)
 		if err != nil {
 			return 0, 0, err
 		}
-		if lso >= hwm {
-			start, err := r.listed(ctx, r.p.Admin.ListStartOffsets)
-			return hwm, start, err
+		if lso >= hwm || r.p.Live {
+			start, err := r.listed(ctx, listStart)
+			if r.p.Live && r.p.From > lso && r.p.From <= hwm {
+				// The copy is past the last stable offset, which the
+				// commit of the epoch it last applied has yet to move
+				// (the task that wrote it just moved here from a
+				// member that is now its standby): nothing new yet.
+				return r.p.From, start, err
+			}
+			return lso, start, err
 		}
 		r.logf("changelog partition has an open transaction; waiting for it to end", "partition", r.p.Partition, "lso", lso, "hwm", hwm)
 		if err := sleep(ctx, backoff); err != nil {
 			return 0, 0, err
 		}
 		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// listOne lists the partition's offset at timestamp ts (-1 the end, -2
+// the start) with isolation level (0 read_uncommitted, 1 read_committed),
+// in listed's form.
+func (r *restorer) listOne(ts int64, level int8) func(context.Context, ...string) (kadm.ListedOffsets, error) {
+	return func(ctx context.Context, _ ...string) (kadm.ListedOffsets, error) {
+		req := kmsg.NewPtrListOffsetsRequest()
+		req.ReplicaID = -1
+		req.IsolationLevel = level
+		rt := kmsg.NewListOffsetsRequestTopic()
+		rt.Topic = r.p.Topic
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp, rp.CurrentLeaderEpoch = r.p.Partition, ts, -1
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		resp, err := req.RequestWith(ctx, r.reader.cl)
+		if err != nil {
+			return nil, err
+		}
+		listed := kadm.ListedOffsets{}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if listed[t.Topic] == nil {
+					listed[t.Topic] = map[int32]kadm.ListedOffset{}
+				}
+				listed[t.Topic][p.Partition] = kadm.ListedOffset{Topic: t.Topic, Partition: p.Partition, Offset: p.Offset,
+					Timestamp: p.Timestamp, LeaderEpoch: p.LeaderEpoch, Err: kerr.ErrorForCode(p.ErrorCode)}
+			}
+		}
+		return listed, nil
 	}
 }
 
@@ -533,7 +602,7 @@ func (r *restorer) flush(partial bool) error {
 // task's input partitions are past the last marker read. RequireStable makes
 // the broker answer only once no transactional offset commit is pending.
 func (r *restorer) groupAhead(ctx context.Context) (bool, error) {
-	if r.p.Group == "" {
+	if r.p.Group == "" || r.p.Live {
 		return false, nil
 	}
 	last := r.res.Last

@@ -333,3 +333,81 @@ func TestRestoreAdmitsOnlyLongReads(t *testing.T) {
 		t.Fatalf("a restore Admit refused returned %v after %d applies; want %v and none", err, len(fresh.sizes), refused)
 	}
 }
+
+// A live restore (a standby's round) reads to the last stable offset
+// without waiting for the open transaction of the running task: it applies
+// the epochs committed below it, leaves the entries after the last marker
+// for the next round (no orphans), and the next round, from Result.Next,
+// reads only what was committed since. The client it is given stays open.
+func TestRestoreLiveBesideAnOpenTransaction(t *testing.T) {
+	c, cl, adm := changelogWith(t, 2, 10, 0)
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Key: entryKey(100), Value: []byte("at-least-once tail")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	txn, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("app-changelog"),
+		kgo.TransactionalID("running-task"), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	ctx := context.Background()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	epoch3 := []*kgo.Record{{Key: entryKey(0), Value: []byte("e3")}, {Key: entryKey(200), Value: []byte("e3")},
+		{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: 3, Offsets: map[string]int64{"in": 30}})}}
+	if err := txn.ProduceSync(ctx, epoch3...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	shared, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Close()
+	be := &recordingBackend{Backend: kstate.NewMemory()}
+	live := RestoreParams{Live: true, Client: shared, Group: "ignored", InputTopics: []string{"in"}}
+	res := restoreWith(t, cl, adm, be, live)
+	if res.Last == nil || res.Last.Epoch != 2 || be.Stats().Keys != 20 || len(res.Orphans) != 0 {
+		t.Fatalf("first round: %d keys up to %+v, orphans %d; want 20 keys up to epoch 2 and no orphans", be.Stats().Keys, res.Last, len(res.Orphans))
+	}
+	if v, _, _ := be.Get(entryKey(100)); v != nil {
+		t.Fatalf("the entry after the last marker was applied: %q", v)
+	}
+	// A copy past the last stable offset (a task's former member, whose
+	// last epoch's commit marker has yet to land): nothing new, not a
+	// copy ahead of its changelog.
+	ends, err := adm.ListEndOffsets(ctx, "app-changelog")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hwm, _ := ends.Lookup("app-changelog", 0)
+	ahead := live
+	ahead.From = hwm.Offset
+	if res := restoreWith(t, cl, adm, &recordingBackend{Backend: kstate.NewMemory()}, ahead); res.Records != 0 || res.Next != hwm.Offset {
+		t.Fatalf("a copy past the last stable offset read %d records and ends at %d, want none and %d", res.Records, res.Next, hwm.Offset)
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	live.From, live.Applied = res.Next, res.Last
+	res2 := restoreWith(t, cl, adm, be, live)
+	if res2.Last == nil || res2.Last.Epoch != 3 || res2.Last.Offsets["in"] != 30 {
+		t.Fatalf("second round ended at %+v, want epoch 3", res2.Last)
+	}
+	// The tail entry, epoch 3's two entries and its marker.
+	if res2.Records != 4 {
+		t.Fatalf("second round read %d records, want the 4 written after the first round's marker", res2.Records)
+	}
+	for key, want := range map[string]string{string(entryKey(0)): "e3", string(entryKey(200)): "e3", string(entryKey(100)): "at-least-once tail"} {
+		if v, _, _ := be.Get([]byte(key)); string(v) != want {
+			t.Fatalf("%q = %q after the second round, want %q", key, v, want)
+		}
+	}
+	last := be.metas[len(be.metas)-1]
+	if last.Epoch != 3 || last.ChangelogOffset != res2.Next || last.Partial {
+		t.Fatalf("last meta %+v, want epoch 3 complete at %d", last, res2.Next)
+	}
+	if err := shared.Ping(ctx); err != nil {
+		t.Fatalf("the shared client was closed by the restore: %v", err)
+	}
+}

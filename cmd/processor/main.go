@@ -405,6 +405,7 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		Parallelism:           cfg.Parallelism,
 		PipelinedEpochs:       cfg.PipelinedEpochs,
 		RestoreConcurrency:    cfg.RestoreConcurrency,
+		StandbyReplicas:       cfg.StandbyReplicas,
 		RestoreFrom:           cfg.RestoreFrom,
 		AllowNonRestoredState: cfg.AllowNonRestoredState,
 		Logger:                log,

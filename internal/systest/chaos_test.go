@@ -38,13 +38,17 @@ type chaos struct {
 	// pipelined: the instances run pipelined epochs, and shutdown checks
 	// that records were processed during an overlap.
 	pipelined bool
+	// standby: the instances keep standby replicas, and shutdown checks
+	// that some did.
+	standby bool
 }
 
 // newChaos prepares the instances; proto is their group protocol, extra
 // more of their environment.
 func newChaos(t *testing.T, job string, g sluice.Guarantee, proto string, seed uint64, extra ...string) *chaos {
 	brokers := newCluster(t, 6)
-	ch := &chaos{t: t, brokers: brokers, app: "chaos-" + job, feeder: newFeeder(t, brokers, 200, seed), pipelined: slices.Contains(extra, "SYSTEST_PIPELINED=true")}
+	ch := &chaos{t: t, brokers: brokers, app: "chaos-" + job, feeder: newFeeder(t, brokers, 200, seed), pipelined: slices.Contains(extra, "SYSTEST_PIPELINED=true"),
+		standby: slices.Contains(extra, "SYSTEST_STANDBY=1")}
 	for i := range 3 {
 		state := filepath.Join(t.TempDir(), "state")
 		id := fmt.Sprintf("i%d", i+1)
@@ -179,6 +183,21 @@ func (ch *chaos) shutdown() {
 	if len(open) > 0 {
 		t.Fatalf("transactions left open after every instance stopped (partitions by topic): %v", open)
 	}
+	if ch.standby {
+		var kept, handed []string
+		for _, c := range ch.children {
+			if c.said("standby replica started") {
+				kept = append(kept, c.id)
+			}
+			if c.said("standby replica handed over to its task") {
+				handed = append(handed, c.id)
+			}
+		}
+		if len(kept) == 0 {
+			t.Fatal("standby replicas: no instance kept one, so the run did not test them")
+		}
+		t.Logf("standby replicas: kept by %v, handed over to their tasks on %v", kept, handed)
+	}
 	if ch.pipelined {
 		var overlapped []string
 		for _, c := range ch.children {
@@ -233,12 +252,14 @@ func chaosAggregate(t *testing.T, proto string) {
 	// table must hold each committed epoch once.
 	var pg string
 	var extra []string
-	// The other run processes each instance's tasks in parallel
-	// (Options.Parallelism), each epoch while the one before commits
-	// (Options.PipelinedEpochs), under the same kills and pauses.
+	// It keeps a standby replica of each task (Options.StandbyReplicas),
+	// which the tasks a kill moves start from. The other run processes
+	// each instance's tasks in parallel (Options.Parallelism), each epoch
+	// while the one before commits (Options.PipelinedEpochs), under the
+	// same kills and pauses.
 	if proto == "classic" {
 		pg = pgtest.Start(t).URL()
-		extra = append(extra, "SYSTEST_PG_URL="+pg)
+		extra = append(extra, "SYSTEST_PG_URL="+pg, "SYSTEST_STANDBY=1")
 	} else {
 		extra = append(extra, "SYSTEST_PARALLELISM=3", "SYSTEST_PIPELINED=true")
 	}
@@ -304,7 +325,12 @@ func (ch *chaos) checkDeadLetters(topic string) {
 // across the hop, with each stage's tasks processed in parallel.
 func TestChaosWordcountExactlyOnce(t *testing.T) {
 	seed := chaosSeed(t, 24)
-	ch := newChaos(t, "wordcount", sluice.ExactlyOnce, chaosProtocol("classic"), seed, "SYSTEST_PARALLELISM=2", "SYSTEST_PIPELINED=true")
+	extra := []string{"SYSTEST_PARALLELISM=2", "SYSTEST_PIPELINED=true"}
+	if proto := chaosProtocol("classic"); proto == "classic" {
+		// Each stage keeps a standby replica of each of its tasks.
+		extra = append(extra, "SYSTEST_STANDBY=1")
+	}
+	ch := newChaos(t, "wordcount", sluice.ExactlyOnce, chaosProtocol("classic"), seed, extra...)
 	ch.feeder.words = map[string]int{}
 	ch.run(20*time.Second, 0, seed)
 	occurrences := func() int {

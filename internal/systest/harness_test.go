@@ -55,6 +55,7 @@ func runChild() int {
 	}
 	cfg.Parallelism, _ = strconv.Atoi(env("SYSTEST_PARALLELISM"))
 	cfg.PipelinedEpochs = env("SYSTEST_PIPELINED") == "true"
+	cfg.StandbyReplicas, _ = strconv.Atoi(env("SYSTEST_STANDBY"))
 	level := slog.LevelInfo
 	if env("SYSTEST_LOG_DIR") != "" {
 		level = slog.LevelDebug

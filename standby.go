@@ -1,0 +1,411 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/changelog"
+)
+
+// Standby replicas (Options.StandbyReplicas; Kafka Streams'
+// num.standby.replicas). A standby is a copy of a task that another
+// instance runs, kept in this instance's state dir, in the file the task
+// would use here: it reads the task's changelog partition as the task
+// commits (a live read, changelog.RestoreParams.Live) and applies each
+// committed epoch, up to its marker, with the marker's offsets, watermark
+// and epoch. It writes nothing to Kafka and is no part of any transaction.
+//
+// When the task fails over to this instance (the group's leader prefers
+// the member with the most recent copy, standby_balancer.go), the task's
+// restore stops the standby and opens the same file, which is then an
+// ordinary kept store: it reads only the changelog tail past the copy's
+// last marker, exactly as a task restarted on its own file does. The
+// epoch protocol is untouched: a standby's file is never more than a
+// prefix of the changelog's committed epochs, which is what a kept file
+// is.
+//
+// Each task file has one holder at a time: a running or restoring task
+// (acquire, until releaseActive) or a standby. A standby starts only for a
+// task that no task here holds, and a task's restore waits for its
+// standby to close the file.
+
+// standbyIdle bounds how long a standby waits between two rounds: the
+// first after a round that applied records, doubling up to the second
+// while the partition stays idle.
+var standbyIdle = [2]time.Duration{200 * time.Millisecond, 2 * time.Second}
+
+type standbys struct {
+	in *Instance
+
+	mu      sync.Mutex
+	ctx     context.Context // Run's while it runs, nil otherwise
+	want    map[int32]bool  // the last assignment's standbys
+	active  map[int32]bool  // tasks whose file a task here holds
+	running map[int32]*standbyRun
+	copies  map[int32]int64 // changelog offset each complete local copy reflects
+	// slot lets one standby at a time read more than a batch of its
+	// changelog (a new standby, or one far behind): the heap a restore
+	// holds, and the CPU, stay for the tasks that run.
+	slot chan struct{}
+	// fallback: the group's last assignment came from the balancer of
+	// members without standbys (withoutStandbys), which said so once.
+	fallback atomic.Bool
+	// run keeps a standby until its context ends: follow, or a test's.
+	run func(ctx context.Context, p int32)
+
+	clientMu sync.Mutex
+	client   *kgo.Client // the standbys' one client, made at the first need
+}
+
+type standbyRun struct {
+	cancel   context.CancelFunc
+	stopping bool // cancelled (under standbys.mu)
+	done     chan struct{}
+}
+
+func newStandbys(in *Instance) *standbys {
+	s := &standbys{in: in, want: map[int32]bool{}, active: map[int32]bool{}, running: map[int32]*standbyRun{},
+		copies: map[int32]int64{}, slot: make(chan struct{}, 1)}
+	s.run = s.follow
+	return s
+}
+
+// start lets standbys run until stop, and notes the copies in the state
+// dir: the tasks this instance held before it stopped are its to report.
+func (s *standbys) start(ctx context.Context) {
+	if s == nil {
+		return
+	}
+	found := s.in.scanCopies()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ctx = ctx
+	for p, off := range found {
+		if _, ok := s.copies[p]; !ok {
+			s.copies[p] = off
+		}
+	}
+	s.reconcile()
+}
+
+// stop ends every standby and waits until each closed its file.
+func (s *standbys) stop() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.ctx = nil
+	clear(s.want) // the next Run's group assigns them anew
+	runs := slices.Collect(maps.Values(s.running))
+	s.mu.Unlock()
+	for _, r := range runs {
+		r.cancel()
+		<-r.done
+	}
+	s.clientMu.Lock()
+	if s.client != nil {
+		s.client.Close()
+		s.client = nil
+	}
+	s.clientMu.Unlock()
+}
+
+// sharedClient is the client every standby reads its changelog with.
+func (s *standbys) sharedClient() (*kgo.Client, error) {
+	s.clientMu.Lock()
+	defer s.clientMu.Unlock()
+	if s.client == nil {
+		cl, err := kgo.NewClient(s.in.baseOpts()...)
+		if err != nil {
+			return nil, fmt.Errorf("standby client: %w", err)
+		}
+		s.client = cl
+	}
+	return s.client, nil
+}
+
+// assigned takes the standbys of a new assignment, and reports whether
+// they changed.
+func (s *standbys) assigned(ps []int32) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := map[int32]bool{}
+	for _, p := range ps {
+		want[p] = true
+	}
+	changed := !maps.Equal(want, s.want)
+	if changed {
+		s.in.log.Info("standby tasks assigned", "tasks", ps)
+	}
+	s.want = want
+	s.reconcile()
+	return changed
+}
+
+// acquire makes task p's file a task's: the standby of p, if any, stops
+// and closes it first. It may be called again for a task that holds it.
+func (s *standbys) acquire(p int32) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.active[p] = true
+	r := s.running[p]
+	if r != nil {
+		r.cancel()
+		r.stopping = true
+	}
+	s.mu.Unlock()
+	if r != nil {
+		<-r.done
+		s.in.log.Info("standby replica handed over to its task", "task", p)
+	}
+}
+
+// releaseActive says task p's file is closed: a standby may take it.
+func (s *standbys) releaseActive(ps ...int32) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range ps {
+		delete(s.active, p)
+	}
+	s.reconcile()
+}
+
+// releaseAll is releaseActive of every task: the session closed them all.
+func (s *standbys) releaseAll() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.active)
+	s.reconcile()
+}
+
+// removeUnlessHeld runs remove, which deletes task p's file, unless the
+// file is a standby's, wanted or running; the lock keeps an assignment
+// from starting a standby on the file meanwhile. It reports whether it
+// ran remove. The sweep of released tasks' files uses it.
+func (s *standbys) removeUnlessHeld(p int32, remove func() error) (bool, error) {
+	if s == nil {
+		return true, remove()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.want[p] || s.running[p] != nil {
+		return false, nil
+	}
+	err := remove()
+	if err == nil {
+		delete(s.copies, p)
+	}
+	return true, err
+}
+
+// localCopies is what this member tells the group's leader: the changelog
+// offset of each complete copy of a task it holds, running, standing by
+// or on disk.
+func (s *standbys) localCopies() map[int32]int64 {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.copies)
+}
+
+// noteCopy records that the copy of task p here is complete up to
+// changelog offset off.
+func (s *standbys) noteCopy(p int32, off int64) {
+	if s == nil || off <= 0 {
+		return
+	}
+	s.mu.Lock()
+	s.copies[p] = off
+	s.mu.Unlock()
+}
+
+// forget drops the copy of task p: its file was deleted.
+func (s *standbys) forget(p int32) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	delete(s.copies, p)
+	s.mu.Unlock()
+}
+
+// reconcile starts the wanted standbys whose file is free and stops the
+// unwanted ones. With s.mu held.
+func (s *standbys) reconcile() {
+	// Not once Run's context ended: the standbys that stop then must not
+	// start again while the instance takes its last checkpoint.
+	if s.ctx != nil && s.ctx.Err() == nil {
+		for _, p := range slices.Sorted(maps.Keys(s.want)) {
+			if !s.active[p] && s.running[p] == nil {
+				s.launch(p)
+			}
+		}
+	}
+	live := 0
+	for p, r := range s.running {
+		if !s.want[p] || s.ctx == nil {
+			r.cancel()
+			r.stopping = true
+		}
+		if !r.stopping {
+			live++
+		}
+	}
+	s.in.m.tasks.WithLabelValues("standby").Set(float64(live))
+}
+
+// launch runs task p's standby until it is cancelled. With s.mu held.
+func (s *standbys) launch(p int32) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	r := &standbyRun{cancel: cancel, done: make(chan struct{})}
+	s.running[p] = r
+	go func() {
+		s.run(ctx, p)
+		cancel()
+		s.in.m.standbyOffset.DeleteLabelValues(taskLabel(p))
+		s.in.log.Info("standby replica stopped", "task", p)
+		s.mu.Lock()
+		if s.running[p] == r {
+			delete(s.running, p)
+		}
+		// Wanted again while it stopped: it starts anew.
+		s.reconcile()
+		s.mu.Unlock()
+		close(r.done)
+	}()
+}
+
+// follow keeps task p's copy up to date until ctx ends, starting over
+// after a failure (a broker down, a corrupt file) with a backoff.
+func (s *standbys) follow(ctx context.Context, p int32) {
+	backoff := time.Second
+	for {
+		err := s.keep(ctx, p)
+		if ctx.Err() != nil {
+			return
+		}
+		s.in.log.Warn("standby replica failed; retrying", "task", p, "err", err, "retry_in", backoff)
+		if sleep(ctx, backoff) != nil {
+			return
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// keep opens task p's file as a task's restore does (a corrupt file moved
+// aside, a stale one started over) and applies the changelog's committed
+// epochs to it, round after round.
+func (s *standbys) keep(ctx context.Context, p int32) error {
+	in := s.in
+	be, meta, err := in.openStore(p, false)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if be != nil {
+			be.Close()
+		}
+	}()
+	cl, err := s.sharedClient()
+	if err != nil {
+		return err
+	}
+	in.log.Info("standby replica started", "task", p, "epoch", meta.Epoch, "changelog_offset", meta.ChangelogOffset)
+	idle := standbyIdle[0]
+	for {
+		res, err := in.readChangelog(ctx, p, be, meta, cl)
+		if errors.Is(err, changelog.ErrStateBehind) && ctx.Err() == nil {
+			// The records the copy needs next were deleted: start
+			// over, as a task's restore does.
+			be.Close()
+			in.log.Warn("standby replica is behind its changelog's start; starting it over", "task", p, "err", err)
+			s.forget(p)
+			if be, meta, err = in.openStore(p, true); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if meta, err = be.Meta(); err != nil {
+			return err
+		}
+		if !meta.Partial && len(meta.Offsets) > 0 {
+			s.noteCopy(p, meta.ChangelogOffset)
+			in.m.standbyOffset.WithLabelValues(taskLabel(p)).Set(float64(meta.ChangelogOffset))
+		}
+		in.m.standbyRecords.Add(float64(res.Records))
+		// A round lists the partition's offsets (three requests): at
+		// most one a standbyIdle[0], however busy the partition.
+		if res.Records > 0 {
+			idle = standbyIdle[0]
+		}
+		if err := sleep(ctx, idle); err != nil {
+			return err
+		}
+		if res.Records == 0 {
+			idle = min(2*idle, standbyIdle[1])
+		}
+	}
+}
+
+// admit is admitRestore for standbys: one at a time reads more than a
+// batch (their own turn, so that a failover's restore never waits behind
+// a standby).
+func (s *standbys) admit(ctx context.Context, p int32, records int64) (func(), error) {
+	select {
+	case s.slot <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	s.in.log.Debug("standby replica reading more than a batch of its changelog", "task", p, "records", records)
+	return func() { <-s.slot }, nil
+}
+
+// scanCopies reads the meta of each task file in the state dir: the
+// copies this instance holds before any task or standby runs.
+func (in *Instance) scanCopies() map[int32]int64 {
+	found := map[int32]int64{}
+	entries, err := os.ReadDir(in.stateDir())
+	if err != nil {
+		return found // no state dir yet
+	}
+	for _, e := range entries {
+		p, ok := taskOfFile(e.Name())
+		if !ok {
+			continue
+		}
+		be, err := in.cfg.OpenBackend(in.cfg.Backend, in.stateDir(), taskName(p))
+		if err != nil {
+			continue // the task's restore deals with it
+		}
+		if meta, err := be.Meta(); err == nil && !meta.Partial && len(meta.Offsets) > 0 && in.stale(meta) == "" {
+			found[p] = meta.ChangelogOffset
+		}
+		be.Close()
+	}
+	return found
+}

@@ -1,0 +1,445 @@
+package sluice
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// The group protocol of an app with standby replicas (classic protocol;
+// Kafka Streams' StreamsPartitionAssignor does the same job for it). Each
+// member's JoinGroup metadata carries the changelog offsets of the task
+// copies it holds locally: its running tasks, its standbys and the state
+// files it found at its start. The leader assigns tasks, not partitions (a
+// task is partition p of every input topic):
+//
+//   - A task stays with the member that runs it, as the sticky balancers
+//     keep partitions, within an even spread (no member more than one task
+//     above another).
+//   - A task without a running owner (its member left or crashed, or the
+//     group is new) goes to the member whose copy of it is the most
+//     recent, among those with room: that member restores only the tail
+//     its copy lacks. A standby kept up to date is that member.
+//   - Each task gets Options.StandbyReplicas standbys on members other
+//     than its owner, spread evenly, preferring members that hold a copy.
+//
+// The standbys travel in each member's assignment user data. Under the
+// cooperative protocol (one input topic) the plan is adjusted as franz-go's
+// cooperative-sticky balancer adjusts its own: a task moving between
+// members is first revoked by its owner, then assigned in the next round.
+// Several input topics keep the eager protocol of the range balancer they
+// use without standbys (balancer).
+
+const standbyProtocol = "sluice-standby-v1"
+
+// localCopiesVersion and standbyVersion head the two user data encodings.
+// A member fails a sync whose standbys it cannot read (and rejoins), so an
+// encoding that older members cannot read needs a new protocol name.
+const (
+	localCopiesVersion byte = 1
+	standbyVersion     byte = 1
+)
+
+type standbyBalancer struct {
+	in          *Instance
+	replicas    int
+	cooperative bool
+}
+
+func (in *Instance) standbyBalancer() *standbyBalancer {
+	return &standbyBalancer{in: in, replicas: in.cfg.StandbyReplicas, cooperative: len(in.cfg.InputTopics) == 1}
+}
+
+func (*standbyBalancer) ProtocolName() string { return standbyProtocol }
+
+func (b *standbyBalancer) IsCooperative() bool { return b.cooperative }
+
+func (b *standbyBalancer) JoinGroupMetadata(interests []string, current map[string][]int32, generation int32) []byte {
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Version = 3
+	meta.Topics = interests
+	meta.Generation = generation
+	for _, topic := range slices.Sorted(maps.Keys(current)) {
+		owned := kmsg.NewConsumerMemberMetadataOwnedPartition()
+		owned.Topic, owned.Partitions = topic, current[topic]
+		meta.OwnedPartitions = append(meta.OwnedPartitions, owned)
+	}
+	meta.UserData = encodeLocalCopies(b.in.standbys.localCopies())
+	return meta.AppendTo(nil)
+}
+
+func (b *standbyBalancer) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
+	var a kmsg.ConsumerMemberAssignment
+	if err := a.ReadFrom(assignment); err != nil {
+		return nil, fmt.Errorf("sync assignment parse failed: %w", err)
+	}
+	standbys, err := decodeStandbys(a.UserData)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string][]int32, len(a.Topics))
+	for _, t := range a.Topics {
+		m[t.Topic] = t.Partitions
+	}
+	b.in.standbys.fallback.Store(false)
+	b.in.standbys.assigned(standbys)
+	return m, nil
+}
+
+func (b *standbyBalancer) MemberBalancer(members []kmsg.JoinGroupResponseMember) (kgo.GroupMemberBalancer, map[string]struct{}, error) {
+	cb, err := kgo.NewConsumerBalancer(b, members)
+	return cb, cb.MemberTopics(), err
+}
+
+// Balance is the leader's: see the top of the file.
+func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]int32) kgo.IntoSyncAssignment {
+	var tasks int32
+	for _, n := range topics {
+		tasks = max(tasks, n)
+	}
+	// A claim to a task counts only at the highest generation claiming
+	// it: a member that missed rebalances may still claim what another
+	// has run since (KIP-792), as franz-go's sticky balancer reads them.
+	newest := map[int32]int32{}
+	cb.EachMember(func(_ *kmsg.JoinGroupResponseMember, meta *kmsg.ConsumerMemberMetadata) {
+		for _, o := range meta.OwnedPartitions {
+			for _, t := range o.Partitions {
+				if g, ok := newest[t]; !ok || meta.Generation > g {
+					newest[t] = meta.Generation
+				}
+			}
+		}
+	})
+	members := make([]taskMember, 0, len(cb.Members()))
+	cb.EachMember(func(m *kmsg.JoinGroupResponseMember, meta *kmsg.ConsumerMemberMetadata) {
+		tm := taskMember{}
+		for _, o := range meta.OwnedPartitions {
+			for _, t := range o.Partitions {
+				if meta.Generation >= newest[t] {
+					tm.owned = append(tm.owned, t)
+				}
+			}
+		}
+		// A member whose copies cannot be read (another release's
+		// encoding) is assigned as one without copies.
+		tm.local, _ = decodeLocalCopies(meta.UserData)
+		members = append(members, tm)
+	})
+	plan := assignTasks(tasks, members, b.replicas)
+	// Partition t of each topic goes to task t's member; of a topic that
+	// member does not read (members with other input topics, in a
+	// rolling change of them), to the first member that does.
+	runs := map[int32]int{}
+	for i, ts := range plan.active {
+		for _, t := range ts {
+			runs[t] = i
+		}
+	}
+	p := cb.NewPlan()
+	standbys := map[string][]int32{}
+	for _, topic := range slices.Sorted(maps.Keys(topics)) {
+		for t := range topics[topic] {
+			first := -1
+			for i := range members {
+				m, meta := cb.MemberAt(i)
+				if !slices.Contains(meta.Topics, topic) {
+					continue
+				}
+				if first < 0 {
+					first = i
+				}
+				if i == runs[t] {
+					p.AddPartition(m, topic, t)
+					first = -2
+					break
+				}
+			}
+			if first >= 0 {
+				m, _ := cb.MemberAt(first)
+				p.AddPartition(m, topic, t)
+			}
+		}
+	}
+	for i := range members {
+		m, _ := cb.MemberAt(i)
+		standbys[m.MemberID] = plan.standby[i]
+	}
+	if b.cooperative {
+		p.AdjustCooperative(cb)
+	}
+	return &standbyAssignment{plan: p, standbys: standbys}
+}
+
+// withoutStandbys is the balancer the group falls back to when one of its
+// members does not offer the standby balancer (an instance without
+// standbys): an assignment from it ends this member's standbys, which
+// would otherwise keep following tasks the group knows nothing of.
+type withoutStandbys struct {
+	kgo.GroupBalancer
+	in *Instance
+}
+
+func (b withoutStandbys) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
+	b.in.standbys.assigned(nil)
+	if !b.in.standbys.fallback.Swap(true) {
+		b.in.log.Warn("the group assigns with "+b.ProtocolName()+", not "+standbyProtocol+": a member does not set SLUICE_STANDBY_REPLICAS; no standby replicas until it leaves",
+			"standby_replicas", b.in.cfg.StandbyReplicas)
+	}
+	return b.GroupBalancer.ParseSyncAssignment(assignment)
+}
+
+// standbyAssignment is a plan with each member's standbys in its user data.
+type standbyAssignment struct {
+	plan     *kgo.BalancePlan
+	standbys map[string][]int32
+}
+
+func (a *standbyAssignment) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAssignment {
+	out := a.plan.IntoSyncAssignment()
+	for i := range out {
+		var ma kmsg.ConsumerMemberAssignment
+		if err := ma.ReadFrom(out[i].MemberAssignment); err != nil {
+			panic(fmt.Sprintf("sluice: re-reading an assignment franz-go encoded: %v", err)) // cannot happen
+		}
+		ma.UserData = encodeStandbys(a.standbys[out[i].MemberID])
+		out[i].MemberAssignment = ma.AppendTo(nil)
+	}
+	return out
+}
+
+// taskMember is what the leader knows of a member: the tasks it runs (a
+// partition of any input counts) and the changelog offsets of its copies.
+type taskMember struct {
+	owned []int32
+	local map[int32]int64
+}
+
+// taskPlan is each member's tasks and standbys, in the members' order.
+type taskPlan struct {
+	active, standby [][]int32
+}
+
+// assignTasks spreads tasks 0..tasks-1 over members (in the group's order,
+// which franz-go sorts by instance id) with replicas standbys each; see
+// the top of the file.
+func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
+	n := len(members)
+	plan := taskPlan{active: make([][]int32, n), standby: make([][]int32, n)}
+	if n == 0 || tasks <= 0 {
+		return plan
+	}
+	owner := make([]int, tasks)
+	for t := range owner {
+		owner[t] = -1
+	}
+	// An even spread: every member runs q tasks or q+1, and r of them q+1.
+	q, r := int(tasks)/n, int(tasks)%n
+	count, atHi := make([]int, n), 0
+	canTake := func(i int) bool { return count[i] < q || (count[i] == q && atHi < r) }
+	take := func(i int, t int32) {
+		owner[t] = i
+		count[i]++
+		if count[i] == q+1 {
+			atHi++
+		}
+	}
+	copyOf := func(i int, t int32) int64 {
+		if off, ok := members[i].local[t]; ok {
+			return off
+		}
+		return -1
+	}
+	// A member above its share gives up first the tasks whose copy
+	// elsewhere lags its own the least: those restore fastest there.
+	behindElsewhere := func(i int, t int32) int64 {
+		best := int64(-1)
+		for j := range members {
+			if j != i {
+				best = max(best, copyOf(j, t))
+			}
+		}
+		if best < 0 {
+			return math.MaxInt64
+		}
+		return copyOf(i, t) - best
+	}
+	owned := make([][]int32, n)
+	claims := map[int32]int{}
+	for i, m := range members {
+		owned[i] = slices.DeleteFunc(slices.Clone(m.owned), func(t int32) bool { return t < 0 || t >= tasks })
+		slices.Sort(owned[i])
+		owned[i] = slices.Compact(owned[i])
+		slices.SortStableFunc(owned[i], func(a, b int32) int { return cmp.Compare(behindElsewhere(i, b), behindElsewhere(i, a)) })
+		for _, t := range owned[i] {
+			claims[t]++
+		}
+	}
+	// What one member alone claims first; a task two claim at the same
+	// generation (a member that missed a revoke) goes to the first with
+	// room afterwards.
+	for _, contested := range []bool{false, true} {
+		for i := range members {
+			for _, t := range owned[i] {
+				if (claims[t] > 1) == contested && owner[t] < 0 && canTake(i) {
+					take(i, t)
+				}
+			}
+		}
+	}
+	for t := range tasks {
+		if owner[t] >= 0 {
+			continue
+		}
+		best := -1
+		for i := range members {
+			if !canTake(i) {
+				continue
+			}
+			if best < 0 || copyOf(i, t) > copyOf(best, t) || (copyOf(i, t) == copyOf(best, t) && count[i] < count[best]) {
+				best = i
+			}
+		}
+		take(best, t)
+	}
+	for t := range tasks {
+		plan.active[owner[t]] = append(plan.active[owner[t]], t)
+	}
+
+	replicas = min(replicas, n-1)
+	if replicas <= 0 {
+		return plan
+	}
+	// First the members holding a copy, the most recent first, each up
+	// to the even share; then the fewest standbys first.
+	limit := (int(tasks)*replicas + n - 1) / n
+	scount := make([]int, n)
+	chosen := make([][]int, tasks)
+	add := func(t int32, i int) {
+		chosen[t] = append(chosen[t], i)
+		scount[i]++
+		plan.standby[i] = append(plan.standby[i], t)
+	}
+	for t := range tasks {
+		var warm []int
+		for i := range members {
+			if i != owner[t] && copyOf(i, t) >= 0 {
+				warm = append(warm, i)
+			}
+		}
+		slices.SortStableFunc(warm, func(a, b int) int { return cmp.Compare(copyOf(b, t), copyOf(a, t)) })
+		for _, i := range warm {
+			if len(chosen[t]) < replicas && scount[i] < limit {
+				add(t, i)
+			}
+		}
+	}
+	for t := range tasks {
+		for len(chosen[t]) < replicas {
+			best := -1
+			for i := range members {
+				if i == owner[t] || slices.Contains(chosen[t], i) {
+					continue
+				}
+				if best < 0 || scount[i] < scount[best] {
+					best = i
+				}
+			}
+			add(t, best)
+		}
+	}
+	// The fill can leave a member over its share where the last tasks'
+	// only members below it ran them: move standbys from the fullest to
+	// the emptiest while that evens them out.
+	for moved := true; moved; {
+		moved = false
+		hi, lo := 0, 0
+		for i := range members {
+			if scount[i] > scount[hi] {
+				hi = i
+			}
+			if scount[i] < scount[lo] {
+				lo = i
+			}
+		}
+		if scount[hi]-scount[lo] <= 1 {
+			break
+		}
+		for k, t := range plan.standby[hi] {
+			if owner[t] == lo || slices.Contains(chosen[t], lo) {
+				continue
+			}
+			plan.standby[hi] = slices.Delete(plan.standby[hi], k, k+1)
+			plan.standby[lo] = append(plan.standby[lo], t)
+			chosen[t][slices.Index(chosen[t], hi)] = lo
+			scount[hi]--
+			scount[lo]++
+			moved = true
+			break
+		}
+	}
+	for i := range plan.standby {
+		slices.Sort(plan.standby[i])
+	}
+	return plan
+}
+
+// encodeLocalCopies writes version, count, then (task int32, offset int64)
+// pairs in task order.
+func encodeLocalCopies(m map[int32]int64) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{localCopiesVersion}, uint32(len(m)))
+	for _, t := range slices.Sorted(maps.Keys(m)) {
+		b = binary.BigEndian.AppendUint32(b, uint32(t))
+		b = binary.BigEndian.AppendUint64(b, uint64(m[t]))
+	}
+	return b
+}
+
+var errUserData = errors.New("sluice: unreadable group user data")
+
+func decodeLocalCopies(b []byte) (map[int32]int64, error) {
+	if len(b) < 5 || b[0] != localCopiesVersion {
+		return nil, errUserData
+	}
+	n := binary.BigEndian.Uint32(b[1:])
+	b = b[5:]
+	if uint64(len(b)) != uint64(n)*12 {
+		return nil, errUserData
+	}
+	m := make(map[int32]int64, n)
+	for ; len(b) > 0; b = b[12:] {
+		m[int32(binary.BigEndian.Uint32(b))] = int64(binary.BigEndian.Uint64(b[4:]))
+	}
+	return m, nil
+}
+
+// encodeStandbys writes version, count, then the tasks.
+func encodeStandbys(ts []int32) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{standbyVersion}, uint32(len(ts)))
+	for _, t := range ts {
+		b = binary.BigEndian.AppendUint32(b, uint32(t))
+	}
+	return b
+}
+
+func decodeStandbys(b []byte) ([]int32, error) {
+	if len(b) < 5 || b[0] != standbyVersion {
+		return nil, fmt.Errorf("%w: a standby assignment of %d bytes", errUserData, len(b))
+	}
+	n := binary.BigEndian.Uint32(b[1:])
+	b = b[5:]
+	if uint64(len(b)) != uint64(n)*4 {
+		return nil, fmt.Errorf("%w: a standby assignment of %d tasks in %d bytes", errUserData, n, len(b))
+	}
+	ts := make([]int32, 0, n)
+	for ; len(b) > 0; b = b[4:] {
+		ts = append(ts, int32(binary.BigEndian.Uint32(b)))
+	}
+	return ts, nil
+}

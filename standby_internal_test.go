@@ -1,0 +1,453 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// A group where nobody left keeps its tasks where they run; each task gets
+// its standbys on other members, spread evenly.
+func TestAssignTasksKeepsOwnersAndSpreadsStandbys(t *testing.T) {
+	members := []taskMember{{owned: []int32{0, 3}}, {owned: []int32{1, 4}}, {owned: []int32{2, 5}}}
+	plan := assignTasks(6, members, 1)
+	if want := [][]int32{{0, 3}, {1, 4}, {2, 5}}; !reflect.DeepEqual(plan.active, want) {
+		t.Fatalf("active %v, want %v", plan.active, want)
+	}
+	checkPlan(t, 6, members, 1, plan)
+	for i, s := range plan.standby {
+		if len(s) != 2 {
+			t.Fatalf("member %d stands by for %v, want 2 tasks", i, s)
+		}
+	}
+}
+
+// The tasks of a member that left go to the members holding their most
+// recent copies, as far as the even spread allows.
+func TestAssignTasksGivesFreedTasksToTheFreshestCopy(t *testing.T) {
+	members := []taskMember{
+		{owned: []int32{0, 1}, local: map[int32]int64{0: 500, 1: 400, 4: 90, 5: 30}},
+		{owned: []int32{2, 3}, local: map[int32]int64{2: 500, 3: 400, 4: 80, 5: 70}},
+	}
+	plan := assignTasks(6, members, 1)
+	if want := [][]int32{{0, 1, 4}, {2, 3, 5}}; !reflect.DeepEqual(plan.active, want) {
+		t.Fatalf("active %v, want %v (task 4 to member 0's copy at 90, 5 to member 1's at 70)", plan.active, want)
+	}
+	checkPlan(t, 6, members, 1, plan)
+
+	// The freshest copy's member is full: the next freshest takes it.
+	members[0].local[5] = 100
+	plan = assignTasks(6, members, 1)
+	if want := [][]int32{{0, 1, 4}, {2, 3, 5}}; !reflect.DeepEqual(plan.active, want) {
+		t.Fatalf("active %v, want %v (member 0 is full after task 4)", plan.active, want)
+	}
+}
+
+// A member that joins takes its share from the others: each gives up the
+// tasks whose copy elsewhere is nearest its own, here the ones the new
+// member holds.
+func TestAssignTasksMovesTasksWithCopiesToAJoiningMember(t *testing.T) {
+	members := []taskMember{
+		{owned: []int32{0, 1, 2}, local: map[int32]int64{0: 100, 1: 100, 2: 100}},
+		{owned: []int32{3, 4, 5}, local: map[int32]int64{3: 100, 4: 100, 5: 100}},
+		{local: map[int32]int64{1: 99, 4: 98}},
+	}
+	plan := assignTasks(6, members, 0)
+	if want := [][]int32{{0, 2}, {3, 5}, {1, 4}}; !reflect.DeepEqual(plan.active, want) {
+		t.Fatalf("active %v, want %v", plan.active, want)
+	}
+	checkPlan(t, 6, members, 0, plan)
+}
+
+// Standbys go first to members holding a copy, within the even spread.
+func TestAssignTasksPrefersStandbysWithCopies(t *testing.T) {
+	members := []taskMember{
+		{owned: []int32{0}},
+		{owned: []int32{1}, local: map[int32]int64{0: 10}},
+		{owned: []int32{2}, local: map[int32]int64{0: 20, 1: 5}},
+	}
+	plan := assignTasks(3, members, 1)
+	// Task 0's standby is member 2 (its copy at 20, above member 1's at
+	// 10), which is then at its even share (1): task 1's goes to member 0
+	// though member 2 holds a copy, and task 2's to member 1.
+	if want := [][]int32{{1}, {2}, {0}}; !reflect.DeepEqual(plan.standby, want) {
+		t.Fatalf("standby %v, want %v", plan.standby, want)
+	}
+	checkPlan(t, 3, members, 1, plan)
+}
+
+// More standbys than other members: as many as there are; one member:
+// none.
+func TestAssignTasksBoundsStandbysByMembers(t *testing.T) {
+	members := []taskMember{{}, {}}
+	plan := assignTasks(4, members, 3)
+	checkPlan(t, 4, members, 1, plan)
+	plan = assignTasks(4, members[:1], 2)
+	if !reflect.DeepEqual(plan.active, [][]int32{{0, 1, 2, 3}}) || len(plan.standby[0]) != 0 {
+		t.Fatalf("one member: %+v", plan)
+	}
+	if plan := assignTasks(0, members, 1); len(plan.active[0])+len(plan.active[1]) != 0 {
+		t.Fatalf("no tasks: %+v", plan)
+	}
+}
+
+// Random groups: every task has one owner, owners are spread evenly, a
+// member keeps what only it claims within its share, and standbys are
+// distinct members other than the owner, spread evenly.
+func TestAssignTasksInvariants(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 3000 {
+		n := 1 + r.IntN(6)
+		tasks := int32(r.IntN(20))
+		replicas := r.IntN(4)
+		members := make([]taskMember, n)
+		for t := range tasks {
+			if r.IntN(3) > 0 {
+				m := r.IntN(n)
+				members[m].owned = append(members[m].owned, t)
+			}
+			if r.IntN(2) == 0 {
+				m := r.IntN(n)
+				if members[m].local == nil {
+					members[m].local = map[int32]int64{}
+				}
+				members[m].local[t] = int64(r.IntN(50))
+			}
+		}
+		if r.IntN(10) == 0 && n > 1 && tasks > 0 { // a stale claim: two owners
+			members[0].owned = append(members[0].owned, 0)
+			members[1].owned = append(members[1].owned, 0)
+		}
+		plan := assignTasks(tasks, members, replicas)
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			checkPlan(t, tasks, members, replicas, plan)
+			// Sticky: a member keeps the tasks only it claims, up to
+			// the even share.
+			claims := map[int32]int{}
+			for _, m := range members {
+				for _, task := range m.owned {
+					claims[task]++
+				}
+			}
+			for i, m := range members {
+				var own []int32
+				for _, task := range m.owned {
+					if claims[task] == 1 {
+						own = append(own, task)
+					}
+				}
+				if len(own) > int(tasks)/n {
+					continue
+				}
+				for _, task := range own {
+					if !slices.Contains(plan.active[i], task) {
+						t.Fatalf("member %d lost task %d, which only it claimed, within its share: owned %v, plan %v", i, task, m.owned, plan.active)
+					}
+				}
+			}
+		})
+	}
+}
+
+func checkPlan(t *testing.T, tasks int32, members []taskMember, replicas int, plan taskPlan) {
+	t.Helper()
+	n := len(members)
+	owner := map[int32]int{}
+	lo, hi := int(tasks), 0
+	for i, ts := range plan.active {
+		lo, hi = min(lo, len(ts)), max(hi, len(ts))
+		for _, task := range ts {
+			if _, dup := owner[task]; dup || task < 0 || task >= tasks {
+				t.Fatalf("task %d assigned twice or out of range: %v", task, plan.active)
+			}
+			owner[task] = i
+		}
+	}
+	if len(owner) != int(tasks) || hi-lo > 1 {
+		t.Fatalf("%d of %d tasks assigned, %d to %d a member: %v", len(owner), tasks, lo, hi, plan.active)
+	}
+	want := min(replicas, n-1)
+	per := map[int32][]int{}
+	most := 0
+	for i, ts := range plan.standby {
+		most = max(most, len(ts))
+		for _, task := range ts {
+			if owner[task] == i || slices.Contains(per[task], i) {
+				t.Fatalf("member %d stands by for task %d it runs or twice: %+v", i, task, plan)
+			}
+			per[task] = append(per[task], i)
+		}
+	}
+	for task := range tasks {
+		if len(per[task]) != want {
+			t.Fatalf("task %d has %d standbys, want %d: %+v", task, len(per[task]), want, plan)
+		}
+	}
+	if limit := (int(tasks)*want + n - 1) / n; want > 0 && most > limit {
+		t.Fatalf("a member stands by for %d tasks, above the even share %d: %+v", most, limit, plan.standby)
+	}
+}
+
+func TestStandbyUserDataRoundTrips(t *testing.T) {
+	copies := map[int32]int64{0: 1, 7: 1 << 40, 3: 0}
+	got, err := decodeLocalCopies(encodeLocalCopies(copies))
+	if err != nil || !reflect.DeepEqual(got, copies) {
+		t.Fatalf("copies %v, %v; want %v", got, err, copies)
+	}
+	if got, err := decodeLocalCopies(encodeLocalCopies(nil)); err != nil || len(got) != 0 {
+		t.Fatalf("no copies: %v, %v", got, err)
+	}
+	ts := []int32{4, 1, 9}
+	back, err := decodeStandbys(encodeStandbys(ts))
+	if err != nil || !reflect.DeepEqual(back, ts) {
+		t.Fatalf("standbys %v, %v; want %v", back, err, ts)
+	}
+	for _, bad := range [][]byte{nil, {9, 0, 0, 0, 0}, {1, 0, 0, 0, 2, 0, 0, 0, 1}, {1, 0, 0, 0, 1}} {
+		if _, err := decodeStandbys(bad); !errors.Is(err, errUserData) {
+			t.Fatalf("standbys from %v: %v, want errUserData", bad, err)
+		}
+		if _, err := decodeLocalCopies(bad); !errors.Is(err, errUserData) {
+			t.Fatalf("copies from %v: %v, want errUserData", bad, err)
+		}
+	}
+}
+
+// The balancer end to end, as the group runs it: each member's JoinGroup
+// metadata carries its copies, the leader's plan gives a freed task to the
+// member holding its most recent copy (here against the members' order),
+// the standbys reach each member in its assignment, and under the
+// cooperative protocol a task moving between two members is first only
+// revoked.
+func TestStandbyBalancerThroughTheGroupProtocol(t *testing.T) {
+	newMember := func(copies map[int32]int64) *Instance { return standbyMember(copies, "in") }
+	balance := func(ins []*Instance, owned []map[string][]int32) map[string]map[string][]int32 {
+		t.Helper()
+		subs := make([][]string, len(ins))
+		gens := make([]int32, len(ins))
+		for i := range ins {
+			subs[i], gens[i] = []string{"in"}, 7
+		}
+		return balanceOnce(t, ins, subs, owned, gens, map[string]int32{"in": 6})
+	}
+	// The member that ran tasks 0 and 1 is gone. m2 holds the freshest
+	// copy of 0, m1 that of 1.
+	m1 := newMember(map[int32]int64{2: 500, 3: 500, 0: 100, 1: 300})
+	m2 := newMember(map[int32]int64{4: 500, 5: 500, 0: 300, 1: 100})
+	got := balance([]*Instance{m1, m2}, []map[string][]int32{{"in": {2, 3}}, {"in": {4, 5}}})
+	if want := map[string]map[string][]int32{"m1": {"in": {1, 2, 3}}, "m2": {"in": {0, 4, 5}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("assigned %v, want %v", got, want)
+	}
+	for i, in := range []*Instance{m1, m2} {
+		if len(in.standbys.want) != 3 {
+			t.Fatalf("m%d stands by for %v, want the other's 3 tasks", i+1, in.standbys.want)
+		}
+	}
+
+	// m3 joins, holding a recent copy of task 2 and an old one of 4: m1
+	// gives up 2, m2 gives up 4 (the others have no copy elsewhere), and
+	// in this first round m3 gets neither: their owners revoke them first.
+	m1.standbys.copies = map[int32]int64{1: 600, 2: 500, 3: 500, 0: 100} // running 1 since
+	m2.standbys.copies = map[int32]int64{0: 600, 4: 500, 5: 500, 1: 100}
+	m3 := newMember(map[int32]int64{2: 499, 4: 10})
+	got = balance([]*Instance{m1, m2, m3}, []map[string][]int32{{"in": {1, 2, 3}}, {"in": {0, 4, 5}}, nil})
+	if want := map[string]map[string][]int32{"m1": {"in": {1, 3}}, "m2": {"in": {0, 5}}, "m3": {}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("assigned %v, want %v", got, want)
+	}
+	// The next round, with the two revoked: m3 takes them.
+	got = balance([]*Instance{m1, m2, m3}, []map[string][]int32{{"in": {1, 3}}, {"in": {0, 5}}, nil})
+	if want := map[string]map[string][]int32{"m1": {"in": {1, 3}}, "m2": {"in": {0, 5}}, "m3": {"in": {2, 4}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("assigned %v, want %v", got, want)
+	}
+	for i, in := range []*Instance{m1, m2, m3} {
+		if len(in.standbys.want) != 2 {
+			t.Fatalf("m%d stands by for %v, want 2 tasks", i+1, in.standbys.want)
+		}
+	}
+}
+
+// standbyMember is an instance for the balancer's tests: one standby,
+// these copies, reading topics.
+func standbyMember(copies map[int32]int64, topics ...string) *Instance {
+	in := &Instance{cfg: Options{StandbyReplicas: 1, InputTopics: topics}, log: slog.New(slog.DiscardHandler)}
+	in.m, _ = newMetrics(in)
+	in.standbys = newStandbys(in)
+	in.standbys.copies = copies
+	return in
+}
+
+// balanceOnce runs one round of the group protocol over ins: their
+// JoinGroup metadata (subscribed to subs, owning owned at generations
+// gens), the first one's plan over parts, and each member's parse of its
+// assignment, which it returns by member id (m1, m2, …).
+func balanceOnce(t *testing.T, ins []*Instance, subs [][]string, owned []map[string][]int32, gens []int32, parts map[string]int32) map[string]map[string][]int32 {
+	t.Helper()
+	var members []kmsg.JoinGroupResponseMember
+	for i, in := range ins {
+		b := in.standbyBalancer()
+		if b.ProtocolName() != standbyProtocol || b.IsCooperative() != (len(in.cfg.InputTopics) == 1) {
+			t.Fatalf("protocol %q, cooperative %v with %d inputs", b.ProtocolName(), b.IsCooperative(), len(in.cfg.InputTopics))
+		}
+		m := kmsg.NewJoinGroupResponseMember()
+		m.MemberID = fmt.Sprintf("m%d", i+1)
+		m.ProtocolMetadata = b.JoinGroupMetadata(subs[i], owned[i], gens[i])
+		members = append(members, m)
+	}
+	gb, _, err := ins[0].standbyBalancer().MemberBalancer(members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	into, err := gb.(kgo.GroupMemberBalancerOrError).BalanceOrError(parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]map[string][]int32{}
+	for _, a := range into.IntoSyncAssignment() {
+		i := int(a.MemberID[1]-'0') - 1
+		ps, err := ins[i].standbyBalancer().ParseSyncAssignment(a.MemberAssignment)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[a.MemberID] = normalize(ps)
+	}
+	return got
+}
+
+// Several input topics: partition p of each goes to task p's member (an
+// eager protocol, as the range balancer's); members reading different
+// topics (a rolling change of them) leave no partition unassigned; a
+// claim of a member that missed rebalances loses to the newer one.
+func TestStandbyBalancerEdges(t *testing.T) {
+	two := []string{"a", "b"}
+	m1, m2 := standbyMember(nil, two...), standbyMember(nil, two...)
+	got := balanceOnce(t, []*Instance{m1, m2}, [][]string{two, two}, []map[string][]int32{nil, nil}, []int32{-1, -1}, map[string]int32{"a": 4, "b": 4})
+	if want := map[string]map[string][]int32{"m1": {"a": {0, 2}, "b": {0, 2}}, "m2": {"a": {1, 3}, "b": {1, 3}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("two inputs: %v, want %v", got, want)
+	}
+
+	m3 := standbyMember(nil, "a")
+	got = balanceOnce(t, []*Instance{m1, m3}, [][]string{two, {"a"}}, []map[string][]int32{nil, nil}, []int32{-1, -1}, map[string]int32{"a": 2, "b": 2})
+	seen := map[string]int{}
+	for _, parts := range got {
+		for topic, ps := range parts {
+			for _, p := range ps {
+				seen[fmt.Sprint(topic, p)]++
+			}
+		}
+	}
+	if len(seen) != 4 || got["m2"]["b"] != nil {
+		t.Fatalf("different subscriptions: %v (each of a0 a1 b0 b1 once, none of b to m2)", got)
+	}
+
+	s1, s2 := standbyMember(nil, "in"), standbyMember(nil, "in")
+	got = balanceOnce(t, []*Instance{s1, s2}, [][]string{{"in"}, {"in"}},
+		[]map[string][]int32{{"in": {0}}, {"in": {0, 1}}}, []int32{5, 7}, map[string]int32{"in": 2})
+	if want := map[string]map[string][]int32{"m1": {}, "m2": {"in": {0}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("a stale claim: %v, want %v (m2 keeps 0, and 1 waits for its revoke)", got, want)
+	}
+}
+
+func normalize(m map[string][]int32) map[string][]int32 {
+	out := map[string][]int32{}
+	for k, v := range m {
+		if len(v) > 0 {
+			out[k] = slices.Sorted(slices.Values(v))
+		}
+	}
+	return out
+}
+
+// The lease of a task's file between its standby and its task: a standby
+// starts only for a task not held here, acquire returns once the standby
+// closed the file, a release lets the standby start again, an assignment
+// without it stops it, and once Run's context ends no standby starts again
+// (each that stops would otherwise start anew until stop).
+func TestStandbyLease(t *testing.T) {
+	in := &Instance{cfg: Options{StandbyReplicas: 1, InputTopics: []string{"in"}, AppID: "lease", StateDir: t.TempDir(), Backend: "bbolt"},
+		log: slog.New(slog.DiscardHandler)}
+	in.m, _ = newMetrics(in)
+	s := newStandbys(in)
+	in.standbys = s
+	var mu sync.Mutex
+	open := map[int32]bool{}
+	opened := make(chan int32, 16)
+	s.run = func(ctx context.Context, p int32) {
+		mu.Lock()
+		if open[p] {
+			t.Errorf("task %d's file opened twice", p)
+		}
+		open[p] = true
+		mu.Unlock()
+		opened <- p
+		<-ctx.Done()
+		mu.Lock()
+		open[p] = false
+		mu.Unlock()
+	}
+	isOpen := func(p int32) bool { mu.Lock(); defer mu.Unlock(); return open[p] }
+	running := func(p int32) *standbyRun { s.mu.Lock(); defer s.mu.Unlock(); return s.running[p] }
+	gauge := func() float64 {
+		var m dto.Metric
+		if err := in.m.tasks.WithLabelValues("standby").Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetGauge().GetValue()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.start(ctx)
+	s.acquire(3) // a task here holds 3
+	s.assigned([]int32{1, 2, 3})
+	for range 2 {
+		if p := <-opened; p != 1 && p != 2 {
+			t.Fatalf("a standby of task %d started", p)
+		}
+	}
+	if running(3) != nil || gauge() != 2 {
+		t.Fatalf("standby of the held task 3 running: %v; gauge %v, want 2", running(3) != nil, gauge())
+	}
+	s.acquire(1)
+	if isOpen(1) || running(1) != nil {
+		t.Fatal("acquire returned before task 1's standby closed its file")
+	}
+	s.assigned([]int32{1, 2, 3})
+	if running(1) != nil {
+		t.Fatal("a standby of task 1 started while its task holds it")
+	}
+	s.releaseActive(1, 3)
+	for range 2 {
+		<-opened
+	}
+	if !isOpen(1) || !isOpen(3) || gauge() != 3 {
+		t.Fatalf("after the release: 1 open %v, 3 open %v, gauge %v", isOpen(1), isOpen(3), gauge())
+	}
+	r := running(1)
+	s.assigned([]int32{2, 3})
+	<-r.done
+	if isOpen(1) || gauge() != 2 {
+		t.Fatalf("task 1's standby still open (%v) after an assignment without it; gauge %v", isOpen(1), gauge())
+	}
+	// Run's context ends: the standbys stop and none starts again.
+	r2, r3 := running(2), running(3)
+	cancel()
+	<-r2.done
+	<-r3.done
+	if running(2) != nil || running(3) != nil || len(opened) > 0 {
+		t.Fatalf("a standby started again after Run's context ended (%d opens)", len(opened))
+	}
+	s.stop()
+	s.assigned([]int32{2})
+	if running(2) != nil {
+		t.Fatal("a standby started after stop")
+	}
+}

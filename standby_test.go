@@ -1,0 +1,289 @@
+package sluice_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/check"
+	"github.com/sluicehq/sluice/internal/testhook"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// restores is a slog.Handler that keeps, per task, the changelog records
+// each "task restored" said it read, and the other messages about a task.
+type restores struct {
+	mu    *sync.Mutex
+	reads map[string][]int64
+	said  map[string][]string
+}
+
+func (r restores) Enabled(context.Context, slog.Level) bool { return true }
+func (r restores) Handle(_ context.Context, rec slog.Record) error {
+	var task string
+	var n int64 = -1
+	rec.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "task":
+			task = a.Value.String()
+		case "records":
+			n = a.Value.Int64()
+		}
+		return true
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rec.Message == "task restored" {
+		r.reads[task] = append(r.reads[task], n)
+	}
+	if task != "" {
+		r.said[task] = append(r.said[task], rec.Message)
+	}
+	return nil
+}
+func (r restores) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r restores) WithGroup(string) slog.Handler      { return r }
+
+func (r restores) saidOf(task string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.said[task])
+}
+
+func (r restores) of(task string) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.reads[task])
+}
+
+// Three instances of the aggregate job. With a standby replica each,
+// every task runs on one instance and stands by on another. When one
+// crashes, the group's leader gives each of its tasks to the instance
+// holding its standby, whose restore reads nothing: the copy had applied
+// everything. Without standbys, the same restores read the tasks' whole
+// changelog partitions. Either way the outputs stay exactly once across
+// the failover, and the input written after it counts on from the state
+// the tasks took over.
+func TestStandbyReplicasTakeOverFromTheirCopies(t *testing.T) {
+	for _, replicas := range []int{1, 0} {
+		t.Run(fmt.Sprintf("standbys=%d", replicas), func(t *testing.T) { testStandbyFailover(t, replicas) })
+	}
+}
+
+func testStandbyFailover(t *testing.T, replicas int) {
+	const partitions, instances, keys, first, second = 6, 3, 300, 6000, 2000
+	inputs := map[string][]int64{}
+	batch := func(from, n int) []*kgo.Record {
+		var recs []*kgo.Record
+		for i := from; i < from+n; i++ {
+			k, v := fmt.Sprintf("k%03d", i%keys), int64(i%7)
+			inputs[k] = append(inputs[k], v)
+			recs = append(recs, &kgo.Record{Key: []byte(k), Value: []byte(strconv.FormatInt(v, 10))})
+		}
+		return recs
+	}
+	brokers, adm := inputCluster(t, partitions, batch(0, first))
+	const app = "sb"
+	type member struct {
+		inst *sluice.Instance
+		reg  *prometheus.Registry
+		log  restores
+		done chan error
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	members := make([]*member, instances)
+	start := func(i int) {
+		opts := testOptions(brokers, app, jobs.Aggregate(), filepath.Join(t.TempDir(), strconv.Itoa(i)))
+		opts.OutputTopic, opts.InstanceID, opts.StandbyReplicas = "out", "i"+strconv.Itoa(i), replicas
+		m := &member{reg: prometheus.NewRegistry(), log: restores{mu: &sync.Mutex{}, reads: map[string][]int64{}, said: map[string][]string{}}, done: make(chan error, 1)}
+		opts.Registry, opts.Logger = m.reg, slog.New(m.log)
+		inst, err := sluice.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.inst = inst
+		members[i] = m
+		go func() { m.done <- inst.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-m.done; err != nil {
+				t.Error(err)
+			}
+			m.done <- nil // for the next Cleanup of this member, if any
+		})
+	}
+	metric := func(reg prometheus.Gatherer, name string, labels ...string) float64 {
+		v, err := check.MetricSum(reg, name, labels...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	running := func(m *member) float64 { return metric(m.reg, "sluice_tasks", "state", "running") }
+	standing := func(m *member) float64 { return metric(m.reg, "sluice_tasks", "state", "standby") }
+
+	// The first alone: the tasks the others take from it restore there
+	// from scratch, and those it keeps were never elsewhere.
+	start(0)
+	waitFor(t, "the first instance running every task", func() bool { return running(members[0]) == partitions })
+	for i := 1; i < instances; i++ {
+		start(i)
+	}
+	consumed := consumedAll(adm, app, first)
+	cl := changelog.TopicName(app)
+	var moved []string         // the first instance's tasks
+	holder := map[string]int{} // which instance stands by for each
+	waitFor(t, "the input consumed, two tasks running and standing by on each instance, the standbys up to date", func() bool {
+		if !consumed(nil) {
+			return false
+		}
+		for _, m := range members {
+			if running(m) != 2 || standing(m) != float64(2*replicas) {
+				return false
+			}
+		}
+		moved = labelValues(t, members[0].reg, "sluice_epoch", "task")
+		if replicas == 0 {
+			return true
+		}
+		ends, err := adm.ListEndOffsets(context.Background(), cl)
+		if err != nil {
+			return false
+		}
+		for _, label := range moved {
+			p, _ := strconv.Atoi(label)
+			end, ok := ends.Lookup(cl, int32(p))
+			holder[label] = -1
+			for i, m := range members {
+				// Past the last marker, the commit's control record.
+				if slices.Contains(labelValues(t, m.reg, "sluice_standby_changelog_offset", "task"), label) &&
+					ok && metric(m.reg, "sluice_standby_changelog_offset", "task", label) == float64(end.Offset-1) {
+					holder[label] = i
+				}
+			}
+			if holder[label] < 1 {
+				return false
+			}
+		}
+		return true
+	})
+	if len(moved) != 2 {
+		t.Fatalf("the first instance runs tasks %v, want 2", moved)
+	}
+	records, err := check.ReadToEnd(context.Background(), brokers, cl, kgo.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]int64{} // committed records per changelog partition
+	for _, r := range records {
+		sizes[strconv.Itoa(int(r.Partition))]++
+	}
+	for _, label := range moved {
+		for _, m := range members[1:] {
+			if reads := m.log.of(label); len(reads) > 0 {
+				t.Fatalf("task %s, which the first instance ran from the start, restored elsewhere before the crash: %v", label, reads)
+			}
+		}
+	}
+
+	testhook.Kill(members[0].inst)
+	if err := <-members[0].done; err != nil {
+		t.Fatal(err)
+	}
+	members[0].done <- nil
+	// The others take its tasks once its session times out.
+	waitFor(t, "the others running every task", func() bool {
+		return running(members[1]) == partitions/2 && running(members[2]) == partitions/2
+	})
+	for _, label := range moved {
+		var got []int
+		var reads []int64
+		for i, m := range members[1:] {
+			if r := m.log.of(label); len(r) > 0 {
+				got, reads = append(got, i+1), append(reads, r...)
+			}
+		}
+		if len(reads) != 1 {
+			t.Fatalf("task %s restored %d times after the crash (instances %v), want once", label, len(reads), got)
+		}
+		said := members[got[0]].log.saidOf(label)
+		if slices.Contains(said, "restore failed; retrying") {
+			t.Errorf("task %s's restore failed on instance %d: %q", label, got[0], said)
+		}
+		switch read := reads[0]; {
+		case replicas > 0 && !(slices.Contains(said, "standby replica stopped") && slices.Index(said, "standby replica stopped") < slices.Index(said, "task restored")):
+			t.Errorf("task %s's standby on instance %d did not stop before its restore: %q", label, got[0], said)
+		case replicas > 0 && got[0] != holder[label]:
+			t.Errorf("task %s went to instance %d, not to %d, which held its standby", label, got[0], holder[label])
+		case replicas > 0 && read != 0:
+			t.Errorf("task %s read %d changelog records to run on instance %d, want 0: its standby there had applied them all", label, read, got[0])
+		case replicas == 0 && read != sizes[label]:
+			t.Errorf("task %s read %d changelog records to run without a standby, want its partition's %d", label, read, sizes[label])
+		}
+	}
+
+	// The input after the failover counts on from the state taken over.
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
+	if err := pcl.ProduceSync(context.Background(), batch(first, second)...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the second input consumed", func() bool { return consumedAll(adm, app, first+second)(nil) })
+	outs, err := check.ReadToEnd(context.Background(), brokers, "out", kgo.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := check.Aggregate(inputs, outs); !r.OK() {
+		t.Fatalf("outputs after the failover: %s", r)
+	}
+}
+
+// waitFor polls cond until it holds, for at most a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
+	}
+}
+
+// labelValues lists the values of label on the series of name in reg.
+func labelValues(t *testing.T, reg prometheus.Gatherer, name, label string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out = append(out, l.GetValue())
+				}
+			}
+		}
+	}
+	return out
+}
