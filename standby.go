@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
@@ -89,11 +90,9 @@ func (s *standbys) start(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.ctx = ctx
-	for p, off := range found {
-		if _, ok := s.copies[p]; !ok {
-			s.copies[p] = off
-		}
-	}
+	// Nothing runs yet: the files are the truth, not what an earlier
+	// Run noted.
+	s.copies = found
 	s.reconcile()
 }
 
@@ -265,7 +264,7 @@ func (s *standbys) reconcile() {
 	}
 	live := 0
 	for p, r := range s.running {
-		if !s.want[p] || s.ctx == nil {
+		if !s.want[p] || s.ctx == nil || s.ctx.Err() != nil {
 			r.cancel()
 			r.stopping = true
 		}
@@ -302,7 +301,8 @@ func (s *standbys) launch(p int32) {
 func (s *standbys) follow(ctx context.Context, p int32) {
 	backoff := time.Second
 	for {
-		err := s.keep(ctx, p)
+		// A standby that got through a round starts its backoff anew.
+		err := s.keep(ctx, p, func() { backoff = time.Second })
 		if ctx.Err() != nil {
 			return
 		}
@@ -316,8 +316,10 @@ func (s *standbys) follow(ctx context.Context, p int32) {
 
 // keep opens task p's file as a task's restore does (a corrupt file moved
 // aside, a stale one started over) and applies the changelog's committed
-// epochs to it, round after round.
-func (s *standbys) keep(ctx context.Context, p int32) error {
+// epochs to it, round after round, calling rounded after each. A round
+// that fails with an error Kafka says to retry (a leader moving, a broker
+// restarting) is tried again with the file kept open.
+func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 	in := s.in
 	be, meta, err := in.openStore(p, false)
 	if err != nil {
@@ -333,10 +335,13 @@ func (s *standbys) keep(ctx context.Context, p int32) error {
 		return err
 	}
 	in.log.Info("standby replica started", "task", p, "epoch", meta.Epoch, "changelog_offset", meta.ChangelogOffset)
-	idle := standbyIdle[0]
+	idle, failing := standbyIdle[0], false
 	for {
 		res, err := in.readChangelog(ctx, p, be, meta, cl)
-		if errors.Is(err, changelog.ErrStateBehind) && ctx.Err() == nil {
+		var ke *kerr.Error
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, changelog.ErrStateBehind):
 			// The records the copy needs next were deleted: start
 			// over, as a task's restore does.
 			be.Close()
@@ -346,10 +351,29 @@ func (s *standbys) keep(ctx context.Context, p int32) error {
 				return err
 			}
 			continue
+		case errors.As(err, &ke) && ke.Retriable:
+			if !failing {
+				in.log.Warn("standby replica's round failed; trying again", "task", p, "err", err)
+			}
+			failing = true
+			if err := sleep(ctx, idle); err != nil {
+				return err
+			}
+			idle = min(2*idle, standbyIdle[1])
+			// A round may have applied batches before it failed.
+			if meta, err = be.Meta(); err != nil {
+				return err
+			}
+			continue
 		}
 		if err != nil {
 			return err
 		}
+		if failing {
+			in.log.Info("standby replica's rounds succeed again", "task", p)
+		}
+		failing = false
+		rounded()
 		if meta, err = be.Meta(); err != nil {
 			return err
 		}

@@ -354,35 +354,47 @@ func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
 			add(t, best)
 		}
 	}
-	// The fill can leave a member over its share where the last tasks'
-	// only members below it ran them: move standbys from the fullest to
-	// the emptiest while that evens them out.
-	for moved := true; moved; {
-		moved = false
-		hi, lo := 0, 0
-		for i := range members {
-			if scount[i] > scount[hi] {
-				hi = i
+	// The fill can leave members two or more standbys apart where the
+	// last tasks' only members with fewer ran them. Even them out along
+	// chains: a member with more hands one standby to a member that may
+	// hold it, which hands one of its own on, until one with at least
+	// two fewer than the first takes it (an augmenting path, found
+	// breadth first). Each chain lowers the sum of squares of the counts.
+	even := func() bool {
+		for hi := range members {
+			prev, via := make([]int, n), make([]int32, n)
+			for i := range prev {
+				prev[i] = -2 // not reached
 			}
-			if scount[i] < scount[lo] {
-				lo = i
+			prev[hi] = -1
+			for queue := []int{hi}; len(queue) > 0; queue = queue[1:] {
+				a := queue[0]
+				for _, t := range plan.standby[a] {
+					for b := range members {
+						if prev[b] != -2 || owner[t] == b || slices.Contains(chosen[t], b) {
+							continue
+						}
+						prev[b], via[b] = a, t
+						if scount[hi]-scount[b] <= 1 {
+							queue = append(queue, b)
+							continue
+						}
+						for x := b; prev[x] >= 0; x = prev[x] {
+							from, t := prev[x], via[x]
+							plan.standby[from] = slices.DeleteFunc(plan.standby[from], func(u int32) bool { return u == t })
+							plan.standby[x] = append(plan.standby[x], t)
+							chosen[t][slices.Index(chosen[t], from)] = x
+						}
+						scount[hi]--
+						scount[b]++
+						return true
+					}
+				}
 			}
 		}
-		if scount[hi]-scount[lo] <= 1 {
-			break
-		}
-		for k, t := range plan.standby[hi] {
-			if owner[t] == lo || slices.Contains(chosen[t], lo) {
-				continue
-			}
-			plan.standby[hi] = slices.Delete(plan.standby[hi], k, k+1)
-			plan.standby[lo] = append(plan.standby[lo], t)
-			chosen[t][slices.Index(chosen[t], hi)] = lo
-			scount[hi]--
-			scount[lo]++
-			moved = true
-			break
-		}
+		return false
+	}
+	for even() {
 	}
 	for i := range plan.standby {
 		slices.Sort(plan.standby[i])

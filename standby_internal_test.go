@@ -102,15 +102,24 @@ func TestAssignTasksBoundsStandbysByMembers(t *testing.T) {
 	}
 }
 
+// Standbys even out where the fill left a member without any and the
+// fullest member's standbys are all tasks of the emptiest (found by
+// review: the repair tried only that pair).
+func TestAssignTasksEvensStandbysOut(t *testing.T) {
+	members := []taskMember{{owned: []int32{0, 1, 2}}, {}, {owned: []int32{3}}, {owned: []int32{4, 5}, local: map[int32]int64{1: 13}}}
+	plan := assignTasks(6, members, 2)
+	checkPlan(t, 6, members, 2, plan)
+}
+
 // Random groups: every task has one owner, owners are spread evenly, a
 // member keeps what only it claims within its share, and standbys are
 // distinct members other than the owner, spread evenly.
 func TestAssignTasksInvariants(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	for i := range 3000 {
-		n := 1 + r.IntN(6)
-		tasks := int32(r.IntN(20))
-		replicas := r.IntN(4)
+	for i := range 20000 {
+		n := 1 + r.IntN(10)
+		tasks := int32(r.IntN(64))
+		replicas := r.IntN(5)
 		members := make([]taskMember, n)
 		for t := range tasks {
 			if r.IntN(3) > 0 {
@@ -196,6 +205,13 @@ func checkPlan(t *testing.T, tasks int32, members []taskMember, replicas int, pl
 	}
 	if limit := (int(tasks)*want + n - 1) / n; want > 0 && most > limit {
 		t.Fatalf("a member stands by for %d tasks, above the even share %d: %+v", most, limit, plan.standby)
+	}
+	least := most
+	for _, ts := range plan.standby {
+		least = min(least, len(ts))
+	}
+	if want > 0 && most-least > 1 {
+		t.Fatalf("members stand by for %d to %d tasks: %+v (active %+v)", least, most, plan.standby, plan.active)
 	}
 }
 

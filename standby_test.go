@@ -8,11 +8,16 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/changelog"
@@ -93,8 +98,41 @@ func testStandbyFailover(t *testing.T, replicas int) {
 		}
 		return recs
 	}
-	brokers, adm := inputCluster(t, partitions, batch(0, first))
 	const app = "sb"
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "in", "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
+	if err := pcl.ProduceSync(context.Background(), batch(0, first)...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(pcl)
+	// The first three listings of a changelog partition's offsets on
+	// their own (a standby's rounds) fail with an error to retry: the
+	// standby tries the round again, its file kept open.
+	var injected atomic.Int32
+	c.ControlKey(int16(kmsg.ListOffsets), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.ListOffsetsRequest)
+		if len(req.Topics) != 1 || req.Topics[0].Topic != changelog.TopicName(app) || len(req.Topics[0].Partitions) != 1 || injected.Add(1) > 3 {
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		rt := kmsg.NewListOffsetsResponseTopic()
+		rt.Topic = req.Topics[0].Topic
+		rp := kmsg.NewListOffsetsResponseTopicPartition()
+		rp.Partition, rp.ErrorCode = req.Topics[0].Partitions[0].Partition, kerr.OffsetNotAvailable.Code
+		rt.Partitions = append(rt.Partitions, rp)
+		resp.Topics = append(resp.Topics, rt)
+		return resp, nil, true
+	})
 	type member struct {
 		inst *sluice.Instance
 		reg  *prometheus.Registry
@@ -234,12 +272,23 @@ func testStandbyFailover(t *testing.T, replicas int) {
 		}
 	}
 
-	// The input after the failover counts on from the state taken over.
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
-	if err != nil {
-		t.Fatal(err)
+	if replicas > 0 {
+		var retried bool
+		for _, m := range members {
+			for p := range partitions {
+				said := m.log.saidOf(strconv.Itoa(p))
+				retried = retried || slices.Contains(said, "standby replica's round failed; trying again")
+				if slices.Contains(said, "standby replica failed; retrying") {
+					t.Errorf("task %d's standby failed and reopened its file: %q", p, said)
+				}
+			}
+		}
+		if injected.Load() < 3 || !retried {
+			t.Errorf("%d listings failed, and no standby tried its round again", min(injected.Load(), 3))
+		}
 	}
-	defer pcl.Close()
+
+	// The input after the failover counts on from the state taken over.
 	if err := pcl.ProduceSync(context.Background(), batch(first, second)...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
