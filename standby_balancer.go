@@ -2,8 +2,6 @@ package sluice
 
 import (
 	"cmp"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -11,6 +9,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluicehq/sluice/internal/groupview"
 )
 
 // The group protocol of an app with standby replicas (classic protocol;
@@ -37,15 +37,8 @@ import (
 // Several input topics keep the eager protocol of the range balancer they
 // use without standbys (balancer).
 
-const standbyProtocol = "sluice-standby-v1"
-
-// localCopiesVersion and standbyVersion head the two user data encodings.
-// A member fails a sync whose standbys it cannot read (and rejoins), so an
-// encoding that older members cannot read needs a new protocol name.
-const (
-	localCopiesVersion byte = 1
-	standbyVersion     byte = 1
-)
+// standbyProtocol is its name; groupview has its user data's encodings.
+const standbyProtocol = groupview.StandbyAssignor
 
 type standbyBalancer struct {
 	in          *Instance
@@ -71,7 +64,7 @@ func (b *standbyBalancer) JoinGroupMetadata(interests []string, current map[stri
 		owned.Topic, owned.Partitions = topic, current[topic]
 		meta.OwnedPartitions = append(meta.OwnedPartitions, owned)
 	}
-	meta.UserData = encodeLocalCopies(b.in.standbys.localCopies())
+	meta.UserData = groupview.EncodeLocalCopies(b.in.standbys.localCopies())
 	return meta.AppendTo(nil)
 }
 
@@ -80,7 +73,7 @@ func (b *standbyBalancer) ParseSyncAssignment(assignment []byte) (map[string][]i
 	if err := a.ReadFrom(assignment); err != nil {
 		return nil, fmt.Errorf("sync assignment parse failed: %w", err)
 	}
-	standbys, err := decodeStandbys(a.UserData)
+	standbys, err := groupview.DecodeStandbys(a.UserData)
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +122,7 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 		}
 		// A member whose copies cannot be read (another release's
 		// encoding) is assigned as one without copies.
-		tm.local, _ = decodeLocalCopies(meta.UserData)
+		tm.local, _ = groupview.DecodeLocalCopies(meta.UserData)
 		members = append(members, tm)
 	})
 	plan := assignTasks(tasks, members, b.replicas)
@@ -208,7 +201,7 @@ func (a *standbyAssignment) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAss
 		if err := ma.ReadFrom(out[i].MemberAssignment); err != nil {
 			panic(fmt.Sprintf("sluice: re-reading an assignment franz-go encoded: %v", err)) // cannot happen
 		}
-		ma.UserData = encodeStandbys(a.standbys[out[i].MemberID])
+		ma.UserData = groupview.EncodeStandbys(a.standbys[out[i].MemberID])
 		out[i].MemberAssignment = ma.AppendTo(nil)
 	}
 	return out
@@ -400,58 +393,4 @@ func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
 		slices.Sort(plan.standby[i])
 	}
 	return plan
-}
-
-// encodeLocalCopies writes version, count, then (task int32, offset int64)
-// pairs in task order.
-func encodeLocalCopies(m map[int32]int64) []byte {
-	b := binary.BigEndian.AppendUint32([]byte{localCopiesVersion}, uint32(len(m)))
-	for _, t := range slices.Sorted(maps.Keys(m)) {
-		b = binary.BigEndian.AppendUint32(b, uint32(t))
-		b = binary.BigEndian.AppendUint64(b, uint64(m[t]))
-	}
-	return b
-}
-
-var errUserData = errors.New("sluice: unreadable group user data")
-
-func decodeLocalCopies(b []byte) (map[int32]int64, error) {
-	if len(b) < 5 || b[0] != localCopiesVersion {
-		return nil, errUserData
-	}
-	n := binary.BigEndian.Uint32(b[1:])
-	b = b[5:]
-	if uint64(len(b)) != uint64(n)*12 {
-		return nil, errUserData
-	}
-	m := make(map[int32]int64, n)
-	for ; len(b) > 0; b = b[12:] {
-		m[int32(binary.BigEndian.Uint32(b))] = int64(binary.BigEndian.Uint64(b[4:]))
-	}
-	return m, nil
-}
-
-// encodeStandbys writes version, count, then the tasks.
-func encodeStandbys(ts []int32) []byte {
-	b := binary.BigEndian.AppendUint32([]byte{standbyVersion}, uint32(len(ts)))
-	for _, t := range ts {
-		b = binary.BigEndian.AppendUint32(b, uint32(t))
-	}
-	return b
-}
-
-func decodeStandbys(b []byte) ([]int32, error) {
-	if len(b) < 5 || b[0] != standbyVersion {
-		return nil, fmt.Errorf("%w: a standby assignment of %d bytes", errUserData, len(b))
-	}
-	n := binary.BigEndian.Uint32(b[1:])
-	b = b[5:]
-	if uint64(len(b)) != uint64(n)*4 {
-		return nil, fmt.Errorf("%w: a standby assignment of %d tasks in %d bytes", errUserData, n, len(b))
-	}
-	ts := make([]int32, 0, n)
-	for ; len(b) > 0; b = b[4:] {
-		ts = append(ts, int32(binary.BigEndian.Uint32(b)))
-	}
-	return ts, nil
 }

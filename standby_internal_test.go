@@ -2,7 +2,6 @@ package sluice
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -212,30 +211,6 @@ func checkPlan(t *testing.T, tasks int32, members []taskMember, replicas int, pl
 	}
 	if want > 0 && most-least > 1 {
 		t.Fatalf("members stand by for %d to %d tasks: %+v (active %+v)", least, most, plan.standby, plan.active)
-	}
-}
-
-func TestStandbyUserDataRoundTrips(t *testing.T) {
-	copies := map[int32]int64{0: 1, 7: 1 << 40, 3: 0}
-	got, err := decodeLocalCopies(encodeLocalCopies(copies))
-	if err != nil || !reflect.DeepEqual(got, copies) {
-		t.Fatalf("copies %v, %v; want %v", got, err, copies)
-	}
-	if got, err := decodeLocalCopies(encodeLocalCopies(nil)); err != nil || len(got) != 0 {
-		t.Fatalf("no copies: %v, %v", got, err)
-	}
-	ts := []int32{4, 1, 9}
-	back, err := decodeStandbys(encodeStandbys(ts))
-	if err != nil || !reflect.DeepEqual(back, ts) {
-		t.Fatalf("standbys %v, %v; want %v", back, err, ts)
-	}
-	for _, bad := range [][]byte{nil, {9, 0, 0, 0, 0}, {1, 0, 0, 0, 2, 0, 0, 0, 1}, {1, 0, 0, 0, 1}} {
-		if _, err := decodeStandbys(bad); !errors.Is(err, errUserData) {
-			t.Fatalf("standbys from %v: %v, want errUserData", bad, err)
-		}
-		if _, err := decodeLocalCopies(bad); !errors.Is(err, errUserData) {
-			t.Fatalf("copies from %v: %v, want errUserData", bad, err)
-		}
 	}
 }
 

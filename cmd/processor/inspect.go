@@ -347,9 +347,19 @@ func (in *inspection) print(w io.Writer) error {
 	if g.State == "Dead" {
 		fmt.Fprintf(tw, "group %s: none (no committed offsets, no members)\n", in.App)
 	} else {
-		fmt.Fprintf(tw, "group %s: %s, %s protocol, %s\n", in.App, g.State, g.Protocol, count(len(g.Members), "member"))
+		assignor := ""
+		if g.Assignor != "" {
+			assignor = ", assignor " + g.Assignor
+		}
+		fmt.Fprintf(tw, "group %s: %s, %s protocol, %s%s\n", in.App, g.State, g.Protocol, count(len(g.Members), "member"), assignor)
 	}
-	if len(g.Members) > 0 {
+	if len(g.Members) > 0 && g.Assignor == groupview.StandbyAssignor {
+		// Standby replicas: the tasks each member keeps a copy of.
+		fmt.Fprintln(tw, "  INSTANCE\tHOST\tCLIENT\tASSIGNED\tSTANDBY TASKS\tMEMBER")
+		for _, m := range g.Members {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", dash(m.InstanceID), dash(m.Host), dash(m.ClientID), assigned(m.Assigned), tasksList(m.Standby), m.MemberID)
+		}
+	} else if len(g.Members) > 0 {
 		fmt.Fprintln(tw, "  INSTANCE\tHOST\tCLIENT\tASSIGNED\tMEMBER")
 		for _, m := range g.Members {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", dash(m.InstanceID), dash(m.Host), dash(m.ClientID), assigned(m.Assigned), m.MemberID)
@@ -426,14 +436,22 @@ func offset(o int64) string {
 	return fmt.Sprint(o)
 }
 
+// tasksList is "0,3,5" (tasks, or a topic's partitions), or "-" for none.
+func tasksList(ts []int32) string {
+	if len(ts) == 0 {
+		return "-"
+	}
+	ps := make([]string, len(ts))
+	for i, p := range ts {
+		ps[i] = fmt.Sprint(p)
+	}
+	return strings.Join(ps, ",")
+}
+
 func assigned(a map[string][]int32) string {
 	var parts []string
 	for _, t := range slices.Sorted(maps.Keys(a)) {
-		ps := make([]string, len(a[t]))
-		for i, p := range a[t] {
-			ps[i] = fmt.Sprint(p)
-		}
-		parts = append(parts, t+":"+strings.Join(ps, ","))
+		parts = append(parts, t+":"+tasksList(a[t]))
 	}
 	if len(parts) == 0 {
 		return "-"

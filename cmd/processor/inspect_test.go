@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,6 +121,55 @@ func testInspectRunningApp(t *testing.T, protocol string) {
 		t.Errorf("lag %d, want the 100 records produced since", lag)
 	}
 	t.Logf("inspect of a stopped app:\n%s", runInspectText(t, brokers, "insp"))
+}
+
+// Inspect of an app with standby replicas: the group's assignor, and each
+// member's standby tasks, which are the tasks the other member runs.
+func TestInspectShowsStandbys(t *testing.T) {
+	brokers, _ := savepointCluster(t)
+	var insts []*served
+	for _, id := range []string{"i1", "i2"} {
+		env := aggregateEnv(t, brokers, "sb")
+		env["SLUICE_INSTANCE_ID"], env["SLUICE_STANDBY_REPLICAS"] = id, "1"
+		insts = append(insts, startServe(t, env))
+	}
+	for _, s := range insts {
+		s.awaitReady(t)
+	}
+	var got inspection
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got = runInspectJSON(t, brokers, "sb")
+		ms := got.Group.Members
+		if got.Group.State == "Stable" && len(ms) == 2 && len(ms[0].Assigned["in"]) == 2 && len(ms[1].Assigned["in"]) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the group did not settle on two members of 2 tasks each: %+v", got.Group)
+		}
+		<-time.After(50 * time.Millisecond) // polling the group, with a deadline
+	}
+	if got.Group.Assignor != "sluice-standby-v1" {
+		t.Fatalf("assignor %q, want sluice-standby-v1", got.Group.Assignor)
+	}
+	for i, m := range got.Group.Members {
+		other := got.Group.Members[1-i]
+		if !slices.Equal(m.Standby, other.Assigned["in"]) {
+			t.Errorf("%s stands by for %v, want the tasks %s runs, %v", m.InstanceID, m.Standby, other.InstanceID, other.Assigned["in"])
+		}
+	}
+	text := runInspectText(t, brokers, "sb")
+	for _, want := range []string{"2 members, assignor sluice-standby-v1", "STANDBY TASKS"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("inspect output lacks %q:\n%s", want, text)
+		}
+	}
+	for _, m := range got.Group.Members {
+		row := []string{m.InstanceID, m.Host, m.ClientID, "in:" + tasksList(m.Assigned["in"]), tasksList(m.Standby), m.MemberID}
+		if !slices.ContainsFunc(strings.Split(text, "\n"), func(line string) bool { return slices.Equal(strings.Fields(line), row) }) {
+			t.Errorf("inspect output lacks the row %q:\n%s", row, text)
+		}
+	}
 }
 
 // A producer that dies mid-transaction leaves it open: inspect lists it

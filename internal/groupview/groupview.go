@@ -6,8 +6,10 @@ package groupview
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -19,18 +21,23 @@ import (
 // Group is a consumer group as its brokers describe it. State is Kafka's (Stable, Empty,
 // PreparingRebalance, …); "Dead" means there is no such group.
 type Group struct {
-	State    string   `json:"state"`
-	Protocol string   `json:"protocol"` // classic or consumer (KIP-848)
+	State    string `json:"state"`
+	Protocol string `json:"protocol"` // classic or consumer (KIP-848)
+	// Assignor is the classic group's chosen assignor: cooperative-sticky,
+	// range, or StandbyAssignor.
+	Assignor string   `json:"assignor,omitempty"`
 	Members  []Member `json:"members"`
 }
 
-// Member is one member of a Group: its assignment by topic.
+// Member is one member of a Group: its assignment by topic, and under
+// StandbyAssignor the tasks it keeps standby replicas of.
 type Member struct {
 	MemberID   string             `json:"member_id"`
 	InstanceID string             `json:"instance_id"`
 	ClientID   string             `json:"client_id"`
 	Host       string             `json:"host"`
 	Assigned   map[string][]int32 `json:"assigned"`
+	Standby    []int32            `json:"standby,omitempty"`
 }
 
 // Describe describes the group under either protocol: a KIP-848
@@ -52,12 +59,16 @@ func Describe(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group strin
 	if d.Err != nil {
 		return Group{}, fmt.Errorf("describe group %s: %w", group, d.Err)
 	}
-	v.State = d.State
+	v.State, v.Assignor = d.State, d.Protocol
 	for _, m := range d.Members {
 		mv := Member{MemberID: m.MemberID, InstanceID: deref(m.InstanceID), ClientID: m.ClientID, Host: m.ClientHost, Assigned: map[string][]int32{}}
 		if a, ok := m.Assigned.AsConsumer(); ok {
 			for _, t := range a.Topics {
 				mv.Assigned[t.Topic] = slices.Sorted(slices.Values(t.Partitions))
+			}
+			if d.Protocol == StandbyAssignor {
+				// Unreadable (another release's): shown as none.
+				mv.Standby, _ = DecodeStandbys(a.UserData)
 			}
 		}
 		v.Members = append(v.Members, mv)
@@ -117,4 +128,76 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// StandbyAssignor is the classic-protocol assignor of an app with standby
+// replicas (sluice.Options.StandbyReplicas). Its members' JoinGroup user
+// data carries the changelog offset of each task copy they hold
+// (EncodeLocalCopies); each member's assignment user data, the tasks it
+// keeps standby replicas of (EncodeStandbys). An encoding that members of
+// an earlier release cannot read needs a new assignor name: a member
+// fails a sync it cannot read.
+const StandbyAssignor = "sluice-standby-v1"
+
+// The versions heading the two user data encodings.
+const (
+	localCopiesVersion byte = 1
+	standbyVersion     byte = 1
+)
+
+// ErrUserData is returned (wrapped) for user data that does not decode.
+var ErrUserData = errors.New("unreadable group user data")
+
+// EncodeLocalCopies writes version, count, then (task int32, changelog
+// offset int64) pairs in task order.
+func EncodeLocalCopies(m map[int32]int64) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{localCopiesVersion}, uint32(len(m)))
+	for _, t := range slices.Sorted(maps.Keys(m)) {
+		b = binary.BigEndian.AppendUint32(b, uint32(t))
+		b = binary.BigEndian.AppendUint64(b, uint64(m[t]))
+	}
+	return b
+}
+
+// DecodeLocalCopies reads EncodeLocalCopies.
+func DecodeLocalCopies(b []byte) (map[int32]int64, error) {
+	if len(b) < 5 || b[0] != localCopiesVersion {
+		return nil, fmt.Errorf("%w: local copies of %d bytes", ErrUserData, len(b))
+	}
+	n := binary.BigEndian.Uint32(b[1:])
+	b = b[5:]
+	if uint64(len(b)) != uint64(n)*12 {
+		return nil, fmt.Errorf("%w: %d local copies in %d bytes", ErrUserData, n, len(b))
+	}
+	m := make(map[int32]int64, n)
+	for ; len(b) > 0; b = b[12:] {
+		m[int32(binary.BigEndian.Uint32(b))] = int64(binary.BigEndian.Uint64(b[4:]))
+	}
+	return m, nil
+}
+
+// EncodeStandbys writes version, count, then the tasks.
+func EncodeStandbys(ts []int32) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{standbyVersion}, uint32(len(ts)))
+	for _, t := range ts {
+		b = binary.BigEndian.AppendUint32(b, uint32(t))
+	}
+	return b
+}
+
+// DecodeStandbys reads EncodeStandbys.
+func DecodeStandbys(b []byte) ([]int32, error) {
+	if len(b) < 5 || b[0] != standbyVersion {
+		return nil, fmt.Errorf("%w: a standby assignment of %d bytes", ErrUserData, len(b))
+	}
+	n := binary.BigEndian.Uint32(b[1:])
+	b = b[5:]
+	if uint64(len(b)) != uint64(n)*4 {
+		return nil, fmt.Errorf("%w: a standby assignment of %d tasks in %d bytes", ErrUserData, n, len(b))
+	}
+	ts := make([]int32, 0, n)
+	for ; len(b) > 0; b = b[4:] {
+		ts = append(ts, int32(binary.BigEndian.Uint32(b)))
+	}
+	return ts, nil
 }
