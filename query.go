@@ -70,7 +70,8 @@ type queries struct {
 	mu        sync.Mutex
 	running   map[int32]*queryTask
 	restoring map[int32]bool
-	cl        *kgo.Client // Run's admin client, for QueryOwner; nil outside Run
+	standby   map[int32]*queryTask // standby replicas kept here, for QueryStale
+	cl        *kgo.Client          // Run's admin client, for QueryOwner; nil outside Run
 	adm       *kadm.Client
 }
 
@@ -169,6 +170,28 @@ func (q *queries) drop(p int32) {
 	}
 }
 
+// standbyOn makes the standby replica of task p, whose copy is complete
+// to an epoch, readable by QueryStale.
+func (q *queries) standbyOn(p int32, be kstate.Backend) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.standby == nil {
+		q.standby = map[int32]*queryTask{}
+	}
+	q.standby[p] = &queryTask{be: be}
+}
+
+// standbyOff forgets task p's standby replica, as drop forgets a task.
+func (q *queries) standbyOff(p int32) {
+	q.mu.Lock()
+	t := q.standby[p]
+	delete(q.standby, p)
+	q.mu.Unlock()
+	if t != nil {
+		t.close()
+	}
+}
+
 // dropAll forgets every task, as drop does.
 func (q *queries) dropAll() {
 	q.mu.Lock()
@@ -184,20 +207,30 @@ func (q *queries) dropAll() {
 // task returns task p's entry, counted in (release it), or why there is
 // none.
 func (q *queries) task(p int32) (*queryTask, error) {
+	t, _, err := q.taskOrStandby(p, false)
+	return t, err
+}
+
+// taskOrStandby is task, falling back with stale to the standby replica of
+// p kept here (standby true).
+func (q *queries) taskOrStandby(p int32, stale bool) (t *queryTask, standby bool, err error) {
 	n := q.parts.Load()
 	if n <= 0 {
-		return nil, &NotLocalError{Partition: -1}
+		return nil, false, &NotLocalError{Partition: -1}
 	}
 	if p < 0 || p >= n {
-		return nil, fmt.Errorf("sluice: query: partition %d out of range: the input has %d", p, n)
+		return nil, false, fmt.Errorf("sluice: query: partition %d out of range: the input has %d", p, n)
 	}
 	q.mu.Lock()
-	t, restoring := q.running[p], q.restoring[p]
+	t, restoring, sb := q.running[p], q.restoring[p], q.standby[p]
 	q.mu.Unlock()
-	if t == nil || !t.acquire() {
-		return nil, &NotLocalError{Partition: p, Restoring: restoring}
+	if t != nil && t.acquire() {
+		return t, false, nil
 	}
-	return t, nil
+	if stale && sb != nil && sb.acquire() {
+		return sb, true, nil
+	}
+	return nil, false, &NotLocalError{Partition: p, Restoring: restoring}
 }
 
 // PartitionOf returns key's task: the input partition Kafka's default
@@ -274,6 +307,29 @@ func (in *Instance) QueryPartition(p int32, key []byte, fn func(kstate.Scope) er
 	}
 	defer t.release()
 	return in.read(t, p, key, func(_ int32, s kstate.Scope) error { return fn(s) })
+}
+
+// QueryStale is Query that, where the key's task does not run on this
+// instance, reads the standby replica of it kept here
+// (Options.StandbyReplicas; Kafka Streams' enableStaleStores): standby
+// reports whether it did. A standby's state is committed too, but it
+// trails the running task by the epochs it has yet to read (some hundred
+// milliseconds while it keeps up; docs/operations.md#standby-replicas),
+// and a read may see a key of a later epoch than another's while a
+// standby applies a batch. A standby is readable once its copy is
+// complete to an epoch; one still reading its first copy answers
+// ErrNotLocal, as a task does that neither runs nor stands by here.
+func (in *Instance) QueryStale(key []byte, fn func(kstate.Scope) error) (standby bool, err error) {
+	if len(key) == 0 {
+		return false, errors.New("sluice: query: an empty key has no partition under the default partitioner")
+	}
+	p := in.PartitionOf(key)
+	t, standby, err := in.queries.taskOrStandby(p, true)
+	if err != nil {
+		return false, err
+	}
+	defer t.release()
+	return standby, in.read(t, p, key, func(_ int32, s kstate.Scope) error { return fn(s) })
 }
 
 // QueryLocal calls fn for each task running on this instance, in

@@ -325,7 +325,11 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 	if err != nil {
 		return err
 	}
+	readable := false // by QueryStale
 	defer func() {
+		if readable {
+			in.queries.standbyOff(p) // before the file closes
+		}
 		if be != nil {
 			be.Close()
 		}
@@ -344,6 +348,10 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		case errors.Is(err, changelog.ErrStateBehind):
 			// The records the copy needs next were deleted: start
 			// over, as a task's restore does.
+			if readable {
+				in.queries.standbyOff(p)
+				readable = false
+			}
 			be.Close()
 			in.log.Warn("standby replica is behind its changelog's start; starting it over", "task", p, "err", err)
 			s.forget(p)
@@ -380,6 +388,10 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		if !meta.Partial && len(meta.Offsets) > 0 {
 			s.noteCopy(p, meta.ChangelogOffset)
 			in.m.standbyOffset.WithLabelValues(taskLabel(p)).Set(float64(meta.ChangelogOffset))
+			if !readable {
+				in.queries.standbyOn(p, be)
+				readable = true
+			}
 		}
 		in.m.standbyRecords.Add(float64(res.Records))
 		// A round lists the partition's offsets (three requests): at

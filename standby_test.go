@@ -2,6 +2,7 @@ package sluice_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/sluicehq/sluice/internal/check"
 	"github.com/sluicehq/sluice/internal/testhook"
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // restores is a slog.Handler that keeps, per task, the changelog records
@@ -220,6 +222,40 @@ func testStandbyFailover(t *testing.T, replicas int) {
 	if len(moved) != 2 {
 		t.Fatalf("the first instance runs tasks %v, want 2", moved)
 	}
+	// A stale query of a key of the first instance's tasks on the
+	// instance keeping its standby reads what the first instance reads.
+	job := jobs.Aggregate()
+	read := func(v *any) func(kstate.Scope) error {
+		return func(s kstate.Scope) error {
+			got, _, err := job.QueryState(s, job.States[0])
+			*v = got
+			return err
+		}
+	}
+	for _, label := range moved {
+		p, _ := strconv.Atoi(label)
+		key := ""
+		for k := range keys {
+			if members[0].inst.PartitionOf([]byte(fmt.Sprintf("k%03d", k))) == int32(p) {
+				key = fmt.Sprintf("k%03d", k)
+				break
+			}
+		}
+		var want, got any
+		if err := members[0].inst.Query([]byte(key), read(&want)); err != nil || want == nil {
+			t.Fatalf("%s on its owner: %v, %v", key, want, err)
+		}
+		for i, m := range members[1:] {
+			standby, err := m.inst.QueryStale([]byte(key), read(&got))
+			switch {
+			case replicas > 0 && i+1 == holder[label] && (err != nil || !standby || fmt.Sprint(got) != fmt.Sprint(want)):
+				t.Errorf("%s, stale, on the instance keeping its standby: %v (standby %v, %v), want %v", key, got, standby, err, want)
+			case (replicas == 0 || i+1 != holder[label]) && !errors.Is(err, sluice.ErrNotLocal):
+				t.Errorf("%s, stale, on an instance without its task or standby: %v, want ErrNotLocal", key, err)
+			}
+		}
+	}
+
 	records, err := check.ReadToEnd(context.Background(), brokers, cl, kgo.ReadCommitted())
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"math/rand/v2"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"slices"
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sluicehq/sluice/internal/groupview"
 )
 
 // runInspectJSON runs `processor inspect --json` in-process.
@@ -123,10 +127,13 @@ func testInspectRunningApp(t *testing.T, protocol string) {
 	t.Logf("inspect of a stopped app:\n%s", runInspectText(t, brokers, "insp"))
 }
 
-// Inspect of an app with standby replicas: the group's assignor, and each
-// member's standby tasks, which are the tasks the other member runs.
+// An app with standby replicas: inspect shows the group's assignor and
+// each member's standby tasks, which are the tasks the other member runs;
+// a state query with stale=true is answered by the instance keeping a
+// standby of the key's task, with what its owner answers once the
+// standby has read the last epoch.
 func TestInspectShowsStandbys(t *testing.T) {
-	brokers, _ := savepointCluster(t)
+	brokers, cl := savepointCluster(t)
 	var insts []*served
 	for _, id := range []string{"i1", "i2"} {
 		env := aggregateEnv(t, brokers, "sb")
@@ -169,6 +176,42 @@ func TestInspectShowsStandbys(t *testing.T) {
 		if !slices.ContainsFunc(strings.Split(text, "\n"), func(line string) bool { return slices.Equal(strings.Fields(line), row) }) {
 			t.Errorf("inspect output lacks the row %q:\n%s", row, text)
 		}
+	}
+
+	var in inputLog
+	in.produce(t, cl, rand.New(rand.NewPCG(5, 6)), 300)
+	awaitOutputs(t, brokers, in.n)
+	for p, recs := range in.recs {
+		key := string(recs[len(recs)-1].Key)
+		path := "/state/aggregate?key=" + url.QueryEscape(key)
+		owner, other := insts[0], insts[1] // i1, i2
+		if i := slices.IndexFunc(got.Group.Members, func(m groupview.Member) bool { return m.InstanceID == "i1" }); !slices.Contains(got.Group.Members[i].Assigned["in"], p) {
+			owner, other = other, owner
+		}
+		var want queryAnswer
+		if code := getJSON(t, owner.metrics, path, &want); code != http.StatusOK || want.Standby {
+			t.Fatalf("%s from its owner: %d %+v", key, code, want)
+		}
+		var ans queryAnswer
+		if code := getJSON(t, other.metrics, path+"&from=test", &ans); code != http.StatusMisdirectedRequest {
+			t.Fatalf("%s from the other instance without stale: %d %+v, want 421", key, code, ans)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for {
+			ans = queryAnswer{}
+			code := getJSON(t, other.metrics, path+"&stale=true", &ans)
+			if code == http.StatusOK && ans.Standby && string(ans.Value) == string(want.Value) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s, stale, from its standby: %d %+v; its owner answers %s", key, code, ans, want.Value)
+			}
+			<-time.After(20 * time.Millisecond) // polling the standby, with a deadline
+		}
+	}
+	var ans queryAnswer
+	if code := getJSON(t, insts[0].metrics, "/state/aggregate?key=k1&stale=maybe", &ans); code != http.StatusBadRequest || ans.Error == "" {
+		t.Fatalf("stale=maybe: %d %+v, want 400", code, ans)
 	}
 }
 

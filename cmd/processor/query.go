@@ -79,8 +79,10 @@ type queryAnswer struct {
 	Partition *int32          `json:"partition,omitempty"`
 	Instance  string          `json:"instance"`
 	Value     json.RawMessage `json:"value,omitempty"`
-	Owner     string          `json:"owner,omitempty"`
-	Error     string          `json:"error,omitempty"`
+	// Standby: the value is a standby replica's (stale=true).
+	Standby bool   `json:"standby,omitempty"`
+	Owner   string `json:"owner,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -108,7 +110,7 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var found bool
-	err = st.in.Query(key, func(s kstate.Scope) error {
+	read := func(s kstate.Scope) error {
 		v, ok, err := st.job.QueryState(s, ans.State)
 		if err != nil || !ok {
 			return err
@@ -116,7 +118,17 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		found = true
 		ans.Value, err = json.Marshal(v) // in the call: v may share the store's bytes
 		return err
-	})
+	}
+	switch stale := r.URL.Query().Get("stale"); stale {
+	case "", "false":
+		err = st.in.Query(key, read)
+	case "true":
+		ans.Standby, err = st.in.QueryStale(key, read)
+	default:
+		ans.Error = fmt.Sprintf("stale=%q: want true or false", stale)
+		reply(http.StatusBadRequest)
+		return
+	}
 	p := st.in.PartitionOf(key)
 	ans.Partition = &p
 	var nl *sluice.NotLocalError
