@@ -75,24 +75,40 @@ type queries struct {
 	adm       *kadm.Client
 }
 
-// queryTask is a running task's backend and the queries reading it.
+// queryTask is a running task's backend (or a standby's) and the queries
+// reading it.
 type queryTask struct {
 	be     kstate.Backend
 	mu     sync.Mutex
 	reads  int           // queries in their function
 	closed bool          // dropped: no new query reads it
-	idle   chan struct{} // closed by the last read of a closed task
+	paused bool          // a standby's copy is cut between two markers: no new query reads it
+	idle   chan struct{} // closed by the last read of a closed or paused task
 }
 
-// acquire counts a query in, unless the task was dropped.
+// acquire counts a query in, unless the task was dropped or is paused.
 func (t *queryTask) acquire() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.closed || t.paused {
 		return false
 	}
 	t.reads++
 	return true
+}
+
+// pause refuses new queries until resume, and waits for those reading.
+func (t *queryTask) pause() {
+	t.mu.Lock()
+	t.paused = true
+	t.mu.Unlock()
+	t.wait()
+}
+
+func (t *queryTask) resume() {
+	t.mu.Lock()
+	t.paused = false
+	t.mu.Unlock()
 }
 
 func (t *queryTask) release() {
@@ -109,10 +125,19 @@ func (t *queryTask) release() {
 func (t *queryTask) close() {
 	t.mu.Lock()
 	t.closed = true
+	t.mu.Unlock()
+	t.wait()
+}
+
+// wait returns once no query reads the task; new ones are refused.
+func (t *queryTask) wait() {
+	t.mu.Lock()
 	var idle chan struct{}
 	if t.reads > 0 {
-		idle = make(chan struct{})
-		t.idle = idle
+		if t.idle == nil {
+			t.idle = make(chan struct{})
+		}
+		idle = t.idle
 	}
 	t.mu.Unlock()
 	if idle != nil {
@@ -179,6 +204,24 @@ func (q *queries) standbyOn(p int32, be kstate.Backend) {
 		q.standby = map[int32]*queryTask{}
 	}
 	q.standby[p] = &queryTask{be: be}
+}
+
+// standbyCut says whether the standby replica of task p is about to hold
+// a copy cut between two markers (a batch of a round that reads more
+// than one): until it is whole again no query reads it, and cut waits for
+// those reading. A copy cut between markers could show an at-least-once
+// orphan, a value no epoch committed.
+func (q *queries) standbyCut(p int32, cut bool) {
+	q.mu.Lock()
+	t := q.standby[p]
+	q.mu.Unlock()
+	switch {
+	case t == nil:
+	case cut:
+		t.pause()
+	default:
+		t.resume()
+	}
 }
 
 // standbyOff forgets task p's standby replica, as drop forgets a task.
@@ -312,13 +355,14 @@ func (in *Instance) QueryPartition(p int32, key []byte, fn func(kstate.Scope) er
 // QueryStale is Query that, where the key's task does not run on this
 // instance, reads the standby replica of it kept here
 // (Options.StandbyReplicas; Kafka Streams' enableStaleStores): standby
-// reports whether it did. A standby's state is committed too, but it
-// trails the running task by the epochs it has yet to read (some hundred
-// milliseconds while it keeps up; docs/operations.md#standby-replicas),
-// and a read may see a key of a later epoch than another's while a
-// standby applies a batch. A standby is readable once its copy is
-// complete to an epoch; one still reading its first copy answers
-// ErrNotLocal, as a task does that neither runs nor stands by here.
+// reports whether it did. A standby's state is committed too, as of the
+// last epoch it applied, but it trails the running task by the epochs it
+// has yet to read (a round every 200 ms while it keeps up, up to 2 s
+// after a quiet spell; docs/operations.md#standby-replicas), so a key
+// absent there may exist already. A standby is read only while its copy
+// is whole to an epoch marker: one still reading its first copy, or
+// applying a round of more than one batch, answers ErrNotLocal, as a task
+// does that neither runs nor stands by here.
 func (in *Instance) QueryStale(key []byte, fn func(kstate.Scope) error) (standby bool, err error) {
 	if len(key) == 0 {
 		return false, errors.New("sluice: query: an empty key has no partition under the default partitioner")

@@ -211,6 +211,9 @@ func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backen
 		},
 		Apply: func(muts []kstate.Mutation, m kstate.Meta) error {
 			wrote = true
+			if standby != nil && m.Partial {
+				in.queries.standbyCut(p, true) // before the cut is written
+			}
 			// A store loaded from empty (or from partial) in many
 			// batches: one that is whole takes the few records it
 			// missed with the freelist that spares its next open a
@@ -241,6 +244,11 @@ func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backen
 		defer in.m.restoreRemaining.DeleteLabelValues(label)
 	}
 	res, err := changelog.Restore(ctx, params)
+	if standby != nil && err == nil {
+		// Whole to the last marker again (a round that failed
+		// halfway stays cut until one ends whole).
+		defer in.queries.standbyCut(p, false)
+	}
 	if err == nil && bulkMeta != nil {
 		// The batches left what speeds up the next open unwritten (bbolt's
 		// freelist): write it now rather than at the task's first epoch,

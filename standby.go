@@ -387,11 +387,11 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		}
 		if !meta.Partial && len(meta.Offsets) > 0 {
 			s.noteCopy(p, meta.ChangelogOffset)
-			in.m.standbyOffset.WithLabelValues(taskLabel(p)).Set(float64(meta.ChangelogOffset))
 			if !readable {
 				in.queries.standbyOn(p, be)
 				readable = true
 			}
+			in.m.standbyOffset.WithLabelValues(taskLabel(p)).Set(float64(meta.ChangelogOffset))
 		}
 		in.m.standbyRecords.Add(float64(res.Records))
 		// A round lists the partition's offsets (three requests): at

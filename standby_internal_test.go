@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -9,11 +10,14 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // A group where nobody left keeps its tasks where they run; each task gets
@@ -440,5 +444,57 @@ func TestStandbyLease(t *testing.T) {
 	s.assigned([]int32{2})
 	if running(2) != nil {
 		t.Fatal("a standby started after stop")
+	}
+}
+
+// A standby's copy cut between two markers is not read: standbyCut waits
+// for the queries reading it and refuses new ones (ErrNotLocal) until the
+// copy is whole again; a standby dropped is not read either.
+func TestStaleQueriesSkipACutCopy(t *testing.T) {
+	in := &Instance{log: slog.New(slog.DiscardHandler), clock: wallClock{}}
+	in.queries.parts.Store(1)
+	in.queries.standbyOn(0, kstate.NewMemory())
+	key := []byte("k")
+	reading, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		standby, err := in.QueryStale(key, func(kstate.Scope) error {
+			close(reading)
+			<-done
+			return nil
+		})
+		if err != nil || !standby {
+			t.Errorf("the first read: standby %v, %v", standby, err)
+		}
+	}()
+	<-reading
+	cut := make(chan struct{})
+	go func() {
+		in.queries.standbyCut(0, true)
+		close(cut)
+	}()
+	select {
+	case <-cut:
+		t.Fatal("the cut went ahead while a query read the copy")
+	case <-time.After(50 * time.Millisecond): // asserting a wait, with a bound
+	}
+	// While the cut waits, no new query reads the copy.
+	if _, err := in.QueryStale(key, func(kstate.Scope) error { return nil }); !errors.Is(err, ErrNotLocal) {
+		t.Fatalf("a query during the cut: %v, want ErrNotLocal", err)
+	}
+	close(done)
+	<-cut
+	if _, err := in.QueryStale(key, func(kstate.Scope) error { return nil }); !errors.Is(err, ErrNotLocal) {
+		t.Fatalf("a query of the cut copy: %v, want ErrNotLocal", err)
+	}
+	in.queries.standbyCut(0, false)
+	if standby, err := in.QueryStale(key, func(kstate.Scope) error { return nil }); err != nil || !standby {
+		t.Fatalf("a query of the whole copy: standby %v, %v", standby, err)
+	}
+	if err := in.Query(key, func(kstate.Scope) error { return nil }); !errors.Is(err, ErrNotLocal) {
+		t.Fatalf("Query without stale read a standby: %v", err)
+	}
+	in.queries.standbyOff(0)
+	if _, err := in.QueryStale(key, func(kstate.Scope) error { return nil }); !errors.Is(err, ErrNotLocal) {
+		t.Fatalf("a query of a dropped standby: %v, want ErrNotLocal", err)
 	}
 }

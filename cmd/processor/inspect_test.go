@@ -209,9 +209,11 @@ func TestInspectShowsStandbys(t *testing.T) {
 			<-time.After(20 * time.Millisecond) // polling the standby, with a deadline
 		}
 	}
-	var ans queryAnswer
-	if code := getJSON(t, insts[0].metrics, "/state/aggregate?key=k1&stale=maybe", &ans); code != http.StatusBadRequest || ans.Error == "" {
-		t.Fatalf("stale=maybe: %d %+v, want 400", code, ans)
+	for _, bad := range []string{"aggregate?key=k1&stale=maybe", "nosuchstate?key=k1&stale=maybe", "aggregate?list&stale=true"} {
+		var ans queryAnswer
+		if code := getJSON(t, insts[0].metrics, "/state/"+bad, &ans); code != http.StatusBadRequest || ans.Error == "" {
+			t.Fatalf("%s: %d %+v, want 400", bad, code, ans)
+		}
 	}
 }
 

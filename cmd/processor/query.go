@@ -103,6 +103,12 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ans.Key, ans.KeyBase64 = keyFields(key)
+	stale := r.URL.Query().Get("stale")
+	if stale != "" && stale != "true" && stale != "false" {
+		ans.Error = fmt.Sprintf("stale=%q: want true or false", stale)
+		reply(http.StatusBadRequest)
+		return
+	}
 	st, code, msg := q.state(w, ans.State)
 	if code != 0 {
 		ans.Error = msg
@@ -119,15 +125,10 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ans.Value, err = json.Marshal(v) // in the call: v may share the store's bytes
 		return err
 	}
-	switch stale := r.URL.Query().Get("stale"); stale {
-	case "", "false":
-		err = st.in.Query(key, read)
-	case "true":
+	if stale == "true" {
 		ans.Standby, err = st.in.QueryStale(key, read)
-	default:
-		ans.Error = fmt.Sprintf("stale=%q: want true or false", stale)
-		reply(http.StatusBadRequest)
-		return
+	} else {
+		err = st.in.Query(key, read)
 	}
 	p := st.in.PartitionOf(key)
 	ans.Partition = &p
@@ -330,6 +331,11 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query()
 	if v.Has("key") || v.Has("key_base64") {
 		ans.Error = "list, or a key: not both"
+		reply(http.StatusBadRequest)
+		return
+	}
+	if v.Has("stale") {
+		ans.Error = "stale: a listing reads the tasks running here, not standbys"
 		reply(http.StatusBadRequest)
 		return
 	}
