@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -177,7 +176,7 @@ func testStandbyFailover(t *testing.T, replicas int) {
 	// The first alone: the tasks the others take from it restore there
 	// from scratch, and those it keeps were never elsewhere.
 	start(0)
-	waitFor(t, "the first instance running every task", func() bool { return running(members[0]) == partitions })
+	waitUntil(t, "the first instance running every task", func() bool { return running(members[0]) == partitions })
 	for i := 1; i < instances; i++ {
 		start(i)
 	}
@@ -185,7 +184,7 @@ func testStandbyFailover(t *testing.T, replicas int) {
 	cl := changelog.TopicName(app)
 	var moved []string         // the first instance's tasks
 	holder := map[string]int{} // which instance stands by for each
-	waitFor(t, "the input consumed, two tasks running and standing by on each instance, the standbys up to date", func() bool {
+	waitUntil(t, "the input consumed, two tasks running and standing by on each instance, the standbys up to date", func() bool {
 		if !consumed(nil) {
 			return false
 		}
@@ -278,7 +277,7 @@ func testStandbyFailover(t *testing.T, replicas int) {
 	}
 	members[0].done <- nil
 	// The others take its tasks once its session times out.
-	waitFor(t, "the others running every task", func() bool {
+	waitUntil(t, "the others running every task", func() bool {
 		return running(members[1]) == partitions/2 && running(members[2]) == partitions/2
 	})
 	for _, label := range moved {
@@ -328,25 +327,13 @@ func testStandbyFailover(t *testing.T, replicas int) {
 	if err := pcl.ProduceSync(context.Background(), batch(first, second)...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the second input consumed", func() bool { return consumedAll(adm, app, first+second)(nil) })
+	waitUntil(t, "the second input consumed", func() bool { return consumedAll(adm, app, first+second)(nil) })
 	outs, err := check.ReadToEnd(context.Background(), brokers, "out", kgo.ReadCommitted())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r := check.Aggregate(inputs, outs); !r.OK() {
 		t.Fatalf("outputs after the failover: %s", r)
-	}
-}
-
-// waitFor polls cond until it holds, for at most a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited a minute for %s", what)
-		}
-		<-time.After(10 * time.Millisecond) // polling a condition, with a deadline
 	}
 }
 

@@ -245,16 +245,8 @@ func TestRestoreWaitsForASlowBroker(t *testing.T) {
 // marker instead of waiting for records read_committed never shows.
 func TestRestorePastALargeAbortedTransaction(t *testing.T) {
 	c, cl, adm := changelogWith(t, 2, 10, 0)
-	txn, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("app-changelog"),
-		kgo.TransactionalID("zombie"), kgo.MetadataMinAge(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer txn.Close()
+	txn := openTransaction(t, c, "zombie")
 	ctx := context.Background()
-	if err := txn.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
 	var recs []*kgo.Record
 	for i := range 6000 {
 		recs = append(recs, &kgo.Record{Key: entryKey(i), Value: []byte("aborted")})
@@ -344,16 +336,8 @@ func TestRestoreLiveBesideAnOpenTransaction(t *testing.T) {
 	if err := cl.ProduceSync(context.Background(), &kgo.Record{Key: entryKey(100), Value: []byte("at-least-once tail")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	txn, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("app-changelog"),
-		kgo.TransactionalID("running-task"), kgo.MetadataMinAge(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer txn.Close()
+	txn := openTransaction(t, c, "running-task")
 	ctx := context.Background()
-	if err := txn.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
 	epoch3 := []*kgo.Record{{Key: entryKey(0), Value: []byte("e3")}, {Key: entryKey(200), Value: []byte("e3")},
 		{Key: MarkerKey, Value: EncodeMarker(Marker{Epoch: 3, Offsets: map[string]int64{"in": 30}})}}
 	if err := txn.ProduceSync(ctx, epoch3...).FirstErr(); err != nil {
@@ -410,4 +394,20 @@ func TestRestoreLiveBesideAnOpenTransaction(t *testing.T) {
 	if err := shared.Ping(ctx); err != nil {
 		t.Fatalf("the shared client was closed by the restore: %v", err)
 	}
+}
+
+// openTransaction begins a transaction of a producer to app-changelog with
+// transactional id id; the test ends or aborts it.
+func openTransaction(t *testing.T, c *kfake.Cluster, id string) *kgo.Client {
+	t.Helper()
+	txn, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("app-changelog"),
+		kgo.TransactionalID(id), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(txn.Close)
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	return txn
 }
