@@ -50,7 +50,8 @@ var features = []string{"event_time", "partial", "output_timestamp", "event_time
 // describe asks the function for its Spec. While it cannot be reached or
 // fails to answer (it starts beside the processor and may not listen yet)
 // describe asks again with backoff until ctx ends; a server that does not
-// serve Describe at all is a *DescribeError.
+// serve Describe at all, refuses this processor, or answers what does not
+// decode is a *DescribeError.
 func describe(ctx context.Context, o Options, client functionv1connect.FunctionServiceClient) (Spec, error) {
 	for attempt := 1; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -69,6 +70,12 @@ func describe(ctx context.Context, o Options, client functionv1connect.FunctionS
 		case connect.CodeFailedPrecondition:
 			// The function needs what this processor does not do.
 			return Spec{}, &DescribeError{URL: o.URL, Reason: fmt.Sprintf("the function refuses this processor: %v", err)}
+		case connect.CodeInvalidArgument:
+			// Connect's code for an answer that does not decode (both
+			// members of a oneof set, a field of the wrong type), or a
+			// function that finds the request invalid: asking again
+			// gets the same answer.
+			return Spec{}, &DescribeError{URL: o.URL, Reason: fmt.Sprintf("its answer cannot be read, or it finds the request invalid: %v", err)}
 		}
 		wait := o.backoff(attempt)
 		o.Logger.Warn("function does not answer Describe yet; asking again", "url", o.URL, "retry_in", wait, "err", err)

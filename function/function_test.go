@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -381,6 +383,30 @@ func TestDescribeNotServedIsRefused(t *testing.T) {
 	var de *function.DescribeError
 	if !errorAs(err, &de) || !strings.Contains(de.Reason, "Describe is not served there") {
 		t.Fatalf("New: %v, want a DescribeError", err)
+	}
+}
+
+// A Describe answer that does not decode (here both members of the event
+// time source's oneof, in JSON) is refused at once, not asked for again
+// as a function that does not answer yet (found at stop 48).
+func TestDescribeAnswerThatDoesNotDecodeIsRefused(t *testing.T) {
+	var asked atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc(functionv1connect.FunctionServiceDescribeProcedure, func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"protocolVersion":1,"eventTime":true,"eventTimeSource":{"jsonPointer":"/t","header":"t","format":"TIME_FORMAT_UNIX_MILLIS"}}`)
+	})
+	url := serve(t, mux)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := function.New(ctx, function.Options{URL: url, Protocol: function.JSON})
+	var de *function.DescribeError
+	if !errorAs(err, &de) || !strings.Contains(de.Reason, "its answer cannot be read") {
+		t.Fatalf("New: %v, want a DescribeError saying the answer cannot be read", err)
+	}
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("Describe asked %d times, want once", n)
 	}
 }
 
