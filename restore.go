@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/sluicehq/sluice/changelog"
 	"github.com/sluicehq/sluice/kstate"
 )
@@ -181,15 +179,15 @@ func (in *Instance) restoreStore(ctx context.Context, p int32, be kstate.Backend
 }
 
 // readChangelog brings be up to date from task p's changelog partition,
-// from the offset its meta holds: for a task to run (standby nil), or for
-// a standby replica's round (a live read with the standby's client; see
-// standby.go).
-func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta, standby *kgo.Client) (changelog.Result, error) {
+// from the offset its meta holds. adapt, if set, changes the read's
+// parameters: a standby's round (standby.go) reads live.
+func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backend, meta kstate.Meta, adapt func(*changelog.RestoreParams)) (changelog.Result, error) {
 	var applied *changelog.Marker
-	if len(meta.Offsets) > 0 && !meta.Partial {
+	if wholeCopy(meta) {
 		applied = &changelog.Marker{Epoch: meta.Epoch, Offsets: meta.Offsets, Watermark: meta.Watermark}
 	}
 	label := taskLabel(p)
+	defer in.m.restoreRemaining.DeleteLabelValues(label)
 	runs, err := in.restoreRunsDir(p, be, meta)
 	if err != nil {
 		return changelog.Result{}, err
@@ -211,9 +209,6 @@ func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backen
 		},
 		Apply: func(muts []kstate.Mutation, m kstate.Meta) error {
 			wrote = true
-			if standby != nil && m.Partial {
-				in.queries.standbyCut(p, true) // before the cut is written
-			}
 			// A store loaded from empty (or from partial) in many
 			// batches: one that is whole takes the few records it
 			// missed with the freelist that spares its next open a
@@ -234,21 +229,10 @@ func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backen
 		},
 		Logf: func(msg string, args ...any) { in.log.Info(msg, args...) },
 	}
-	if standby != nil {
-		params.Live, params.Client, params.Group = true, standby, ""
-		params.Admit = func(ctx context.Context, records int64) (func(), error) {
-			return in.standbys.admit(ctx, p, records)
-		}
-		params.Progress = nil
-	} else {
-		defer in.m.restoreRemaining.DeleteLabelValues(label)
+	if adapt != nil {
+		adapt(&params)
 	}
 	res, err := changelog.Restore(ctx, params)
-	if standby != nil && err == nil {
-		// Whole to the last marker again (a round that failed
-		// halfway stays cut until one ends whole).
-		defer in.queries.standbyCut(p, false)
-	}
 	if err == nil && bulkMeta != nil {
 		// The batches left what speeds up the next open unwritten (bbolt's
 		// freelist): write it now rather than at the task's first epoch,
@@ -257,14 +241,18 @@ func (in *Instance) readChangelog(ctx context.Context, p int32, be kstate.Backen
 		err = be.Apply(nil, *bulkMeta)
 	}
 	// Nothing new, but the store is now known to be current: say so, or
-	// a task idle for long would look stale at its next start. A standby
-	// says so once a minute, not at each of its rounds.
-	if err == nil && !wrote && len(meta.Offsets) > 0 && (standby == nil || in.now().Sub(meta.AppliedAt) > time.Minute) {
+	// a task idle for long would look stale at its next start. A live
+	// read (a standby's round) says so once a minute, not every round.
+	if err == nil && !wrote && len(meta.Offsets) > 0 && (!params.Live || in.now().Sub(meta.AppliedAt) > time.Minute) {
 		meta.AppliedAt = in.now()
 		err = be.Apply(nil, meta)
 	}
 	return res, err
 }
+
+// wholeCopy reports whether a store's meta is that of a copy complete to
+// an epoch marker: neither empty nor cut between two markers.
+func wholeCopy(meta kstate.Meta) bool { return len(meta.Offsets) > 0 && !meta.Partial }
 
 // restoreRunsDir is where a restore of task p sorts the changelog before
 // applying it (changelog.RestoreParams.RunsDir): into an empty bbolt store,

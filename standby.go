@@ -3,7 +3,6 @@ package sluice
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"os"
 	"slices"
@@ -12,9 +11,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/kstate"
 )
 
 // Standby replicas (Options.StandbyReplicas; Kafka Streams'
@@ -62,9 +61,6 @@ type standbys struct {
 	fallback atomic.Bool
 	// run keeps a standby until its context ends: follow, or a test's.
 	run func(ctx context.Context, p int32)
-
-	clientMu sync.Mutex
-	client   *kgo.Client // the standbys' one client, made at the first need
 }
 
 type standbyRun struct {
@@ -110,33 +106,12 @@ func (s *standbys) stop() {
 		r.cancel()
 		<-r.done
 	}
-	s.clientMu.Lock()
-	if s.client != nil {
-		s.client.Close()
-		s.client = nil
-	}
-	s.clientMu.Unlock()
 }
 
-// sharedClient is the client every standby reads its changelog with.
-func (s *standbys) sharedClient() (*kgo.Client, error) {
-	s.clientMu.Lock()
-	defer s.clientMu.Unlock()
-	if s.client == nil {
-		cl, err := kgo.NewClient(s.in.baseOpts()...)
-		if err != nil {
-			return nil, fmt.Errorf("standby client: %w", err)
-		}
-		s.client = cl
-	}
-	return s.client, nil
-}
-
-// assigned takes the standbys of a new assignment, and reports whether
-// they changed.
-func (s *standbys) assigned(ps []int32) bool {
+// assigned takes the standbys of a new assignment.
+func (s *standbys) assigned(ps []int32) {
 	if s == nil {
-		return false
+		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -144,13 +119,11 @@ func (s *standbys) assigned(ps []int32) bool {
 	for _, p := range ps {
 		want[p] = true
 	}
-	changed := !maps.Equal(want, s.want)
-	if changed {
+	if !maps.Equal(want, s.want) {
 		s.in.log.Info("standby tasks assigned", "tasks", ps)
 	}
 	s.want = want
 	s.reconcile()
-	return changed
 }
 
 // acquire makes task p's file a task's: the standby of p, if any, stops
@@ -318,41 +291,38 @@ func (s *standbys) follow(ctx context.Context, p int32) {
 // aside, a stale one started over) and applies the changelog's committed
 // epochs to it, round after round, calling rounded after each. A round
 // that fails with an error Kafka says to retry (a leader moving, a broker
-// restarting) is tried again with the file kept open.
+// restarting) is tried again with the file kept open. Once the copy is
+// whole to an epoch, QueryStale reads it.
 func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 	in := s.in
 	be, meta, err := in.openStore(p, false)
 	if err != nil {
 		return err
 	}
-	readable := false // by QueryStale
-	defer func() {
+	readable := false
+	closeCopy := func() {
 		if readable {
 			in.queries.standbyOff(p) // before the file closes
+			readable = false
 		}
+		be.Close()
+	}
+	defer func() {
 		if be != nil {
-			be.Close()
+			closeCopy()
 		}
 	}()
-	cl, err := s.sharedClient()
-	if err != nil {
-		return err
-	}
 	in.log.Info("standby replica started", "task", p, "epoch", meta.Epoch, "changelog_offset", meta.ChangelogOffset)
 	idle, failing := standbyIdle[0], false
 	for {
-		res, err := in.readChangelog(ctx, p, be, meta, cl)
+		res, err := in.readChangelog(ctx, p, be, meta, s.round(p))
 		var ke *kerr.Error
 		switch {
 		case err == nil || ctx.Err() != nil:
 		case errors.Is(err, changelog.ErrStateBehind):
 			// The records the copy needs next were deleted: start
 			// over, as a task's restore does.
-			if readable {
-				in.queries.standbyOff(p)
-				readable = false
-			}
-			be.Close()
+			closeCopy()
 			in.log.Warn("standby replica is behind its changelog's start; starting it over", "task", p, "err", err)
 			s.forget(p)
 			if be, meta, err = in.openStore(p, true); err != nil {
@@ -385,9 +355,13 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		if meta, err = be.Meta(); err != nil {
 			return err
 		}
-		if !meta.Partial && len(meta.Offsets) > 0 {
+		if wholeCopy(meta) {
 			s.noteCopy(p, meta.ChangelogOffset)
-			if !readable {
+			if readable {
+				// Whole to the last marker again (a round that
+				// failed halfway stays cut until one ends whole).
+				in.queries.standbyCut(p, false)
+			} else {
 				in.queries.standbyOn(p, be)
 				readable = true
 			}
@@ -404,6 +378,24 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		}
 		if res.Records == 0 {
 			idle = min(2*idle, standbyIdle[1])
+		}
+	}
+}
+
+// round adapts a changelog read to a standby's round of task p: live, with
+// Run's client and the standbys' turn, no group check or progress gauges,
+// and no query reading the copy while a batch cuts it between two markers
+// (it could show an at-least-once orphan, a value no epoch committed).
+func (s *standbys) round(p int32) func(*changelog.RestoreParams) {
+	return func(rp *changelog.RestoreParams) {
+		rp.Live, rp.Client, rp.Group, rp.Progress = true, s.in.admCl, "", nil
+		rp.Admit = func(ctx context.Context, records int64) (func(), error) { return s.admit(ctx, p, records) }
+		apply := rp.Apply
+		rp.Apply = func(muts []kstate.Mutation, m kstate.Meta) error {
+			if m.Partial {
+				s.in.queries.standbyCut(p, true) // before the cut is written
+			}
+			return apply(muts, m)
 		}
 	}
 }
@@ -438,7 +430,7 @@ func (in *Instance) scanCopies() map[int32]int64 {
 		if err != nil {
 			continue // the task's restore deals with it
 		}
-		if meta, err := be.Meta(); err == nil && !meta.Partial && len(meta.Offsets) > 0 && in.stale(meta) == "" {
+		if meta, err := be.Meta(); err == nil && wholeCopy(meta) && in.stale(meta) == "" {
 			found[p] = meta.ChangelogOffset
 		}
 		be.Close()

@@ -126,40 +126,33 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 		members = append(members, tm)
 	})
 	plan := assignTasks(tasks, members, b.replicas)
-	// Partition t of each topic goes to task t's member; of a topic that
-	// member does not read (members with other input topics, in a
-	// rolling change of them), to the first member that does.
-	runs := map[int32]int{}
+	runs := make([]int, tasks) // task → member
 	for i, ts := range plan.active {
 		for _, t := range ts {
 			runs[t] = i
 		}
 	}
+	// Partition t of each topic goes to task t's member; of a topic that
+	// member does not read (members with other input topics, in a
+	// rolling change of them), to the first member that does.
 	p := cb.NewPlan()
-	standbys := map[string][]int32{}
-	for _, topic := range slices.Sorted(maps.Keys(topics)) {
-		for t := range topics[topic] {
-			first := -1
-			for i := range members {
-				m, meta := cb.MemberAt(i)
-				if !slices.Contains(meta.Topics, topic) {
-					continue
-				}
-				if first < 0 {
-					first = i
-				}
-				if i == runs[t] {
-					p.AddPartition(m, topic, t)
-					first = -2
-					break
-				}
-			}
-			if first >= 0 {
-				m, _ := cb.MemberAt(first)
-				p.AddPartition(m, topic, t)
+	for topic, n := range topics {
+		var readers []int
+		for i := range members {
+			if _, meta := cb.MemberAt(i); slices.Contains(meta.Topics, topic) {
+				readers = append(readers, i)
 			}
 		}
+		for t := range n {
+			i := runs[t]
+			if len(readers) > 0 && !slices.Contains(readers, i) {
+				i = readers[0]
+			}
+			m, _ := cb.MemberAt(i)
+			p.AddPartition(m, topic, t)
+		}
 	}
+	standbys := map[string][]int32{}
 	for i := range members {
 		m, _ := cb.MemberAt(i)
 		standbys[m.MemberID] = plan.standby[i]

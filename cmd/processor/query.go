@@ -96,33 +96,29 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(code)
 		json.NewEncoder(w).Encode(ans)
 	}
+	fail := func(code int, msg string) {
+		ans.Error = msg
+		reply(code)
+	}
 	key, err := queryKey(r.URL.Query())
 	if err != nil {
-		ans.Error = err.Error()
-		reply(http.StatusBadRequest)
+		fail(http.StatusBadRequest, err.Error())
 		return
 	}
 	ans.Key, ans.KeyBase64 = keyFields(key)
 	stale := r.URL.Query().Get("stale")
 	if stale != "" && stale != "true" && stale != "false" {
-		ans.Error = fmt.Sprintf("stale=%q: want true or false", stale)
-		reply(http.StatusBadRequest)
+		fail(http.StatusBadRequest, fmt.Sprintf("stale=%q: want true or false", stale))
 		return
 	}
 	st, code, msg := q.state(w, ans.State)
 	if code != 0 {
-		ans.Error = msg
-		reply(code)
+		fail(code, msg)
 		return
 	}
 	var found bool
-	read := func(s kstate.Scope) error {
-		v, ok, err := st.job.QueryState(s, ans.State)
-		if err != nil || !ok {
-			return err
-		}
-		found = true
-		ans.Value, err = json.Marshal(v) // in the call: v may share the store's bytes
+	read := func(s kstate.Scope) (err error) {
+		ans.Value, found, err = st.render(s, ans.State)
 		return err
 	}
 	if stale == "true" {
@@ -137,14 +133,23 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &nl):
 		q.notLocal(w, r, &ans, st.in, nl, key, reply)
 	case err != nil:
-		ans.Error = err.Error()
-		reply(http.StatusInternalServerError)
+		fail(http.StatusInternalServerError, err.Error())
 	case !found:
-		ans.Error = "the key has no value"
-		reply(http.StatusNotFound)
+		fail(http.StatusNotFound, "the key has no value")
 	default:
 		reply(http.StatusOK)
 	}
+}
+
+// render reads state in s as the job's QueryState renders it, as JSON:
+// false when the key has no value.
+func (st queryable) render(s kstate.Scope, state string) (json.RawMessage, bool, error) {
+	v, ok, err := st.job.QueryState(s, state)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	b, err := json.Marshal(v) // in the call: v may share the store's bytes
+	return b, err == nil, err
 }
 
 // notLocal answers a query of a task that does not run here: redirected to
@@ -328,37 +333,36 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(code)
 		json.NewEncoder(w).Encode(ans)
 	}
+	fail := func(code int, msg string) {
+		ans.Error = msg
+		reply(code)
+	}
 	v := r.URL.Query()
 	if v.Has("key") || v.Has("key_base64") {
-		ans.Error = "list, or a key: not both"
-		reply(http.StatusBadRequest)
+		fail(http.StatusBadRequest, "list, or a key: not both")
 		return
 	}
 	if v.Has("stale") {
-		ans.Error = "stale: a listing reads the tasks running here, not standbys"
-		reply(http.StatusBadRequest)
+		fail(http.StatusBadRequest, "stale: a listing reads the tasks running here, not standbys")
 		return
 	}
 	limit := defaultList
 	if l := v.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 || n > maxList {
-			ans.Error = fmt.Sprintf("limit=%s: want 1 to %d", l, maxList)
-			reply(http.StatusBadRequest)
+			fail(http.StatusBadRequest, fmt.Sprintf("limit=%s: want 1 to %d", l, maxList))
 			return
 		}
 		limit = n
 	}
 	from, after, err := parseCursor(v.Get("after"))
 	if err != nil {
-		ans.Error = err.Error()
-		reply(http.StatusBadRequest)
+		fail(http.StatusBadRequest, err.Error())
 		return
 	}
 	st, code, msg := q.state(w, ans.State)
 	if code != 0 {
-		ans.Error = msg
-		reply(code)
+		fail(code, msg)
 		return
 	}
 	// The keys first, a page and one more (whether there is a next),
@@ -390,13 +394,11 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, errFull):
 	case errors.As(err, &nl):
-		ans.Error = "no task runs here yet"
 		w.Header().Set("Retry-After", "1")
-		reply(http.StatusServiceUnavailable)
+		fail(http.StatusServiceUnavailable, "no task runs here yet")
 		return
 	case err != nil:
-		ans.Error = err.Error()
-		reply(http.StatusInternalServerError)
+		fail(http.StatusInternalServerError, err.Error())
 		return
 	}
 	if len(keys) > limit {
@@ -408,21 +410,15 @@ func (q *stateQueries) list(w http.ResponseWriter, r *http.Request) {
 		e := listEntry{Partition: k.p}
 		e.Key, e.KeyBase64 = keyFields(k.key)
 		ok := false
-		err := st.in.QueryPartition(k.p, k.key, func(s kstate.Scope) error {
-			v, found, err := st.job.QueryState(s, ans.State)
-			if err != nil || !found {
-				return err
-			}
-			ok = true
-			e.Value, err = json.Marshal(v) // in the call: v may share the store's bytes
+		err := st.in.QueryPartition(k.p, k.key, func(s kstate.Scope) (err error) {
+			e.Value, ok, err = st.render(s, ans.State)
 			return err
 		})
 		switch {
 		case errors.As(err, &nl):
 			continue // the task moved on meanwhile
 		case err != nil:
-			ans.Error = err.Error()
-			reply(http.StatusInternalServerError)
+			fail(http.StatusInternalServerError, err.Error())
 			return
 		case ok:
 			ans.Entries = append(ans.Entries, e)
