@@ -107,7 +107,7 @@ func (l *loop) applyTasks(tasks []int32) error {
 			continue
 		}
 		t.applied(l.in, metas[i])
-		l.in.standbys.noteCopy(t.p, metas[i].ChangelogOffset)
+		l.in.standbys.noteCopy(t.p, metas[i].ChangelogOffset, 0)
 	}
 	b.writeDone()
 	l.behind = b

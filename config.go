@@ -233,6 +233,26 @@ type Options struct {
 	// makes itself; at most the other instances there are stand by.
 	// Default 0: none.
 	StandbyReplicas int
+	// MaxWarmupReplicas bounds the warm-up replicas the group's leader
+	// assigns at once, with StandbyReplicas (Kafka Streams'
+	// max.warmup.replicas). A task whose place in the even spread is an
+	// instance without a caught-up copy of it (one that just joined)
+	// stays where a copy is caught up, its running instance's most
+	// often, while that instance builds a copy as a standby, a warm-up;
+	// once the copy is within AcceptableRecoveryLag of the changelog's
+	// end, the instance asks the group to rebalance and the task moves,
+	// restoring only that lag. A standby the task already had there is a
+	// warm-up without counting against this bound. Default 0:
+	// DefaultMaxWarmupReplicas; negative: no warm-ups, tasks move at once
+	// and restore whatever the new instance lacks. See
+	// docs/operations.md#warm-up-replicas.
+	MaxWarmupReplicas int
+	// AcceptableRecoveryLag is how many changelog offsets a copy may be
+	// behind the changelog's end (or the group's freshest copy) and still
+	// count as caught up: a task moves only to a caught-up copy while one
+	// exists (Kafka Streams' acceptable.recovery.lag). Default 0:
+	// DefaultAcceptableRecoveryLag.
+	AcceptableRecoveryLag int64
 
 	// BroadcastTopic is read whole by every instance; every task applies
 	// each of its records to its own copy of the job's broadcast state
@@ -323,8 +343,13 @@ const (
 	DefaultSessionTimeout     = 45 * time.Second
 	DefaultTolerableFailures  = 3
 	DefaultMaxTaskIdle        = time.Second
-	minTransactionTimeout     = 10 * time.Second
-	minRebalanceTimeout       = time.Second
+	// DefaultMaxWarmupReplicas and DefaultAcceptableRecoveryLag are
+	// Kafka Streams' defaults of max.warmup.replicas and
+	// acceptable.recovery.lag.
+	DefaultMaxWarmupReplicas     = 2
+	DefaultAcceptableRecoveryLag = 10000
+	minTransactionTimeout        = 10 * time.Second
+	minRebalanceTimeout          = time.Second
 )
 
 // Epoch is the least time one transaction stays open: the checkpoint
@@ -420,6 +445,12 @@ func (c *Options) fill() error {
 	if c.StateCleanupDelay <= 0 {
 		c.StateCleanupDelay = 10 * time.Minute
 	}
+	if c.MaxWarmupReplicas == 0 {
+		c.MaxWarmupReplicas = DefaultMaxWarmupReplicas
+	}
+	if c.AcceptableRecoveryLag == 0 {
+		c.AcceptableRecoveryLag = DefaultAcceptableRecoveryLag
+	}
 	if c.Guarantee == "" {
 		c.Guarantee = ExactlyOnce
 	}
@@ -466,6 +497,8 @@ func (c *Options) fill() error {
 		return fmt.Errorf("sluice: Options.RestoreConcurrency %d is negative (0 = GOMAXPROCS, at least 2)", c.RestoreConcurrency)
 	case c.StandbyReplicas < 0:
 		return fmt.Errorf("sluice: Options.StandbyReplicas %d is negative (0 = none)", c.StandbyReplicas)
+	case c.AcceptableRecoveryLag < 0:
+		return fmt.Errorf("sluice: Options.AcceptableRecoveryLag %d is negative (0 = %d)", c.AcceptableRecoveryLag, DefaultAcceptableRecoveryLag)
 	case c.StandbyReplicas > 0 && c.Backend != "bbolt":
 		return fmt.Errorf("sluice: Options.StandbyReplicas needs the bbolt backend: a standby keeps its copy in a state file (Backend is %q)", c.Backend)
 	case c.StandbyReplicas > 0 && c.GroupProtocol != "classic":

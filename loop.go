@@ -150,6 +150,9 @@ func (in *Instance) runSession(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errSessionBroken, err)
 	}
+	// Warm-up replicas that caught up ask the group to rebalance with it.
+	in.standbys.session(sess.Client())
+	defer in.standbys.session(nil)
 	l := &loop{
 		in:        in,
 		ctx:       ctx,
@@ -1325,7 +1328,7 @@ func (l *loop) installRestored() error {
 			t.orphan(k)
 		}
 		l.tasks[p] = t
-		l.in.standbys.noteCopy(p, r.meta.ChangelogOffset)
+		l.in.standbys.noteCopy(p, r.meta.ChangelogOffset, 0)
 		l.in.queries.run(p, r.be)
 		l.in.m.epoch.WithLabelValues(t.label).Set(float64(t.epoch))
 		l.in.m.tasks.WithLabelValues("running").Inc()

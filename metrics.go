@@ -22,6 +22,8 @@ type metrics struct {
 	restoreDone, restoreRemaining                *prometheus.GaugeVec
 	standbyOffset                                *prometheus.GaugeVec
 	standbyRecords                               prometheus.Counter
+	standbyLag                                   *prometheus.GaugeVec
+	warmupAsks                                   prometheus.Counter
 	lag                                          *prometheus.GaugeVec
 	epoch                                        *prometheus.GaugeVec
 	tasks                                        *prometheus.GaugeVec
@@ -54,6 +56,8 @@ func newMetrics(in *Instance) (*metrics, []prometheus.Collector) {
 		restoreRemaining:   prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_restore_records_remaining", Help: "Changelog offsets left to read by the task's restore."}, task),
 		standbyOffset:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_standby_changelog_offset", Help: "Changelog offset up to which the standby replica of the task is complete (just past the last epoch marker it applied); its lag is the changelog partition's end minus this."}, task),
 		standbyRecords:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_standby_records_total", Help: "Changelog records standby replicas read."}),
+		standbyLag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_standby_lag", Help: "Changelog offsets between the standby replica of the task and its changelog's last stable offset, at the standby's last round: what a failover to it would restore."}, task),
+		warmupAsks:         prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_warmup_rebalances_total", Help: "Rebalances this instance asked the group for because a warm-up replica caught up (within AcceptableRecoveryLag), so that its task moves here."}),
 		lag:                prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_consumer_lag", Help: "High-water mark minus the next offset to process."}, []string{"topic", "partition"}),
 		tasks:              prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_tasks", Help: "Tasks by lifecycle state."}, []string{"state"}),
 		timers:             prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_timers", Help: "Timers registered in the task's committed store, per time domain (event, processing)."}, []string{"task", "domain"}),
@@ -70,7 +74,7 @@ func newMetrics(in *Instance) (*metrics, []prometheus.Collector) {
 	m.transactions.WithLabelValues("abort")
 	cs := []prometheus.Collector{m.recordsIn, m.recordsOut, m.processingErrors, m.dlq, m.checkpointDuration,
 		m.checkpointFailures, m.changelogRecords, m.changelogBytes, m.changelogPerEpoch, m.transactions,
-		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.standbyOffset, m.standbyRecords, m.lag, m.tasks, m.epoch,
+		m.stateKeys, m.stateBytes, m.stateHeapBytes, m.restoreDone, m.restoreRemaining, m.standbyOffset, m.standbyRecords, m.standbyLag, m.warmupAsks, m.lag, m.tasks, m.epoch,
 		m.timers, m.watermarkLag, m.timersFired, m.ttlExpired, m.overlapped, m.pollPartitions,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_epochs_committed_total", Help: "Epochs this instance committed since it started."},
 			func() float64 { return float64(in.committedEpochs.Load()) }),

@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sluicehq/sluice/changelog"
+	"github.com/sluicehq/sluice/internal/groupview"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -37,6 +39,13 @@ import (
 // (acquire, until releaseActive) or a standby. A standby starts only for a
 // task that no task here holds, and a task's restore waits for its
 // standby to close the file.
+//
+// A warm-up replica (Options.MaxWarmupReplicas; Kafka Streams' KIP-441)
+// is a standby of a task the leader means this instance to run, kept
+// where it runs until this copy catches up: once a round leaves the copy
+// within Options.AcceptableRecoveryLag of the changelog's end, the
+// instance asks the group to rebalance (warmedUp), and the leader, seeing
+// the copy caught up in this member's metadata, moves the task here.
 
 // standbyIdle bounds how long a standby waits between two rounds: the
 // first after a round that applied records, doubling up to the second
@@ -49,9 +58,19 @@ type standbys struct {
 	mu      sync.Mutex
 	ctx     context.Context // Run's while it runs, nil otherwise
 	want    map[int32]bool  // the last assignment's standbys
+	warm    map[int32]bool  // which of them are warm-ups
 	active  map[int32]bool  // tasks whose file a task here holds
 	running map[int32]*standbyRun
-	copies  map[int32]int64 // changelog offset each complete local copy reflects
+	copies  map[int32]groupview.Copy // each complete local copy: its changelog offset and lag
+	// The ask for a rebalance of a warm-up that caught up (warmedUp):
+	// the task asked for in this assignment (-1: none), when the next
+	// ask may be, and the wait after an ask the leader did not follow.
+	askTask  int32
+	askAfter time.Time
+	askGap   time.Duration
+	// group is the running session's client, which asks (nil between
+	// sessions).
+	group atomic.Pointer[kgo.Client]
 	// slot lets one standby at a time read more than a batch of its
 	// changelog (a new standby, or one far behind): the heap a restore
 	// holds, and the CPU, stay for the tasks that run.
@@ -70,8 +89,8 @@ type standbyRun struct {
 }
 
 func newStandbys(in *Instance) *standbys {
-	s := &standbys{in: in, want: map[int32]bool{}, active: map[int32]bool{}, running: map[int32]*standbyRun{},
-		copies: map[int32]int64{}, slot: make(chan struct{}, 1)}
+	s := &standbys{in: in, want: map[int32]bool{}, warm: map[int32]bool{}, active: map[int32]bool{}, running: map[int32]*standbyRun{},
+		copies: map[int32]groupview.Copy{}, slot: make(chan struct{}, 1), askTask: -1}
 	s.run = s.follow
 	return s
 }
@@ -100,6 +119,7 @@ func (s *standbys) stop() {
 	s.mu.Lock()
 	s.ctx = nil
 	clear(s.want) // the next Run's group assigns them anew
+	clear(s.warm)
 	runs := slices.Collect(maps.Values(s.running))
 	s.mu.Unlock()
 	for _, r := range runs {
@@ -108,22 +128,73 @@ func (s *standbys) stop() {
 	}
 }
 
-// assigned takes the standbys of a new assignment.
-func (s *standbys) assigned(ps []int32) {
+// assigned takes the standbys of a new assignment, and which of them are
+// warm-ups.
+func (s *standbys) assigned(ps, warmups []int32) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	want := map[int32]bool{}
+	want, warm := map[int32]bool{}, map[int32]bool{}
 	for _, p := range ps {
 		want[p] = true
 	}
-	if !maps.Equal(want, s.want) {
-		s.in.log.Info("standby tasks assigned", "tasks", ps)
+	for _, p := range warmups {
+		warm[p] = want[p]
 	}
-	s.want = want
+	if !maps.Equal(want, s.want) || !maps.Equal(warm, s.warm) {
+		s.in.log.Info("standby tasks assigned", "tasks", ps, "warmups", warmups)
+	}
+	if s.askTask >= 0 {
+		if warm[s.askTask] {
+			// The leader kept it a warm-up (its view of the lag
+			// differed, or the group changed): ask again later, and
+			// later each time, so that no copy keeps the group
+			// rebalancing.
+			s.askGap = min(max(2*s.askGap, time.Second), time.Minute)
+		} else {
+			s.askGap = 0
+		}
+		s.askAfter = time.Now().Add(s.askGap)
+		s.askTask = -1
+	}
+	s.want, s.warm = want, warm
 	s.reconcile()
+}
+
+// session gives the standbys the running session's client (nil when it
+// ends), which asks for the rebalances of warm-ups.
+func (s *standbys) session(cl *kgo.Client) {
+	if s != nil {
+		s.group.Store(cl)
+	}
+}
+
+// warmedUp notes that a round left task p's copy lag changelog offsets
+// behind the end. A warm-up within Options.AcceptableRecoveryLag asks the
+// group to rebalance, so that the leader moves its task here; not again
+// before askAfter (see assigned).
+func (s *standbys) warmedUp(p int32, lag int64) {
+	if lag > s.in.cfg.AcceptableRecoveryLag {
+		return
+	}
+	s.mu.Lock()
+	cl := s.group.Load()
+	now := time.Now()
+	if !s.warm[p] || now.Before(s.askAfter) || cl == nil {
+		s.mu.Unlock()
+		return
+	}
+	s.askTask = p
+	// The next assignment sets when the next ask may be; an ask no
+	// assignment answers (the session ended meanwhile) may be made
+	// again after this.
+	s.askAfter = now.Add(s.in.cfg.RebalanceTimeout + s.askGap)
+	s.mu.Unlock()
+	s.in.log.Info("warm-up replica caught up; asking the group to rebalance", "task", p, "lag", lag)
+	s.in.m.warmupAsks.Inc()
+	cl.ForceRebalance()
 }
 
 // acquire makes task p's file a task's: the standby of p, if any, stops
@@ -155,6 +226,7 @@ func (s *standbys) releaseActive(ps ...int32) {
 	defer s.mu.Unlock()
 	for _, p := range ps {
 		delete(s.active, p)
+		s.unfollowed(p)
 	}
 	s.reconcile()
 }
@@ -166,8 +238,21 @@ func (s *standbys) releaseAll() {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for p := range s.active {
+		s.unfollowed(p)
+	}
 	clear(s.active)
 	s.reconcile()
+}
+
+// unfollowed says the copy of task p is no longer kept up to date here
+// (its task or standby stopped): its lag is no longer known, and the
+// leader no longer takes it for caught up. With s.mu held.
+func (s *standbys) unfollowed(p int32) {
+	if c, ok := s.copies[p]; ok {
+		c.Lag = -1
+		s.copies[p] = c
+	}
 }
 
 // removeUnlessHeld runs remove, which deletes task p's file, unless the
@@ -193,7 +278,7 @@ func (s *standbys) removeUnlessHeld(p int32, remove func() error) (bool, error) 
 // localCopies is what this member tells the group's leader: the changelog
 // offset of each complete copy of a task it holds, running, standing by
 // or on disk.
-func (s *standbys) localCopies() map[int32]int64 {
+func (s *standbys) localCopies() map[int32]groupview.Copy {
 	if s == nil {
 		return nil
 	}
@@ -203,13 +288,14 @@ func (s *standbys) localCopies() map[int32]int64 {
 }
 
 // noteCopy records that the copy of task p here is complete up to
-// changelog offset off.
-func (s *standbys) noteCopy(p int32, off int64) {
+// changelog offset off, lag offsets behind the changelog's end (0 for a
+// task that runs here).
+func (s *standbys) noteCopy(p int32, off, lag int64) {
 	if s == nil || off <= 0 {
 		return
 	}
 	s.mu.Lock()
-	s.copies[p] = off
+	s.copies[p] = groupview.Copy{Offset: off, Lag: lag}
 	s.mu.Unlock()
 }
 
@@ -257,11 +343,13 @@ func (s *standbys) launch(p int32) {
 		s.run(ctx, p)
 		cancel()
 		s.in.m.standbyOffset.DeleteLabelValues(taskLabel(p))
+		s.in.m.standbyLag.DeleteLabelValues(taskLabel(p))
 		s.in.log.Info("standby replica stopped", "task", p)
 		s.mu.Lock()
 		if s.running[p] == r {
 			delete(s.running, p)
 		}
+		s.unfollowed(p)
 		// Wanted again while it stopped: it starts anew.
 		s.reconcile()
 		s.mu.Unlock()
@@ -355,8 +443,9 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		if meta, err = be.Meta(); err != nil {
 			return err
 		}
+		lag := max(res.End-meta.ChangelogOffset, 0) // from the start when no epoch is whole yet
 		if wholeCopy(meta) {
-			s.noteCopy(p, meta.ChangelogOffset)
+			s.noteCopy(p, meta.ChangelogOffset, lag)
 			if readable {
 				// Whole to the last marker again (a round that
 				// failed halfway stays cut until one ends whole).
@@ -366,8 +455,10 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 				readable = true
 			}
 			in.m.standbyOffset.WithLabelValues(taskLabel(p)).Set(float64(meta.ChangelogOffset))
+			in.m.standbyLag.WithLabelValues(taskLabel(p)).Set(float64(lag))
 		}
 		in.m.standbyRecords.Add(float64(res.Records))
+		s.warmedUp(p, lag)
 		// A round lists the partition's offsets (three requests): at
 		// most one a standbyIdle[0], however busy the partition.
 		if res.Records > 0 {
@@ -415,8 +506,8 @@ func (s *standbys) admit(ctx context.Context, p int32, records int64) (func(), e
 
 // scanCopies reads the meta of each task file in the state dir: the
 // copies this instance holds before any task or standby runs.
-func (in *Instance) scanCopies() map[int32]int64 {
-	found := map[int32]int64{}
+func (in *Instance) scanCopies() map[int32]groupview.Copy {
+	found := map[int32]groupview.Copy{}
 	entries, err := os.ReadDir(in.stateDir())
 	if err != nil {
 		return found // no state dir yet
@@ -431,7 +522,7 @@ func (in *Instance) scanCopies() map[int32]int64 {
 			continue // the task's restore deals with it
 		}
 		if meta, err := be.Meta(); err == nil && wholeCopy(meta) && in.stale(meta) == "" {
-			found[p] = meta.ChangelogOffset
+			found[p] = groupview.Copy{Offset: meta.ChangelogOffset, Lag: -1}
 		}
 		be.Close()
 	}

@@ -29,8 +29,18 @@ import (
 //     its copy lacks. A standby kept up to date is that member.
 //   - Each task gets Options.StandbyReplicas standbys on members other
 //     than its owner, spread evenly, preferring members that hold a copy.
+//   - Warm-ups (Options.MaxWarmupReplicas; Kafka Streams' KIP-441): a
+//     task whose place in the spread is a member without a caught-up
+//     copy (within Options.AcceptableRecoveryLag of the end, as the
+//     member measured it, or of the group's freshest copy) stays on a
+//     member whose copy is caught up, while one has it: the member
+//     running it, or the least loaded. Its place gets a warm-up: a
+//     standby that asks for a rebalance once it is caught up (standby.go),
+//     after which this plan moves the task there. A standby the task
+//     has there already is its warm-up; at most MaxWarmupReplicas others
+//     are added at a time, and the tasks beyond wait for a later round.
 //
-// The standbys travel in each member's assignment user data. Under the
+// The standbys and warm-ups travel in each member's assignment user data. Under the
 // cooperative protocol (one input topic) the plan is adjusted as franz-go's
 // cooperative-sticky balancer adjusts its own: a task moving between
 // members is first revoked by its owner, then assigned in the next round.
@@ -43,11 +53,13 @@ const standbyProtocol = groupview.StandbyAssignor
 type standbyBalancer struct {
 	in          *Instance
 	replicas    int
+	warmups     warmups
 	cooperative bool
 }
 
 func (in *Instance) standbyBalancer() *standbyBalancer {
-	return &standbyBalancer{in: in, replicas: in.cfg.StandbyReplicas, cooperative: len(in.cfg.InputTopics) == 1}
+	return &standbyBalancer{in: in, replicas: in.cfg.StandbyReplicas, cooperative: len(in.cfg.InputTopics) == 1,
+		warmups: warmups{most: max(in.cfg.MaxWarmupReplicas, 0), lag: in.cfg.AcceptableRecoveryLag}}
 }
 
 func (*standbyBalancer) ProtocolName() string { return standbyProtocol }
@@ -73,7 +85,7 @@ func (b *standbyBalancer) ParseSyncAssignment(assignment []byte) (map[string][]i
 	if err := a.ReadFrom(assignment); err != nil {
 		return nil, fmt.Errorf("sync assignment parse failed: %w", err)
 	}
-	standbys, err := groupview.DecodeStandbys(a.UserData)
+	standbys, warm, err := groupview.DecodeStandbys(a.UserData)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +94,7 @@ func (b *standbyBalancer) ParseSyncAssignment(assignment []byte) (map[string][]i
 		m[t.Topic] = t.Partitions
 	}
 	b.in.standbys.fallback.Store(false)
-	b.in.standbys.assigned(standbys)
+	b.in.standbys.assigned(standbys, warm)
 	return m, nil
 }
 
@@ -122,10 +134,14 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 		}
 		// A member whose copies cannot be read (another release's
 		// encoding) is assigned as one without copies.
-		tm.local, _ = groupview.DecodeLocalCopies(meta.UserData)
+		copies, _ := groupview.DecodeLocalCopies(meta.UserData)
+		tm.local, tm.lag = map[int32]int64{}, map[int32]int64{}
+		for t, c := range copies {
+			tm.local[t], tm.lag[t] = c.Offset, c.Lag
+		}
 		members = append(members, tm)
 	})
-	plan := assignTasks(tasks, members, b.replicas)
+	plan := assignTasks(tasks, members, b.replicas, b.warmups)
 	runs := make([]int, tasks) // task → member
 	for i, ts := range plan.active {
 		for _, t := range ts {
@@ -152,15 +168,15 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 			p.AddPartition(m, topic, t)
 		}
 	}
-	standbys := map[string][]int32{}
+	standbys, warm := map[string][]int32{}, map[string][]int32{}
 	for i := range members {
 		m, _ := cb.MemberAt(i)
-		standbys[m.MemberID] = plan.standby[i]
+		standbys[m.MemberID], warm[m.MemberID] = plan.standby[i], plan.warmup[i]
 	}
 	if b.cooperative {
 		p.AdjustCooperative(cb)
 	}
-	return &standbyAssignment{plan: p, standbys: standbys}
+	return &standbyAssignment{plan: p, standbys: standbys, warmups: warm}
 }
 
 // withoutStandbys is the balancer the group falls back to when one of its
@@ -173,7 +189,7 @@ type withoutStandbys struct {
 }
 
 func (b withoutStandbys) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
-	b.in.standbys.assigned(nil)
+	b.in.standbys.assigned(nil, nil)
 	if !b.in.standbys.fallback.Swap(true) {
 		b.in.log.Warn("the group assigns with "+b.ProtocolName()+", not "+standbyProtocol+": a member does not set SLUICE_STANDBY_REPLICAS; no standby replicas until it leaves",
 			"standby_replicas", b.in.cfg.StandbyReplicas)
@@ -181,10 +197,11 @@ func (b withoutStandbys) ParseSyncAssignment(assignment []byte) (map[string][]in
 	return b.GroupBalancer.ParseSyncAssignment(assignment)
 }
 
-// standbyAssignment is a plan with each member's standbys in its user data.
+// standbyAssignment is a plan with each member's standbys and warm-ups in
+// its user data.
 type standbyAssignment struct {
-	plan     *kgo.BalancePlan
-	standbys map[string][]int32
+	plan              *kgo.BalancePlan
+	standbys, warmups map[string][]int32
 }
 
 func (a *standbyAssignment) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAssignment {
@@ -194,30 +211,40 @@ func (a *standbyAssignment) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAss
 		if err := ma.ReadFrom(out[i].MemberAssignment); err != nil {
 			panic(fmt.Sprintf("sluice: re-reading an assignment franz-go encoded: %v", err)) // cannot happen
 		}
-		ma.UserData = groupview.EncodeStandbys(a.standbys[out[i].MemberID])
+		ma.UserData = groupview.EncodeStandbys(a.standbys[out[i].MemberID], a.warmups[out[i].MemberID])
 		out[i].MemberAssignment = ma.AppendTo(nil)
 	}
 	return out
 }
 
 // taskMember is what the leader knows of a member: the tasks it runs (a
-// partition of any input counts) and the changelog offsets of its copies.
+// partition of any input counts), the changelog offsets of its copies, and
+// their lags as it measured them (-1 or none: not measured).
 type taskMember struct {
-	owned []int32
-	local map[int32]int64
+	owned      []int32
+	local, lag map[int32]int64
 }
 
-// taskPlan is each member's tasks and standbys, in the members' order.
+// taskPlan is each member's tasks, standbys and warm-ups (a subset of its
+// standbys), in the members' order.
 type taskPlan struct {
-	active, standby [][]int32
+	active, standby, warmup [][]int32
+}
+
+// warmups is the leader's policy of warm-up replicas: at most most added
+// at a time (0: no warm-ups, tasks move at once), and the lag a caught-up
+// copy may have.
+type warmups struct {
+	most int
+	lag  int64
 }
 
 // assignTasks spreads tasks 0..tasks-1 over members (in the group's order,
-// which franz-go sorts by instance id) with replicas standbys each; see
-// the top of the file.
-func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
+// which franz-go sorts by instance id) with replicas standbys each, and
+// warm-ups as warm says; see the top of the file.
+func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) taskPlan {
 	n := len(members)
-	plan := taskPlan{active: make([][]int32, n), standby: make([][]int32, n)}
+	plan := taskPlan{active: make([][]int32, n), standby: make([][]int32, n), warmup: make([][]int32, n)}
 	if n == 0 || tasks <= 0 {
 		return plan
 	}
@@ -244,6 +271,9 @@ func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
 	}
 	// A member above its share gives up first the tasks whose copy
 	// elsewhere lags its own the least: those restore fastest there.
+	// A lag within the acceptable one counts as none, so that the
+	// choice does not follow the lags' every move from one round to the
+	// next (a warm-up must find its task chosen again).
 	behindElsewhere := func(i int, t int32) int64 {
 		best := int64(-1)
 		for j := range members {
@@ -253,6 +283,9 @@ func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
 		}
 		if best < 0 {
 			return math.MaxInt64
+		}
+		if copyOf(i, t)-best <= warm.lag {
+			return 0
 		}
 		return copyOf(i, t) - best
 	}
@@ -294,12 +327,60 @@ func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
 		}
 		take(best, t)
 	}
+	// The warm-ups: a task whose place has no caught-up copy stays on a
+	// member whose copy is (the member running it is), the least loaded,
+	// and its place gets a warm-up below.
+	wants := make([]int, tasks) // task → the member it waits to move to, -1: none
+	for t := range wants {
+		wants[t] = -1
+	}
+	if warm.most > 0 {
+		newest := make([]int64, tasks)
+		for t := range tasks {
+			newest[t] = -1
+			for i := range members {
+				newest[t] = max(newest[t], copyOf(i, t))
+			}
+		}
+		caughtUp := func(i int, t int32) bool {
+			if slices.Contains(owned[i], t) {
+				return true // it runs there: it is what the changelog has
+			}
+			if lag, ok := members[i].lag[t]; ok && lag >= 0 && lag <= warm.lag {
+				return true
+			}
+			// What a restore there would read, at most: the changelog
+			// from the copy (or its start) to the freshest copy.
+			return newest[t]-max(copyOf(i, t), 0) <= warm.lag
+		}
+		for t := range tasks {
+			place := owner[t]
+			if caughtUp(place, t) {
+				continue
+			}
+			best := -1
+			for i := range members {
+				if i == place || !caughtUp(i, t) {
+					continue
+				}
+				if best < 0 || count[i] < count[best] || (count[i] == count[best] && slices.Contains(owned[i], t) && !slices.Contains(owned[best], t)) {
+					best = i
+				}
+			}
+			if best >= 0 {
+				owner[t], wants[t] = best, place
+				count[place]--
+				count[best]++
+			}
+		}
+	}
 	for t := range tasks {
 		plan.active[owner[t]] = append(plan.active[owner[t]], t)
 	}
 
 	replicas = min(replicas, n-1)
 	if replicas <= 0 {
+		plan.addWarmups(wants, warm.most)
 		return plan
 	}
 	// First the members holding a copy, the most recent first, each up
@@ -385,5 +466,27 @@ func assignTasks(tasks int32, members []taskMember, replicas int) taskPlan {
 	for i := range plan.standby {
 		slices.Sort(plan.standby[i])
 	}
+	plan.addWarmups(wants, warm.most)
 	return plan
+}
+
+// addWarmups gives each task waiting to move (wants: task → its place,
+// -1: none) a warm-up at its place: the standby it has there, or one added
+// while fewer than most were.
+func (plan *taskPlan) addWarmups(wants []int, most int) {
+	added := 0
+	for t, place := range wants {
+		switch {
+		case place < 0:
+			continue
+		case slices.Contains(plan.standby[place], int32(t)):
+		case added < most:
+			added++
+			plan.standby[place] = append(plan.standby[place], int32(t))
+			slices.Sort(plan.standby[place])
+		default:
+			continue
+		}
+		plan.warmup[place] = append(plan.warmup[place], int32(t))
+	}
 }

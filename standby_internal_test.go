@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/sluicehq/sluice/internal/groupview"
 	"github.com/sluicehq/sluice/kstate"
 )
 
@@ -24,7 +25,7 @@ import (
 // its standbys on other members, spread evenly.
 func TestAssignTasksKeepsOwnersAndSpreadsStandbys(t *testing.T) {
 	members := []taskMember{{owned: []int32{0, 3}}, {owned: []int32{1, 4}}, {owned: []int32{2, 5}}}
-	plan := assignTasks(6, members, 1)
+	plan := assignTasks(6, members, 1, warmups{})
 	if want := [][]int32{{0, 3}, {1, 4}, {2, 5}}; !reflect.DeepEqual(plan.active, want) {
 		t.Fatalf("active %v, want %v", plan.active, want)
 	}
@@ -43,7 +44,7 @@ func TestAssignTasksGivesFreedTasksToTheFreshestCopy(t *testing.T) {
 		{owned: []int32{0, 1}, local: map[int32]int64{0: 500, 1: 400, 4: 90, 5: 30}},
 		{owned: []int32{2, 3}, local: map[int32]int64{2: 500, 3: 400, 4: 80, 5: 70}},
 	}
-	plan := assignTasks(6, members, 1)
+	plan := assignTasks(6, members, 1, warmups{})
 	if want := [][]int32{{0, 1, 4}, {2, 3, 5}}; !reflect.DeepEqual(plan.active, want) {
 		t.Fatalf("active %v, want %v (task 4 to member 0's copy at 90, 5 to member 1's at 70)", plan.active, want)
 	}
@@ -51,7 +52,7 @@ func TestAssignTasksGivesFreedTasksToTheFreshestCopy(t *testing.T) {
 
 	// The freshest copy's member is full: the next freshest takes it.
 	members[0].local[5] = 100
-	plan = assignTasks(6, members, 1)
+	plan = assignTasks(6, members, 1, warmups{})
 	if want := [][]int32{{0, 1, 4}, {2, 3, 5}}; !reflect.DeepEqual(plan.active, want) {
 		t.Fatalf("active %v, want %v (member 0 is full after task 4)", plan.active, want)
 	}
@@ -66,7 +67,7 @@ func TestAssignTasksMovesTasksWithCopiesToAJoiningMember(t *testing.T) {
 		{owned: []int32{3, 4, 5}, local: map[int32]int64{3: 100, 4: 100, 5: 100}},
 		{local: map[int32]int64{1: 99, 4: 98}},
 	}
-	plan := assignTasks(6, members, 0)
+	plan := assignTasks(6, members, 0, warmups{})
 	if want := [][]int32{{0, 2}, {3, 5}, {1, 4}}; !reflect.DeepEqual(plan.active, want) {
 		t.Fatalf("active %v, want %v", plan.active, want)
 	}
@@ -80,7 +81,7 @@ func TestAssignTasksPrefersStandbysWithCopies(t *testing.T) {
 		{owned: []int32{1}, local: map[int32]int64{0: 10}},
 		{owned: []int32{2}, local: map[int32]int64{0: 20, 1: 5}},
 	}
-	plan := assignTasks(3, members, 1)
+	plan := assignTasks(3, members, 1, warmups{})
 	// Task 0's standby is member 2 (its copy at 20, above member 1's at
 	// 10), which is then at its even share (1): task 1's goes to member 0
 	// though member 2 holds a copy, and task 2's to member 1.
@@ -94,13 +95,13 @@ func TestAssignTasksPrefersStandbysWithCopies(t *testing.T) {
 // none.
 func TestAssignTasksBoundsStandbysByMembers(t *testing.T) {
 	members := []taskMember{{}, {}}
-	plan := assignTasks(4, members, 3)
+	plan := assignTasks(4, members, 3, warmups{})
 	checkPlan(t, 4, members, 1, plan)
-	plan = assignTasks(4, members[:1], 2)
+	plan = assignTasks(4, members[:1], 2, warmups{})
 	if !reflect.DeepEqual(plan.active, [][]int32{{0, 1, 2, 3}}) || len(plan.standby[0]) != 0 {
 		t.Fatalf("one member: %+v", plan)
 	}
-	if plan := assignTasks(0, members, 1); len(plan.active[0])+len(plan.active[1]) != 0 {
+	if plan := assignTasks(0, members, 1, warmups{}); len(plan.active[0])+len(plan.active[1]) != 0 {
 		t.Fatalf("no tasks: %+v", plan)
 	}
 }
@@ -110,7 +111,7 @@ func TestAssignTasksBoundsStandbysByMembers(t *testing.T) {
 // review: the repair tried only that pair).
 func TestAssignTasksEvensStandbysOut(t *testing.T) {
 	members := []taskMember{{owned: []int32{0, 1, 2}}, {}, {owned: []int32{3}}, {owned: []int32{4, 5}, local: map[int32]int64{1: 13}}}
-	plan := assignTasks(6, members, 2)
+	plan := assignTasks(6, members, 2, warmups{})
 	checkPlan(t, 6, members, 2, plan)
 }
 
@@ -141,7 +142,7 @@ func TestAssignTasksInvariants(t *testing.T) {
 			members[0].owned = append(members[0].owned, 0)
 			members[1].owned = append(members[1].owned, 0)
 		}
-		plan := assignTasks(tasks, members, replicas)
+		plan := assignTasks(tasks, members, replicas, warmups{})
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			checkPlan(t, tasks, members, replicas, plan)
 			// Sticky: a member keeps the tasks only it claims, up to
@@ -166,6 +167,181 @@ func TestAssignTasksInvariants(t *testing.T) {
 					if !slices.Contains(plan.active[i], task) {
 						t.Fatalf("member %d lost task %d, which only it claimed, within its share: owned %v, plan %v", i, task, m.owned, plan.active)
 					}
+				}
+			}
+		})
+	}
+}
+
+// A member that joins a group whose tasks all have caught-up copies
+// elsewhere gets warm-ups first: the tasks its share would take stay
+// where they run, at most MaxWarmupReplicas of them get a warm-up there,
+// and a task moves once its warm-up reports that it caught up. A standby
+// already there is a warm-up without counting against the bound.
+func TestAssignTasksWarmsUpBeforeMoving(t *testing.T) {
+	warm := warmups{most: 2, lag: 100}
+	run := []int32{0, 1, 2, 3, 4, 5}
+	copies := map[int32]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000, 4: 1000, 5: 1000}
+	members := []taskMember{{owned: run, local: copies}, {}}
+	plan := assignTasks(6, members, 0, warm)
+	if want := (taskPlan{active: [][]int32{run, nil}, standby: [][]int32{nil, {3, 4}}, warmup: [][]int32{nil, {3, 4}}}); !reflect.DeepEqual(plan, want) {
+		t.Fatalf("plan %+v, want %+v (3, 4 and 5 wait; two warm-ups)", plan, want)
+	}
+	// Task 3's warm-up caught up as its member measured it (lag 20),
+	// task 4's as the leader sees it (60 below the owner's copy): both
+	// move; 5 waits with a warm-up of its own.
+	members[1] = taskMember{local: map[int32]int64{3: 500, 4: 940}, lag: map[int32]int64{3: 20, 4: -1}}
+	plan = assignTasks(6, members, 0, warm)
+	if want := (taskPlan{active: [][]int32{{0, 1, 2, 5}, {3, 4}}, standby: [][]int32{nil, {5}}, warmup: [][]int32{nil, {5}}}); !reflect.DeepEqual(plan, want) {
+		t.Fatalf("plan %+v, want %+v", plan, want)
+	}
+	// Without warm-ups the tasks move at once.
+	plan = assignTasks(6, []taskMember{{owned: run, local: copies}, {}}, 0, warmups{})
+	if want := [][]int32{{0, 1, 2}, {3, 4, 5}}; !reflect.DeepEqual(plan.active, want) {
+		t.Fatalf("active %v without warm-ups, want %v", plan.active, want)
+	}
+	// With a standby each, the joining member stands by for every task
+	// (the only other member): the three it waits for are warm-ups
+	// without taking from the bound.
+	plan = assignTasks(6, []taskMember{{owned: run, local: copies}, {}}, 1, warmups{most: 1, lag: 100})
+	if want := (taskPlan{active: [][]int32{run, nil}, standby: [][]int32{nil, run}, warmup: [][]int32{nil, {3, 4, 5}}}); !reflect.DeepEqual(plan, want) {
+		t.Fatalf("plan %+v, want %+v", plan, want)
+	}
+	// A changelog within the lag from its start: nothing to warm up.
+	small := map[int32]int64{0: 90, 1: 90, 2: 90, 3: 90, 4: 90, 5: 90}
+	plan = assignTasks(6, []taskMember{{owned: run, local: small}, {}}, 0, warm)
+	if want := [][]int32{{0, 1, 2}, {3, 4, 5}}; !reflect.DeepEqual(plan.active, want) || len(plan.warmup[1]) != 0 {
+		t.Fatalf("plan %+v for changelogs of 90 offsets, want %v and no warm-ups", plan, want)
+	}
+	// The owner crashed and the freshest copy's member is full: the task
+	// goes to it rather than to a member that would restore it whole.
+	members = []taskMember{
+		{owned: []int32{0, 1}, local: map[int32]int64{0: 1000, 1: 1000, 2: 995}, lag: map[int32]int64{2: 5}},
+		{},
+	}
+	plan = assignTasks(3, members, 0, warm)
+	if want := [][]int32{{0, 1, 2}, nil}; !reflect.DeepEqual(plan.active, want) || !reflect.DeepEqual(plan.warmup, [][]int32{nil, {2}}) {
+		t.Fatalf("plan %+v, want %v with a warm-up of 2 on member 1", plan, want)
+	}
+}
+
+// Random groups with warm-ups: against the plan without them, a task
+// changes owner only when its place's copy is not caught up and its new
+// owner's is; it then waits with a warm-up at its place unless the bound
+// was used; warm-ups are standbys, never the owner's, and the plan is
+// otherwise what checkPlan wants of the standbys.
+func TestAssignTasksWarmupInvariants(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range 20000 {
+		n := 1 + r.IntN(6)
+		tasks := int32(r.IntN(24))
+		replicas := r.IntN(3)
+		warm := warmups{most: 1 + r.IntN(3), lag: int64(r.IntN(100))}
+		members := make([]taskMember, n)
+		for t := range tasks {
+			if r.IntN(4) > 0 {
+				m := r.IntN(n)
+				members[m].owned = append(members[m].owned, t)
+			}
+			for m := range members {
+				if r.IntN(3) == 0 {
+					if members[m].local == nil {
+						members[m].local, members[m].lag = map[int32]int64{}, map[int32]int64{}
+					}
+					members[m].local[t] = int64(r.IntN(300))
+					members[m].lag[t] = int64(r.IntN(200)) - 1
+				}
+			}
+		}
+		balanced := assignTasks(tasks, members, replicas, warmups{lag: warm.lag})
+		plan := assignTasks(tasks, members, replicas, warm)
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			newest := func(task int32) int64 {
+				best := int64(-1)
+				for _, m := range members {
+					if off, ok := m.local[task]; ok {
+						best = max(best, off)
+					}
+				}
+				return best
+			}
+			caughtUp := func(i int, task int32) bool {
+				m := members[i]
+				if slices.Contains(m.owned, task) {
+					return true
+				}
+				if lag, ok := m.lag[task]; ok && lag >= 0 && lag <= warm.lag {
+					return true
+				}
+				off, ok := m.local[task]
+				if !ok {
+					off = 0
+				}
+				return newest(task)-off <= warm.lag
+			}
+			ownerIn := func(p taskPlan) []int {
+				o := make([]int, tasks)
+				for i, ts := range p.active {
+					for _, task := range ts {
+						o[task] = i
+					}
+				}
+				return o
+			}
+			was, now := ownerIn(balanced), ownerIn(plan)
+			added := 0
+			for task := range tasks {
+				place := was[task]
+				if now[task] == place {
+					continue
+				}
+				if caughtUp(place, task) || !caughtUp(now[task], task) {
+					t.Fatalf("task %d moved from its place %d (caught up %v) to %d (caught up %v): %+v", task, place, caughtUp(place, task), now[task], caughtUp(now[task], task), plan)
+				}
+				if !slices.Contains(plan.warmup[place], task) && slices.Contains(plan.standby[place], task) {
+					t.Fatalf("task %d waits for member %d, which stands by for it, without a warm-up: %+v", task, place, plan)
+				}
+			}
+			// Each task has its standbys, distinct and not its
+			// owner, and one more where a warm-up was added.
+			want := min(replicas, n-1)
+			per := map[int32][]int{}
+			for i, ts := range plan.standby {
+				for _, task := range ts {
+					if now[task] == i || slices.Contains(per[task], i) {
+						t.Fatalf("member %d stands by for task %d it runs or twice: %+v", i, task, plan)
+					}
+					per[task] = append(per[task], i)
+				}
+			}
+			for task := range tasks {
+				switch len(per[task]) {
+				case want:
+				case want + 1:
+					added++
+					if !slices.Contains(plan.warmup[was[task]], task) || now[task] == was[task] {
+						t.Fatalf("task %d has a standby more than %d without waiting for a warm-up: %+v", task, want, plan)
+					}
+				default:
+					t.Fatalf("task %d has %d standbys, want %d: %+v", task, len(per[task]), want, plan)
+				}
+			}
+			for i, ws := range plan.warmup {
+				for _, task := range ws {
+					if now[task] == i || was[task] != i || !slices.Contains(plan.standby[i], task) {
+						t.Fatalf("member %d warms up task %d it runs, is not its place, or does not stand by for: %+v", i, task, plan)
+					}
+				}
+			}
+			if added > warm.most {
+				t.Fatalf("%d warm-ups added, above the bound %d: %+v", added, warm.most, plan)
+			}
+			// Waiting tasks beyond the bound have no warm-up only
+			// when the bound was used up.
+			for task := range tasks {
+				place := was[task]
+				if now[task] != place && !slices.Contains(plan.warmup[place], task) && added < warm.most {
+					t.Fatalf("task %d waits for member %d without a warm-up, %d of %d added: %+v", task, place, added, warm.most, plan)
 				}
 			}
 		})
@@ -252,8 +428,8 @@ func TestStandbyBalancerThroughTheGroupProtocol(t *testing.T) {
 	// m3 joins, holding a recent copy of task 2 and an old one of 4: m1
 	// gives up 2, m2 gives up 4 (the others have no copy elsewhere), and
 	// in this first round m3 gets neither: their owners revoke them first.
-	m1.standbys.copies = map[int32]int64{1: 600, 2: 500, 3: 500, 0: 100} // running 1 since
-	m2.standbys.copies = map[int32]int64{0: 600, 4: 500, 5: 500, 1: 100}
+	m1.standbys.copies = unmeasured(map[int32]int64{1: 600, 2: 500, 3: 500, 0: 100}) // running 1 since
+	m2.standbys.copies = unmeasured(map[int32]int64{0: 600, 4: 500, 5: 500, 1: 100})
 	m3 := newMember(map[int32]int64{2: 499, 4: 10})
 	got = balance([]*Instance{m1, m2, m3}, []map[string][]int32{{"in": {1, 2, 3}}, {"in": {0, 4, 5}}, nil})
 	if want := map[string]map[string][]int32{"m1": {"in": {1, 3}}, "m2": {"in": {0, 5}}, "m3": {}}; !reflect.DeepEqual(got, want) {
@@ -277,8 +453,18 @@ func standbyMember(copies map[int32]int64, topics ...string) *Instance {
 	in := &Instance{cfg: Options{StandbyReplicas: 1, InputTopics: topics}, log: slog.New(slog.DiscardHandler)}
 	in.m, _ = newMetrics(in)
 	in.standbys = newStandbys(in)
-	in.standbys.copies = copies
+	in.standbys.copies = unmeasured(copies)
 	return in
+}
+
+// unmeasured are copies at these offsets whose lags were not measured
+// (files found at a start).
+func unmeasured(offsets map[int32]int64) map[int32]groupview.Copy {
+	copies := map[int32]groupview.Copy{}
+	for t, off := range offsets {
+		copies[t] = groupview.Copy{Offset: off, Lag: -1}
+	}
+	return copies
 }
 
 // balanceOnce runs one round of the group protocol over ins: their
@@ -402,7 +588,7 @@ func TestStandbyLease(t *testing.T) {
 	defer cancel()
 	s.start(ctx)
 	s.acquire(3) // a task here holds 3
-	s.assigned([]int32{1, 2, 3})
+	s.assigned([]int32{1, 2, 3}, nil)
 	for range 2 {
 		if p := <-opened; p != 1 && p != 2 {
 			t.Fatalf("a standby of task %d started", p)
@@ -415,7 +601,7 @@ func TestStandbyLease(t *testing.T) {
 	if isOpen(1) || running(1) != nil {
 		t.Fatal("acquire returned before task 1's standby closed its file")
 	}
-	s.assigned([]int32{1, 2, 3})
+	s.assigned([]int32{1, 2, 3}, nil)
 	if running(1) != nil {
 		t.Fatal("a standby of task 1 started while its task holds it")
 	}
@@ -427,7 +613,7 @@ func TestStandbyLease(t *testing.T) {
 		t.Fatalf("after the release: 1 open %v, 3 open %v, gauge %v", isOpen(1), isOpen(3), gauge())
 	}
 	r := running(1)
-	s.assigned([]int32{2, 3})
+	s.assigned([]int32{2, 3}, nil)
 	<-r.done
 	if isOpen(1) || gauge() != 2 {
 		t.Fatalf("task 1's standby still open (%v) after an assignment without it; gauge %v", isOpen(1), gauge())
@@ -441,7 +627,7 @@ func TestStandbyLease(t *testing.T) {
 		t.Fatalf("a standby started again after Run's context ended (%d opens)", len(opened))
 	}
 	s.stop()
-	s.assigned([]int32{2})
+	s.assigned([]int32{2}, nil)
 	if running(2) != nil {
 		t.Fatal("a standby started after stop")
 	}

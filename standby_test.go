@@ -134,44 +134,17 @@ func testStandbyFailover(t *testing.T, replicas int) {
 		resp.Topics = append(resp.Topics, rt)
 		return resp, nil, true
 	})
-	type member struct {
-		inst *sluice.Instance
-		reg  *prometheus.Registry
-		log  restores
-		done chan error
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	members := make([]*member, instances)
+	members := make([]*standbyInstance, instances)
 	start := func(i int) {
-		opts := testOptions(brokers, app, jobs.Aggregate(), filepath.Join(t.TempDir(), strconv.Itoa(i)))
-		opts.OutputTopic, opts.InstanceID, opts.StandbyReplicas = "out", "i"+strconv.Itoa(i), replicas
-		m := &member{reg: prometheus.NewRegistry(), log: restores{mu: &sync.Mutex{}, reads: map[string][]int64{}, said: map[string][]string{}}, done: make(chan error, 1)}
-		opts.Registry, opts.Logger = m.reg, slog.New(m.log)
-		inst, err := sluice.New(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.inst = inst
-		members[i] = m
-		go func() { m.done <- inst.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-m.done; err != nil {
-				t.Error(err)
-			}
-			m.done <- nil // for the next Cleanup of this member, if any
-		})
+		members[i] = startStandbyInstance(t, ctx, cancel, brokers, app, i, func(o *sluice.Options) { o.StandbyReplicas = replicas })
 	}
-	metric := func(reg prometheus.Gatherer, name string, labels ...string) float64 {
-		v, err := check.MetricSum(reg, name, labels...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
+	metric := func(reg *prometheus.Registry, name string, labels ...string) float64 {
+		return metricOf(t, reg, name, labels...)
 	}
-	running := func(m *member) float64 { return metric(m.reg, "sluice_tasks", "state", "running") }
-	standing := func(m *member) float64 { return metric(m.reg, "sluice_tasks", "state", "standby") }
+	running := func(m *standbyInstance) float64 { return metric(m.reg, "sluice_tasks", "state", "running") }
+	standing := func(m *standbyInstance) float64 { return metric(m.reg, "sluice_tasks", "state", "standby") }
 
 	// The first alone: the tasks the others take from it restore there
 	// from scratch, and those it keeps were never elsewhere.
@@ -337,6 +310,41 @@ func testStandbyFailover(t *testing.T, replicas int) {
 	}
 }
 
+// standbyInstance is an instance of the standby tests: its registry, what
+// it logged of its tasks, and the end of its Run.
+type standbyInstance struct {
+	inst *sluice.Instance
+	reg  *prometheus.Registry
+	log  restores
+	done chan error
+}
+
+// startStandbyInstance runs instance i of app (the aggregate job, into
+// "out", its options as adjust sets them) until ctx ends; the test's
+// cleanup cancels it and wants Run to end without an error.
+func startStandbyInstance(t *testing.T, ctx context.Context, cancel context.CancelFunc, brokers []string, app string, i int, adjust func(*sluice.Options)) *standbyInstance {
+	t.Helper()
+	opts := testOptions(brokers, app, jobs.Aggregate(), filepath.Join(t.TempDir(), strconv.Itoa(i)))
+	opts.OutputTopic, opts.InstanceID = "out", "i"+strconv.Itoa(i)
+	adjust(&opts)
+	m := &standbyInstance{reg: prometheus.NewRegistry(), log: restores{mu: &sync.Mutex{}, reads: map[string][]int64{}, said: map[string][]string{}}, done: make(chan error, 1)}
+	opts.Registry, opts.Logger = m.reg, slog.New(m.log)
+	inst, err := sluice.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.inst = inst
+	go func() { m.done <- inst.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-m.done; err != nil {
+			t.Error(err)
+		}
+		m.done <- nil // for the next Cleanup of this member, if any
+	})
+	return m
+}
+
 // labelValues lists the values of label on the series of name in reg.
 func labelValues(t *testing.T, reg prometheus.Gatherer, name, label string) []string {
 	t.Helper()
@@ -358,4 +366,112 @@ func labelValues(t *testing.T, reg prometheus.Gatherer, name, label string) []st
 		}
 	}
 	return out
+}
+
+// An instance joining a group whose tasks hold more changelog than
+// AcceptableRecoveryLag gets none of them at first: the tasks its share
+// would take keep running where they are while it builds their copies,
+// warm-ups. Once a copy has caught up, the instance asks the group to
+// rebalance and the task moves, its restore reading nothing. With
+// warm-ups off the same join restores the tasks from their whole
+// changelog. Either way the outputs stay exactly once.
+func TestWarmupReplicasMoveTasksOnceCaughtUp(t *testing.T) {
+	for _, warmups := range []int{2, -1} {
+		t.Run(fmt.Sprintf("warmups=%d", warmups), func(t *testing.T) { testWarmups(t, warmups) })
+	}
+}
+
+func testWarmups(t *testing.T, warmups int) {
+	const partitions, keys, first, second, lag = 4, 2000, 8000, 2000, 50
+	const app = "wu"
+	inputs := map[string][]int64{}
+	batch := func(from, n int) []*kgo.Record {
+		var recs []*kgo.Record
+		for i := from; i < from+n; i++ {
+			k, v := fmt.Sprintf("k%04d", i%keys), int64(i%5)
+			inputs[k] = append(inputs[k], v)
+			recs = append(recs, &kgo.Record{Key: []byte(k), Value: []byte(strconv.FormatInt(v, 10))})
+		}
+		return recs
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "in", "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcl.Close()
+	adm := kadm.NewClient(pcl)
+	if err := pcl.ProduceSync(context.Background(), batch(0, first)...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	adjust := func(o *sluice.Options) {
+		o.StandbyReplicas, o.MaxWarmupReplicas, o.AcceptableRecoveryLag = 1, warmups, lag
+	}
+	running := func(m *standbyInstance) float64 { return metricOf(t, m.reg, "sluice_tasks", "state", "running") }
+	first0 := startStandbyInstance(t, ctx, cancel, brokers, app, 0, adjust)
+	waitUntil(t, "the first instance running every task, the input consumed", func() bool {
+		return running(first0) == partitions && consumedAll(adm, app, first)(nil)
+	})
+	cl := changelog.TopicName(app)
+	records, err := check.ReadToEnd(context.Background(), brokers, cl, kgo.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]int64{} // committed records per changelog partition
+	for _, r := range records {
+		sizes[strconv.Itoa(int(r.Partition))]++
+	}
+	for p, n := range sizes {
+		if n <= lag {
+			t.Fatalf("changelog partition %s holds %d records, not above the acceptable lag %d", p, n, lag)
+		}
+	}
+
+	joining := startStandbyInstance(t, ctx, cancel, brokers, app, 1, adjust)
+	waitUntil(t, "two tasks running on each instance", func() bool { return running(first0) == 2 && running(joining) == 2 })
+	moved := labelValues(t, joining.reg, "sluice_epoch", "task")
+	if len(moved) != 2 {
+		t.Fatalf("the joining instance runs tasks %v, want 2", moved)
+	}
+	asks := metricOf(t, joining.reg, "sluice_warmup_rebalances_total")
+	for _, label := range moved {
+		reads := joining.log.of(label)
+		said := joining.log.saidOf(label)
+		switch {
+		case len(reads) != 1:
+			t.Errorf("task %s restored %d times on the joining instance, want once: %q", label, len(reads), said)
+		case warmups > 0 && reads[0] != 0:
+			t.Errorf("task %s read %d changelog records to run on the joining instance, want 0: its warm-up there had caught up (%q)", label, reads[0], said)
+		case warmups > 0 && !(slices.Contains(said, "standby replica stopped") && slices.Index(said, "standby replica stopped") < slices.Index(said, "task restored")):
+			t.Errorf("task %s's warm-up did not stop before its restore: %q", label, said)
+		case warmups < 0 && reads[0] != sizes[label]:
+			t.Errorf("task %s read %d changelog records without warm-ups, want its partition's %d", label, reads[0], sizes[label])
+		}
+	}
+	switch {
+	case warmups > 0 && asks < 1:
+		t.Errorf("the joining instance asked for %v rebalances, want at least one: its warm-ups caught up", asks)
+	case warmups < 0 && asks != 0:
+		t.Errorf("the joining instance asked for %v rebalances without warm-ups", asks)
+	}
+
+	// The input after the move counts on from the state moved.
+	if err := pcl.ProduceSync(context.Background(), batch(first, second)...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the second input consumed", func() bool { return consumedAll(adm, app, first+second)(nil) })
+	outs, err := check.ReadToEnd(context.Background(), brokers, "out", kgo.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := check.Aggregate(inputs, outs); !r.OK() {
+		t.Fatalf("outputs after the move: %s", r)
+	}
 }

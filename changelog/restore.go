@@ -95,6 +95,10 @@ type Result struct {
 	Records int64   // changelog records read
 	Last    *Marker // last complete epoch's marker, nil if the partition has none
 	Next    int64   // changelog offset just past Last's marker (the next From)
+	// End is the offset the read went to: the partition's end, for a
+	// live read its last stable offset. End - Next is how far the state
+	// lags what the changelog had committed.
+	End int64
 	// Orphans are the keys of entries after the last marker: written by an
 	// attempt that never wrote its marker (at-least-once), so not part of
 	// the state. The task must write each again with its restored value
@@ -210,6 +214,7 @@ func Restore(ctx context.Context, p RestoreParams) (Result, error) {
 		if err != nil {
 			return r.res, err
 		}
+		r.res.End = end
 		switch {
 		case p.From > end:
 			return r.res, fmt.Errorf("%w: %s/%d stored offset %d, end %d", ErrStateAhead, p.Topic, p.Partition, p.From, end)

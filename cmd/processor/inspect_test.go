@@ -172,7 +172,7 @@ func TestInspectShowsStandbys(t *testing.T) {
 		}
 	}
 	for _, m := range got.Group.Members {
-		row := []string{m.InstanceID, m.Host, m.ClientID, "in:" + tasksList(m.Assigned["in"]), tasksList(m.Standby), m.MemberID}
+		row := []string{m.InstanceID, m.Host, m.ClientID, "in:" + tasksList(m.Assigned["in"]), tasksList(m.Standby), tasksList(m.Warmup), m.MemberID}
 		if !slices.ContainsFunc(strings.Split(text, "\n"), func(line string) bool { return slices.Equal(strings.Fields(line), row) }) {
 			t.Errorf("inspect output lacks the row %q:\n%s", row, text)
 		}

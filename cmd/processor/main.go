@@ -305,8 +305,8 @@ func httpHandler(reg *prometheus.Registry, ready func() bool, queries http.Handl
 	return mux
 }
 
-// tolerable maps SLUICE_TOLERABLE_FAILURES onto the options, where 0 means
-// the default and a negative count none.
+// tolerable maps SLUICE_TOLERABLE_FAILURES (and SLUICE_MAX_WARMUP_REPLICAS)
+// onto the options, where 0 means the default and a negative count none.
 func tolerable(n int) int {
 	if n == 0 {
 		return -1
@@ -406,6 +406,8 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		PipelinedEpochs:       cfg.PipelinedEpochs,
 		RestoreConcurrency:    cfg.RestoreConcurrency,
 		StandbyReplicas:       cfg.StandbyReplicas,
+		MaxWarmupReplicas:     tolerable(cfg.MaxWarmupReplicas), // 0: none
+		AcceptableRecoveryLag: cfg.AcceptableRecoveryLag,
 		RestoreFrom:           cfg.RestoreFrom,
 		AllowNonRestoredState: cfg.AllowNonRestoredState,
 		Logger:                log,

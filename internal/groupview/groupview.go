@@ -30,7 +30,9 @@ type Group struct {
 }
 
 // Member is one member of a Group: its assignment by topic, and under
-// StandbyAssignor the tasks it keeps standby replicas of.
+// StandbyAssignor the tasks it keeps standby replicas of, and which of
+// them are warm-up replicas (tasks the member is to run once its copy
+// has caught up).
 type Member struct {
 	MemberID   string             `json:"member_id"`
 	InstanceID string             `json:"instance_id"`
@@ -38,6 +40,7 @@ type Member struct {
 	Host       string             `json:"host"`
 	Assigned   map[string][]int32 `json:"assigned"`
 	Standby    []int32            `json:"standby,omitempty"`
+	Warmup     []int32            `json:"warmup,omitempty"`
 }
 
 // Describe describes the group under either protocol: a KIP-848
@@ -68,7 +71,7 @@ func Describe(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group strin
 			}
 			if d.Protocol == StandbyAssignor {
 				// Unreadable (another release's): shown as none.
-				mv.Standby, _ = DecodeStandbys(a.UserData)
+				mv.Standby, mv.Warmup, _ = DecodeStandbys(a.UserData)
 			}
 		}
 		v.Members = append(v.Members, mv)
@@ -132,72 +135,96 @@ func deref(s *string) string {
 
 // StandbyAssignor is the classic-protocol assignor of an app with standby
 // replicas (sluice.Options.StandbyReplicas). Its members' JoinGroup user
-// data carries the changelog offset of each task copy they hold
-// (EncodeLocalCopies); each member's assignment user data, the tasks it
-// keeps standby replicas of (EncodeStandbys). An encoding that members of
-// an earlier release cannot read needs a new assignor name: a member
-// fails a sync it cannot read.
+// data carries each task copy they hold (EncodeLocalCopies); each member's
+// assignment user data, the tasks it keeps standby replicas of and which
+// of them are warm-ups (EncodeStandbys). An encoding that members of an
+// earlier release cannot read needs a new assignor name: a member fails a
+// sync it cannot read.
 const StandbyAssignor = "sluice-standby-v1"
 
 // The versions heading the two user data encodings.
 const (
-	localCopiesVersion byte = 1
-	standbyVersion     byte = 1
+	localCopiesVersion byte = 2
+	standbyVersion     byte = 2
 )
 
 // ErrUserData is returned (wrapped) for user data that does not decode.
 var ErrUserData = errors.New("unreadable group user data")
 
+// Copy is a member's copy of a task's state: the changelog offset it is
+// complete to, and how many offsets it was behind the changelog's end when
+// the member last looked (0 for a task it runs, -1 when it has not looked:
+// a file it found at its start).
+type Copy struct {
+	Offset, Lag int64
+}
+
 // EncodeLocalCopies writes version, count, then (task int32, changelog
-// offset int64) pairs in task order.
-func EncodeLocalCopies(m map[int32]int64) []byte {
+// offset int64, lag int64) in task order.
+func EncodeLocalCopies(m map[int32]Copy) []byte {
 	b := binary.BigEndian.AppendUint32([]byte{localCopiesVersion}, uint32(len(m)))
 	for _, t := range slices.Sorted(maps.Keys(m)) {
 		b = binary.BigEndian.AppendUint32(b, uint32(t))
-		b = binary.BigEndian.AppendUint64(b, uint64(m[t]))
+		b = binary.BigEndian.AppendUint64(b, uint64(m[t].Offset))
+		b = binary.BigEndian.AppendUint64(b, uint64(m[t].Lag))
 	}
 	return b
 }
 
 // DecodeLocalCopies reads EncodeLocalCopies.
-func DecodeLocalCopies(b []byte) (map[int32]int64, error) {
+func DecodeLocalCopies(b []byte) (map[int32]Copy, error) {
 	if len(b) < 5 || b[0] != localCopiesVersion {
 		return nil, fmt.Errorf("%w: local copies of %d bytes", ErrUserData, len(b))
 	}
 	n := binary.BigEndian.Uint32(b[1:])
 	b = b[5:]
-	if uint64(len(b)) != uint64(n)*12 {
+	if uint64(len(b)) != uint64(n)*20 {
 		return nil, fmt.Errorf("%w: %d local copies in %d bytes", ErrUserData, n, len(b))
 	}
-	m := make(map[int32]int64, n)
-	for ; len(b) > 0; b = b[12:] {
-		m[int32(binary.BigEndian.Uint32(b))] = int64(binary.BigEndian.Uint64(b[4:]))
+	m := make(map[int32]Copy, n)
+	for ; len(b) > 0; b = b[20:] {
+		m[int32(binary.BigEndian.Uint32(b))] = Copy{Offset: int64(binary.BigEndian.Uint64(b[4:])), Lag: int64(binary.BigEndian.Uint64(b[12:]))}
 	}
 	return m, nil
 }
 
-// EncodeStandbys writes version, count, then the tasks.
-func EncodeStandbys(ts []int32) []byte {
-	b := binary.BigEndian.AppendUint32([]byte{standbyVersion}, uint32(len(ts)))
-	for _, t := range ts {
-		b = binary.BigEndian.AppendUint32(b, uint32(t))
+// EncodeStandbys writes version, then the standby tasks and the warm-up
+// tasks (a subset of them), each list as a count and its tasks.
+func EncodeStandbys(standby, warmup []int32) []byte {
+	b := []byte{standbyVersion}
+	for _, ts := range [][]int32{standby, warmup} {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(ts)))
+		for _, t := range ts {
+			b = binary.BigEndian.AppendUint32(b, uint32(t))
+		}
 	}
 	return b
 }
 
 // DecodeStandbys reads EncodeStandbys.
-func DecodeStandbys(b []byte) ([]int32, error) {
-	if len(b) < 5 || b[0] != standbyVersion {
-		return nil, fmt.Errorf("%w: a standby assignment of %d bytes", ErrUserData, len(b))
+func DecodeStandbys(b []byte) (standby, warmup []int32, err error) {
+	if len(b) < 1 || b[0] != standbyVersion {
+		return nil, nil, fmt.Errorf("%w: a standby assignment of %d bytes", ErrUserData, len(b))
 	}
-	n := binary.BigEndian.Uint32(b[1:])
-	b = b[5:]
-	if uint64(len(b)) != uint64(n)*4 {
-		return nil, fmt.Errorf("%w: a standby assignment of %d tasks in %d bytes", ErrUserData, n, len(b))
+	b = b[1:]
+	var lists [2][]int32
+	for i := range lists {
+		if len(b) < 4 {
+			return nil, nil, fmt.Errorf("%w: a standby assignment cut short", ErrUserData)
+		}
+		n := binary.BigEndian.Uint32(b)
+		b = b[4:]
+		if uint64(len(b)) < uint64(n)*4 {
+			return nil, nil, fmt.Errorf("%w: a standby assignment of %d tasks in %d bytes", ErrUserData, n, len(b))
+		}
+		lists[i] = make([]int32, 0, n)
+		for range n {
+			lists[i] = append(lists[i], int32(binary.BigEndian.Uint32(b)))
+			b = b[4:]
+		}
 	}
-	ts := make([]int32, 0, n)
-	for ; len(b) > 0; b = b[4:] {
-		ts = append(ts, int32(binary.BigEndian.Uint32(b)))
+	if len(b) > 0 {
+		return nil, nil, fmt.Errorf("%w: a standby assignment with %d bytes too many", ErrUserData, len(b))
 	}
-	return ts, nil
+	return lists[0], lists[1], nil
 }

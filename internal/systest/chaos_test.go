@@ -184,7 +184,7 @@ func (ch *chaos) shutdown() {
 		t.Fatalf("transactions left open after every instance stopped (partitions by topic): %v", open)
 	}
 	if ch.standby {
-		var kept, handed []string
+		var kept, handed, warmed []string
 		for _, c := range ch.children {
 			if c.said("standby replica started") {
 				kept = append(kept, c.id)
@@ -192,11 +192,14 @@ func (ch *chaos) shutdown() {
 			if c.said("standby replica handed over to its task") {
 				handed = append(handed, c.id)
 			}
+			if c.said("warm-up replica caught up; asking the group to rebalance") {
+				warmed = append(warmed, c.id)
+			}
 		}
 		if len(kept) == 0 {
 			t.Fatal("standby replicas: no instance kept one, so the run did not test them")
 		}
-		t.Logf("standby replicas: kept by %v, handed over to their tasks on %v", kept, handed)
+		t.Logf("standby replicas: kept by %v, handed over to their tasks on %v; warm-ups caught up on %v", kept, handed, warmed)
 	}
 	if ch.pipelined {
 		var overlapped []string
@@ -259,7 +262,9 @@ func chaosAggregate(t *testing.T, proto string) {
 	// same kills and pauses.
 	if proto == "classic" {
 		pg = pgtest.Start(t).URL()
-		extra = append(extra, "SYSTEST_PG_URL="+pg, "SYSTEST_STANDBY=1")
+		// A small acceptable lag, so that instances coming back warm
+		// up the tasks they get back (Options.MaxWarmupReplicas).
+		extra = append(extra, "SYSTEST_PG_URL="+pg, "SYSTEST_STANDBY=1", "SYSTEST_RECOVERY_LAG=200")
 	} else {
 		extra = append(extra, "SYSTEST_PARALLELISM=3", "SYSTEST_PIPELINED=true")
 	}

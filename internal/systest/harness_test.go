@@ -56,6 +56,7 @@ func runChild() int {
 	cfg.Parallelism, _ = strconv.Atoi(env("SYSTEST_PARALLELISM"))
 	cfg.PipelinedEpochs = env("SYSTEST_PIPELINED") == "true"
 	cfg.StandbyReplicas, _ = strconv.Atoi(env("SYSTEST_STANDBY"))
+	cfg.AcceptableRecoveryLag, _ = strconv.ParseInt(env("SYSTEST_RECOVERY_LAG"), 10, 64)
 	level := slog.LevelInfo
 	if env("SYSTEST_LOG_DIR") != "" {
 		level = slog.LevelDebug
