@@ -237,8 +237,8 @@ type Options struct {
 	// assigns at once, with StandbyReplicas (Kafka Streams'
 	// max.warmup.replicas). A task whose place in the even spread is an
 	// instance without a caught-up copy of it (one that just joined)
-	// stays where a copy is caught up, its running instance's most
-	// often, while that instance builds a copy as a standby, a warm-up;
+	// stays where a copy is caught up (the instance running it), while
+	// that instance builds a copy as a standby, a warm-up;
 	// once the copy is within AcceptableRecoveryLag of the changelog's
 	// end, the instance asks the group to rebalance and the task moves,
 	// restoring only that lag. A standby the task already had there is a

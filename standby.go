@@ -55,13 +55,17 @@ var standbyIdle = [2]time.Duration{200 * time.Millisecond, 2 * time.Second}
 type standbys struct {
 	in *Instance
 
-	mu      sync.Mutex
-	ctx     context.Context // Run's while it runs, nil otherwise
-	want    map[int32]bool  // the last assignment's standbys
-	warm    map[int32]bool  // which of them are warm-ups
-	active  map[int32]bool  // tasks whose file a task here holds
-	running map[int32]*standbyRun
-	copies  map[int32]groupview.Copy // each complete local copy: its changelog offset and lag
+	mu   sync.Mutex
+	ctx  context.Context // Run's while it runs, nil otherwise
+	want map[int32]bool  // the last assignment's standbys
+	warm map[int32]bool  // which of them are warm-ups
+	// incoming: which of them are tasks assigned here, withheld until
+	// their owner revoked them; ackLag: the leader's acceptable lag.
+	incoming map[int32]bool
+	askLag   int64
+	active   map[int32]bool // tasks whose file a task here holds
+	running  map[int32]*standbyRun
+	copies   map[int32]groupview.Copy // each complete local copy: its changelog offset and lag
 	// The ask for a rebalance of a warm-up that caught up (warmedUp):
 	// the task asked for in this assignment (-1: none), when the next
 	// ask may be, and the wait after an ask the leader did not follow.
@@ -89,7 +93,7 @@ type standbyRun struct {
 }
 
 func newStandbys(in *Instance) *standbys {
-	s := &standbys{in: in, want: map[int32]bool{}, warm: map[int32]bool{}, active: map[int32]bool{}, running: map[int32]*standbyRun{},
+	s := &standbys{in: in, want: map[int32]bool{}, warm: map[int32]bool{}, incoming: map[int32]bool{}, active: map[int32]bool{}, running: map[int32]*standbyRun{},
 		copies: map[int32]groupview.Copy{}, slot: make(chan struct{}, 1), askTask: -1}
 	s.run = s.follow
 	return s
@@ -120,6 +124,7 @@ func (s *standbys) stop() {
 	s.ctx = nil
 	clear(s.want) // the next Run's group assigns them anew
 	clear(s.warm)
+	clear(s.incoming)
 	runs := slices.Collect(maps.Values(s.running))
 	s.mu.Unlock()
 	for _, r := range runs {
@@ -128,38 +133,46 @@ func (s *standbys) stop() {
 	}
 }
 
-// assigned takes the standbys of a new assignment, and which of them are
-// warm-ups.
-func (s *standbys) assigned(ps, warmups []int32) {
+// assigned takes the standby part of a new assignment, whose tasks here
+// are active.
+func (s *standbys) assigned(sb groupview.Standbys, active []int32) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	want, warm := map[int32]bool{}, map[int32]bool{}
-	for _, p := range ps {
+	want, warm, incoming := map[int32]bool{}, map[int32]bool{}, map[int32]bool{}
+	for _, p := range sb.Tasks {
 		want[p] = true
 	}
-	for _, p := range warmups {
+	for _, p := range sb.Warmup {
 		warm[p] = want[p]
 	}
-	if !maps.Equal(want, s.want) || !maps.Equal(warm, s.warm) {
-		s.in.log.Info("standby tasks assigned", "tasks", ps, "warmups", warmups)
+	for _, p := range sb.Incoming {
+		incoming[p] = want[p]
+	}
+	if !maps.Equal(want, s.want) || !maps.Equal(warm, s.warm) || !maps.Equal(incoming, s.incoming) {
+		s.in.log.Info("standby tasks assigned", "tasks", sb.Tasks, "warmups", sb.Warmup, "incoming", sb.Incoming)
 	}
 	if s.askTask >= 0 {
-		if warm[s.askTask] {
+		now := time.Now()
+		switch p := s.askTask; {
+		case incoming[p]:
+			// On its way here: the ask stands until it arrives.
+		case warm[p]:
 			// The leader kept it a warm-up (its view of the lag
-			// differed, or the group changed): ask again later, and
-			// later each time, so that no copy keeps the group
-			// rebalancing.
+			// differed): ask again later, and later each time, so
+			// that no copy keeps the group rebalancing.
 			s.askGap = min(max(2*s.askGap, time.Second), time.Minute)
-		} else {
+			s.askAfter, s.askTask = now.Add(s.askGap), -1
+		default:
+			// It runs here now, or the group changed: the next
+			// warm-up may ask at once.
 			s.askGap = 0
+			s.askAfter, s.askTask = now, -1
 		}
-		s.askAfter = time.Now().Add(s.askGap)
-		s.askTask = -1
 	}
-	s.want, s.warm = want, warm
+	s.want, s.warm, s.incoming, s.askLag = want, warm, incoming, sb.AcceptableLag
 	s.reconcile()
 }
 
@@ -172,17 +185,14 @@ func (s *standbys) session(cl *kgo.Client) {
 }
 
 // warmedUp notes that a round left task p's copy lag changelog offsets
-// behind the end. A warm-up within Options.AcceptableRecoveryLag asks the
-// group to rebalance, so that the leader moves its task here; not again
-// before askAfter (see assigned).
+// behind the end. A warm-up within the leader's acceptable lag (which
+// the assignment carries) asks the group to rebalance, so that the leader
+// moves its task here; not again before askAfter (see assigned).
 func (s *standbys) warmedUp(p int32, lag int64) {
-	if lag > s.in.cfg.AcceptableRecoveryLag {
-		return
-	}
 	s.mu.Lock()
 	cl := s.group.Load()
 	now := time.Now()
-	if !s.warm[p] || now.Before(s.askAfter) || cl == nil {
+	if !s.warm[p] || s.incoming[p] || lag > s.askLag || now.Before(s.askAfter) || cl == nil {
 		s.mu.Unlock()
 		return
 	}
@@ -443,8 +453,10 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		if meta, err = be.Meta(); err != nil {
 			return err
 		}
-		lag := max(res.End-meta.ChangelogOffset, 0) // from the start when no epoch is whole yet
 		if wholeCopy(meta) {
+			// 1 when caught up: the commit's control record follows
+			// the last marker.
+			lag := max(res.End-meta.ChangelogOffset, 0)
 			s.noteCopy(p, meta.ChangelogOffset, lag)
 			if readable {
 				// Whole to the last marker again (a round that
@@ -456,9 +468,9 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 			}
 			in.m.standbyOffset.WithLabelValues(taskLabel(p)).Set(float64(meta.ChangelogOffset))
 			in.m.standbyLag.WithLabelValues(taskLabel(p)).Set(float64(lag))
+			s.warmedUp(p, lag) // with the copy the leader will see
 		}
 		in.m.standbyRecords.Add(float64(res.Records))
-		s.warmedUp(p, lag)
 		// A round lists the partition's offsets (three requests): at
 		// most one a standbyIdle[0], however busy the partition.
 		if res.Records > 0 {

@@ -85,7 +85,7 @@ func (b *standbyBalancer) ParseSyncAssignment(assignment []byte) (map[string][]i
 	if err := a.ReadFrom(assignment); err != nil {
 		return nil, fmt.Errorf("sync assignment parse failed: %w", err)
 	}
-	standbys, warm, err := groupview.DecodeStandbys(a.UserData)
+	sb, err := groupview.DecodeStandbys(a.UserData)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +94,7 @@ func (b *standbyBalancer) ParseSyncAssignment(assignment []byte) (map[string][]i
 		m[t.Topic] = t.Partitions
 	}
 	b.in.standbys.fallback.Store(false)
-	b.in.standbys.assigned(standbys, warm)
+	b.in.standbys.assigned(sb, taskSet(m))
 	return m, nil
 }
 
@@ -168,15 +168,34 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 			p.AddPartition(m, topic, t)
 		}
 	}
-	standbys, warm := map[string][]int32{}, map[string][]int32{}
-	for i := range members {
-		m, _ := cb.MemberAt(i)
-		standbys[m.MemberID], warm[m.MemberID] = plan.standby[i], plan.warmup[i]
-	}
+	var final map[string]map[string][]int32
 	if b.cooperative {
 		p.AdjustCooperative(cb)
+		final = p.AsMemberIDMap()
 	}
-	return &standbyAssignment{plan: p, standbys: standbys, warmups: warm}
+	standbys := map[string]groupview.Standbys{}
+	for i := range members {
+		m, _ := cb.MemberAt(i)
+		sb := groupview.Standbys{Tasks: plan.standby[i], Warmup: plan.warmup[i], AcceptableLag: b.warmups.lag}
+		if b.cooperative && b.warmups.most > 0 {
+			// A task this plan moves here is withheld until its owner
+			// revoked it: meanwhile the member keeps following it, so
+			// that the next round finds its copy as caught up as it
+			// is (a copy it stopped following would look behind the
+			// owner's last commit, and the task would go back).
+			for _, t := range plan.active[i] {
+				if !slices.ContainsFunc(slices.Collect(maps.Values(final[m.MemberID])), func(ps []int32) bool { return slices.Contains(ps, t) }) {
+					sb.Incoming = append(sb.Incoming, t)
+					if !slices.Contains(sb.Tasks, t) {
+						sb.Tasks = append(slices.Clone(sb.Tasks), t)
+						slices.Sort(sb.Tasks)
+					}
+				}
+			}
+		}
+		standbys[m.MemberID] = sb
+	}
+	return &standbyAssignment{plan: p, standbys: standbys}
 }
 
 // withoutStandbys is the balancer the group falls back to when one of its
@@ -189,7 +208,7 @@ type withoutStandbys struct {
 }
 
 func (b withoutStandbys) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
-	b.in.standbys.assigned(nil, nil)
+	b.in.standbys.assigned(groupview.Standbys{}, nil)
 	if !b.in.standbys.fallback.Swap(true) {
 		b.in.log.Warn("the group assigns with "+b.ProtocolName()+", not "+standbyProtocol+": a member does not set SLUICE_STANDBY_REPLICAS; no standby replicas until it leaves",
 			"standby_replicas", b.in.cfg.StandbyReplicas)
@@ -197,11 +216,11 @@ func (b withoutStandbys) ParseSyncAssignment(assignment []byte) (map[string][]in
 	return b.GroupBalancer.ParseSyncAssignment(assignment)
 }
 
-// standbyAssignment is a plan with each member's standbys and warm-ups in
-// its user data.
+// standbyAssignment is a plan with each member's standbys, warm-ups and
+// incoming tasks in its user data.
 type standbyAssignment struct {
-	plan              *kgo.BalancePlan
-	standbys, warmups map[string][]int32
+	plan     *kgo.BalancePlan
+	standbys map[string]groupview.Standbys
 }
 
 func (a *standbyAssignment) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAssignment {
@@ -211,7 +230,7 @@ func (a *standbyAssignment) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAss
 		if err := ma.ReadFrom(out[i].MemberAssignment); err != nil {
 			panic(fmt.Sprintf("sluice: re-reading an assignment franz-go encoded: %v", err)) // cannot happen
 		}
-		ma.UserData = groupview.EncodeStandbys(a.standbys[out[i].MemberID], a.warmups[out[i].MemberID])
+		ma.UserData = groupview.EncodeStandbys(a.standbys[out[i].MemberID])
 		out[i].MemberAssignment = ma.AppendTo(nil)
 	}
 	return out
@@ -328,8 +347,8 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 		take(best, t)
 	}
 	// The warm-ups: a task whose place has no caught-up copy stays on a
-	// member whose copy is (the member running it is), the least loaded,
-	// and its place gets a warm-up below.
+	// member whose copy is: the member running it, else the least loaded
+	// one. Its place gets a warm-up (addWarmups).
 	wants := make([]int, tasks) // task → the member it waits to move to, -1: none
 	for t := range wants {
 		wants[t] = -1
@@ -363,7 +382,10 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 				if i == place || !caughtUp(i, t) {
 					continue
 				}
-				if best < 0 || count[i] < count[best] || (count[i] == count[best] && slices.Contains(owned[i], t) && !slices.Contains(owned[best], t)) {
+				// The member running it keeps it (no move at
+				// all); else the least loaded.
+				runs, bestRuns := slices.Contains(owned[i], t), best >= 0 && slices.Contains(owned[best], t)
+				if best < 0 || (runs && !bestRuns) || (runs == bestRuns && count[i] < count[best]) {
 					best = i
 				}
 			}

@@ -213,6 +213,18 @@ func TestAssignTasksWarmsUpBeforeMoving(t *testing.T) {
 	if want := [][]int32{{0, 1, 2}, {3, 4, 5}}; !reflect.DeepEqual(plan.active, want) || len(plan.warmup[1]) != 0 {
 		t.Fatalf("plan %+v for changelogs of 90 offsets, want %v and no warm-ups", plan, want)
 	}
+	// A task waiting for a member stays with the member running it, not
+	// with a less loaded member whose copy is caught up too (that would
+	// move it twice; found by review).
+	members = []taskMember{
+		{owned: []int32{0, 1, 2, 3}, local: map[int32]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000}},
+		{},
+		{local: map[int32]int64{2: 990, 3: 990}, lag: map[int32]int64{2: 5, 3: 5}},
+	}
+	plan = assignTasks(4, members, 0, warm)
+	if want := [][]int32{{0, 1, 3}, nil, {2}}; !reflect.DeepEqual(plan.active, want) || !reflect.DeepEqual(plan.warmup, [][]int32{nil, {3}, nil}) {
+		t.Fatalf("plan %+v, want %v with a warm-up of 3 on member 1", plan, want)
+	}
 	// The owner crashed and the freshest copy's member is full: the task
 	// goes to it rather than to a member that would restore it whole.
 	members = []taskMember{
@@ -293,7 +305,28 @@ func TestAssignTasksWarmupInvariants(t *testing.T) {
 			for task := range tasks {
 				place := was[task]
 				if now[task] == place {
+					// It stays at its place only if the place is
+					// caught up or nobody is.
+					if !caughtUp(place, task) {
+						for i := range members {
+							if caughtUp(i, task) {
+								t.Fatalf("task %d stays at its place %d, which is not caught up, while member %d is: %+v", task, place, i, plan)
+							}
+						}
+					}
 					continue
+				}
+				// A member running it keeps it (it is caught up).
+				var owners []int
+				for i, m := range members {
+					if slices.Contains(m.owned, task) {
+						owners = append(owners, i)
+					}
+				}
+				if len(owners) > 0 {
+					if !slices.Contains(owners, now[task]) {
+						t.Fatalf("task %d moved from its place %d to %d, not to a member running it %v: %+v", task, place, now[task], owners, plan)
+					}
 				}
 				if caughtUp(place, task) || !caughtUp(now[task], task) {
 					t.Fatalf("task %d moved from its place %d (caught up %v) to %d (caught up %v): %+v", task, place, caughtUp(place, task), now[task], caughtUp(now[task], task), plan)
@@ -346,6 +379,74 @@ func TestAssignTasksWarmupInvariants(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A warm-up that caught up (within the leader's lag, which the
+// assignment carries) asks for a rebalance once; no other asks while one
+// is out; an ask the leader did not follow (the task still a warm-up)
+// lets the next wait 1 s, then twice as long each time up to a minute; a
+// task on its way here (incoming) keeps its ask standing; once it runs
+// here the next warm-up may ask at once.
+func TestWarmupAsksBackOff(t *testing.T) {
+	in := standbyMember(nil, "in")
+	in.cfg.RebalanceTimeout = 30 * time.Second // an ask not answered may be made again after it
+	s := in.standbys
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1")) // not in a group: ForceRebalance does nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	asks := func() float64 {
+		var m dto.Metric
+		if err := in.m.warmupAsks.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	want := func(n float64, what string) {
+		t.Helper()
+		if got := asks(); got != n {
+			t.Fatalf("%s: %v asks, want %v", what, got, n)
+		}
+	}
+	both := groupview.Standbys{Tasks: []int32{1, 2, 3}, Warmup: []int32{1, 2}, AcceptableLag: 100}
+	s.assigned(both, nil)
+	s.warmedUp(1, 0)
+	want(0, "without a session's client")
+	s.session(cl)
+	s.warmedUp(1, 101)
+	s.warmedUp(3, 0)
+	want(0, "above the leader's lag, or not a warm-up")
+	s.warmedUp(1, 100)
+	want(1, "caught up")
+	s.warmedUp(2, 0)
+	want(1, "while an ask is out")
+	for _, gap := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, time.Minute, time.Minute} {
+		s.assigned(both, nil) // not followed
+		if s.askGap != gap || time.Until(s.askAfter) <= 0 {
+			t.Fatalf("after an ask not followed: gap %v, next in %v; want %v", s.askGap, time.Until(s.askAfter), gap)
+		}
+		before := asks()
+		s.warmedUp(1, 0)
+		want(before, "before the gap passed")
+		s.askAfter = time.Now() // the gap passed
+		s.warmedUp(1, 0)
+		want(before+1, "after the gap")
+	}
+	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}, Warmup: []int32{1, 2}, Incoming: []int32{1}, AcceptableLag: 100}, nil)
+	if s.askTask != 1 || s.askGap != time.Minute {
+		t.Fatalf("incoming: ask of %d, gap %v; want the ask of 1 standing, gap a minute", s.askTask, s.askGap)
+	}
+	before := asks()
+	s.askAfter = time.Now()
+	s.warmedUp(1, 0)
+	want(before, "for an incoming task")
+	s.assigned(groupview.Standbys{Tasks: []int32{2, 3}, Warmup: []int32{2}, AcceptableLag: 100}, []int32{1})
+	if s.askTask != -1 || s.askGap != 0 {
+		t.Fatalf("arrived: ask of %d, gap %v; want none, 0", s.askTask, s.askGap)
+	}
+	s.warmedUp(2, 0)
+	want(before+1, "the next warm-up, once the last arrived")
 }
 
 func checkPlan(t *testing.T, tasks int32, members []taskMember, replicas int, plan taskPlan) {
@@ -444,6 +545,65 @@ func TestStandbyBalancerThroughTheGroupProtocol(t *testing.T) {
 		if len(in.standbys.want) != 2 {
 			t.Fatalf("m%d stands by for %v, want 2 tasks", i+1, in.standbys.want)
 		}
+	}
+}
+
+// Warm-ups through the group protocol and its cooperative two rounds: a
+// joining member first gets the tasks of its share as warm-ups; once
+// their copies caught up (as it measured them), the plan moves them,
+// withheld while their owner revokes them, and meanwhile the member keeps
+// following them (incoming), so that the next round, which sees the
+// owner's last commit beyond the acceptable lag, still finds them caught
+// up and gives them over (found by review: they bounced back).
+func TestStandbyBalancerWarmsUpThroughTheGroupProtocol(t *testing.T) {
+	newMember := func() *Instance {
+		in := standbyMember(nil, "in")
+		in.cfg.MaxWarmupReplicas, in.cfg.AcceptableRecoveryLag = 2, 100
+		return in
+	}
+	copies := func(off, lag int64, tasks ...int32) map[int32]groupview.Copy {
+		m := map[int32]groupview.Copy{}
+		for _, t := range tasks {
+			m[t] = groupview.Copy{Offset: off, Lag: lag}
+		}
+		return m
+	}
+	m1, m2 := newMember(), newMember()
+	balance := func(owned1, owned2 []int32) map[string]map[string][]int32 {
+		t.Helper()
+		return balanceOnce(t, []*Instance{m1, m2}, [][]string{{"in"}, {"in"}},
+			[]map[string][]int32{{"in": owned1}, {"in": owned2}}, []int32{7, 7}, map[string]int32{"in": 4})
+	}
+	m1.standbys.copies = copies(1000, 0, 0, 1, 2, 3)
+	got := balance([]int32{0, 1, 2, 3}, nil)
+	if want := map[string]map[string][]int32{"m1": {"in": {0, 1, 2, 3}}, "m2": {}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("the join: %v, want %v", got, want)
+	}
+	if !reflect.DeepEqual(m2.standbys.warm, map[int32]bool{2: true, 3: true}) || len(m2.standbys.want) != 4 || m2.standbys.askLag != 100 {
+		t.Fatalf("the joining member: standbys %v, warm-ups %v, lag %d; want all 4, warm-ups 2 and 3, 100", m2.standbys.want, m2.standbys.warm, m2.standbys.askLag)
+	}
+	// Caught up as m2 measured (lag 5), 300 offsets behind m1's commits.
+	m1.standbys.copies = copies(1300, 0, 0, 1, 2, 3)
+	m2.standbys.copies = copies(1000, 5, 0, 1, 2, 3)
+	got = balance([]int32{0, 1, 2, 3}, nil)
+	if want := map[string]map[string][]int32{"m1": {"in": {0, 1}}, "m2": {}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("the move's first round: %v, want %v (2 and 3 revoked first)", got, want)
+	}
+	if !reflect.DeepEqual(m2.standbys.incoming, map[int32]bool{2: true, 3: true}) || !m2.standbys.want[2] || !m2.standbys.want[3] {
+		t.Fatalf("the move's first round: m2 follows %v, incoming %v; want 2 and 3 followed and incoming", m2.standbys.want, m2.standbys.incoming)
+	}
+	// m1 committed 2 and 3 once more as it revoked them.
+	m1.standbys.copies = map[int32]groupview.Copy{0: {Offset: 1400}, 1: {Offset: 1400}, 2: {Offset: 1400, Lag: -1}, 3: {Offset: 1400, Lag: -1}}
+	got = balance([]int32{0, 1}, nil)
+	if want := map[string]map[string][]int32{"m1": {"in": {0, 1}}, "m2": {"in": {2, 3}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("the move's second round: %v, want %v", got, want)
+	}
+	// Had m2 stopped following them (its lags unknown), they would have
+	// gone back to m1: what following incoming tasks prevents.
+	m2.standbys.copies = copies(1000, -1, 0, 1, 2, 3)
+	got = balance([]int32{0, 1}, nil)
+	if want := map[string]map[string][]int32{"m1": {"in": {0, 1, 2, 3}}, "m2": {}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("unfollowed copies: %v, want %v", got, want)
 	}
 }
 
@@ -588,7 +748,7 @@ func TestStandbyLease(t *testing.T) {
 	defer cancel()
 	s.start(ctx)
 	s.acquire(3) // a task here holds 3
-	s.assigned([]int32{1, 2, 3}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}}, nil)
 	for range 2 {
 		if p := <-opened; p != 1 && p != 2 {
 			t.Fatalf("a standby of task %d started", p)
@@ -601,7 +761,7 @@ func TestStandbyLease(t *testing.T) {
 	if isOpen(1) || running(1) != nil {
 		t.Fatal("acquire returned before task 1's standby closed its file")
 	}
-	s.assigned([]int32{1, 2, 3}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}}, nil)
 	if running(1) != nil {
 		t.Fatal("a standby of task 1 started while its task holds it")
 	}
@@ -613,7 +773,7 @@ func TestStandbyLease(t *testing.T) {
 		t.Fatalf("after the release: 1 open %v, 3 open %v, gauge %v", isOpen(1), isOpen(3), gauge())
 	}
 	r := running(1)
-	s.assigned([]int32{2, 3}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{2, 3}}, nil)
 	<-r.done
 	if isOpen(1) || gauge() != 2 {
 		t.Fatalf("task 1's standby still open (%v) after an assignment without it; gauge %v", isOpen(1), gauge())
@@ -627,7 +787,7 @@ func TestStandbyLease(t *testing.T) {
 		t.Fatalf("a standby started again after Run's context ended (%d opens)", len(opened))
 	}
 	s.stop()
-	s.assigned([]int32{2}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{2}}, nil)
 	if running(2) != nil {
 		t.Fatal("a standby started after stop")
 	}

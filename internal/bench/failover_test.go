@@ -43,34 +43,9 @@ func benchFailover(b *testing.B, standbys int) {
 		}
 		brokers := c.ListenAddrs()[0]
 		start := func(id string) (*exec.Cmd, string) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			addr := ln.Addr().String()
-			ln.Close()
-			cmd := exec.Command(bin)
-			cmd.Env = append(os.Environ(), "SLUICE_BROKERS="+brokers, "SLUICE_APP_ID=failover", "SLUICE_JOB=aggregate",
-				"SLUICE_INPUT_TOPICS="+input, "SLUICE_OUTPUT_TOPIC="+output, "SLUICE_INSTANCE_ID="+id,
-				"SLUICE_STATE_DIR="+filepath.Join(b.TempDir(), id), "SLUICE_METRICS_ADDR="+addr, "SLUICE_SESSION_TIMEOUT=6s",
-				"SLUICE_LOG_LEVEL=warn", "SLUICE_STANDBY_REPLICAS="+strconv.Itoa(standbys))
-			cmd.Stderr = os.Stderr
-			if err := cmd.Start(); err != nil {
-				b.Fatal(err)
-			}
-			return cmd, addr
+			return startProcessor(b, bin, brokers, "failover", id, "SLUICE_STANDBY_REPLICAS="+strconv.Itoa(standbys))
 		}
-		prod, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
-		if err != nil {
-			b.Fatal(err)
-		}
-		for i := range keys {
-			prod.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte(fmt.Sprintf("key-%07d", i)), Value: []byte(strconv.Itoa(i))}, nil)
-		}
-		if err := prod.Flush(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		prod.Close()
+		preloadKeys(b, brokers, keys)
 		first, addr1 := start("f1")
 		waitFor(b, "the first instance ready", 5*time.Minute, func() bool { return ready(addr1) })
 		second, addr2 := start("f2")
@@ -113,5 +88,45 @@ func benchFailover(b *testing.B, standbys int) {
 		second.Process.Signal(syscall.SIGKILL)
 		second.Wait()
 		c.Close()
+	}
+}
+
+// startProcessor starts a processor process of the aggregate job, instance
+// id of app, reading input and writing output on brokers, with env added;
+// it returns the process and its metrics address.
+func startProcessor(b *testing.B, bin, brokers, app, id string, env ...string) (*exec.Cmd, string) {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "SLUICE_BROKERS="+brokers, "SLUICE_APP_ID="+app, "SLUICE_JOB=aggregate",
+		"SLUICE_INPUT_TOPICS="+input, "SLUICE_OUTPUT_TOPIC="+output, "SLUICE_INSTANCE_ID="+id,
+		"SLUICE_STATE_DIR="+filepath.Join(b.TempDir(), id), "SLUICE_METRICS_ADDR="+addr, "SLUICE_SESSION_TIMEOUT=6s",
+		"SLUICE_LOG_LEVEL=warn")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	return cmd, addr
+}
+
+// preloadKeys writes one input record for each of keys keys.
+func preloadKeys(b *testing.B, brokers string, keys int) {
+	b.Helper()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer prod.Close()
+	for i := range keys {
+		prod.Produce(context.Background(), &kgo.Record{Topic: input, Key: []byte(fmt.Sprintf("key-%07d", i)), Value: []byte(strconv.Itoa(i))}, nil)
+	}
+	if err := prod.Flush(context.Background()); err != nil {
+		b.Fatal(err)
 	}
 }

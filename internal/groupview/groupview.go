@@ -71,7 +71,8 @@ func Describe(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group strin
 			}
 			if d.Protocol == StandbyAssignor {
 				// Unreadable (another release's): shown as none.
-				mv.Standby, mv.Warmup, _ = DecodeStandbys(a.UserData)
+				sb, _ := DecodeStandbys(a.UserData)
+				mv.Standby, mv.Warmup = sb.Tasks, sb.Warmup
 			}
 		}
 		v.Members = append(v.Members, mv)
@@ -188,34 +189,50 @@ func DecodeLocalCopies(b []byte) (map[int32]Copy, error) {
 	return m, nil
 }
 
-// EncodeStandbys writes version, then the standby tasks and the warm-up
-// tasks (a subset of them), each list as a count and its tasks.
-func EncodeStandbys(standby, warmup []int32) []byte {
+// Standbys is a member's part of a StandbyAssignor assignment besides its
+// partitions.
+type Standbys struct {
+	// Tasks are the tasks it keeps standby replicas of.
+	Tasks []int32
+	// Warmup are those of Tasks it is to run once its copy has caught up.
+	Warmup []int32
+	// Incoming are those of Tasks assigned to it but withheld until their
+	// owner has revoked them (the cooperative protocol's two rounds): it
+	// keeps following them meanwhile.
+	Incoming []int32
+	// AcceptableLag is the leader's acceptable recovery lag: how close to
+	// its changelog's end a warm-up's copy must be to ask for its task.
+	AcceptableLag int64
+}
+
+// EncodeStandbys writes version, the three task lists (each a count and
+// its tasks), then the acceptable lag.
+func EncodeStandbys(sb Standbys) []byte {
 	b := []byte{standbyVersion}
-	for _, ts := range [][]int32{standby, warmup} {
+	for _, ts := range [][]int32{sb.Tasks, sb.Warmup, sb.Incoming} {
 		b = binary.BigEndian.AppendUint32(b, uint32(len(ts)))
 		for _, t := range ts {
 			b = binary.BigEndian.AppendUint32(b, uint32(t))
 		}
 	}
-	return b
+	return binary.BigEndian.AppendUint64(b, uint64(sb.AcceptableLag))
 }
 
 // DecodeStandbys reads EncodeStandbys.
-func DecodeStandbys(b []byte) (standby, warmup []int32, err error) {
+func DecodeStandbys(b []byte) (Standbys, error) {
 	if len(b) < 1 || b[0] != standbyVersion {
-		return nil, nil, fmt.Errorf("%w: a standby assignment of %d bytes", ErrUserData, len(b))
+		return Standbys{}, fmt.Errorf("%w: a standby assignment of %d bytes", ErrUserData, len(b))
 	}
 	b = b[1:]
-	var lists [2][]int32
+	var lists [3][]int32
 	for i := range lists {
 		if len(b) < 4 {
-			return nil, nil, fmt.Errorf("%w: a standby assignment cut short", ErrUserData)
+			return Standbys{}, fmt.Errorf("%w: a standby assignment cut short", ErrUserData)
 		}
 		n := binary.BigEndian.Uint32(b)
 		b = b[4:]
 		if uint64(len(b)) < uint64(n)*4 {
-			return nil, nil, fmt.Errorf("%w: a standby assignment of %d tasks in %d bytes", ErrUserData, n, len(b))
+			return Standbys{}, fmt.Errorf("%w: a standby assignment of %d tasks in %d bytes", ErrUserData, n, len(b))
 		}
 		lists[i] = make([]int32, 0, n)
 		for range n {
@@ -223,8 +240,8 @@ func DecodeStandbys(b []byte) (standby, warmup []int32, err error) {
 			b = b[4:]
 		}
 	}
-	if len(b) > 0 {
-		return nil, nil, fmt.Errorf("%w: a standby assignment with %d bytes too many", ErrUserData, len(b))
+	if len(b) != 8 {
+		return Standbys{}, fmt.Errorf("%w: a standby assignment ending in %d bytes, not 8", ErrUserData, len(b))
 	}
-	return lists[0], lists[1], nil
+	return Standbys{Tasks: lists[0], Warmup: lists[1], Incoming: lists[2], AcceptableLag: int64(binary.BigEndian.Uint64(b))}, nil
 }

@@ -17,17 +17,17 @@ func TestStandbyUserDataRoundTrips(t *testing.T) {
 	if got, err := DecodeLocalCopies(EncodeLocalCopies(nil)); err != nil || len(got) != 0 {
 		t.Fatalf("no copies: %v, %v", got, err)
 	}
-	ts, warm := []int32{4, 1, 9}, []int32{9}
-	back, backWarm, err := DecodeStandbys(EncodeStandbys(ts, warm))
-	if err != nil || !reflect.DeepEqual(back, ts) || !reflect.DeepEqual(backWarm, warm) {
-		t.Fatalf("standbys %v %v, %v; want %v %v", back, backWarm, err, ts, warm)
+	sb := Standbys{Tasks: []int32{4, 1, 9, 2}, Warmup: []int32{9, 2}, Incoming: []int32{2}, AcceptableLag: 10000}
+	back, err := DecodeStandbys(EncodeStandbys(sb))
+	if err != nil || !reflect.DeepEqual(back, sb) {
+		t.Fatalf("standbys %+v, %v; want %+v", back, err, sb)
 	}
-	if back, backWarm, err := DecodeStandbys(EncodeStandbys(nil, nil)); err != nil || len(back)+len(backWarm) != 0 {
-		t.Fatalf("no standbys: %v %v, %v", back, backWarm, err)
+	if back, err := DecodeStandbys(EncodeStandbys(Standbys{})); err != nil || len(back.Tasks)+len(back.Warmup)+len(back.Incoming) != 0 || back.AcceptableLag != 0 {
+		t.Fatalf("no standbys: %+v, %v", back, err)
 	}
-	valid := EncodeStandbys(ts, warm)
-	for _, bad := range [][]byte{nil, {9, 0, 0, 0, 0}, {2, 0, 0, 0, 2, 0, 0, 0, 1}, {2, 0, 0, 0, 1}, {2, 0, 0, 0, 0}, append(valid, 0)} {
-		if _, _, err := DecodeStandbys(bad); !errors.Is(err, ErrUserData) {
+	valid := EncodeStandbys(sb)
+	for _, bad := range [][]byte{nil, {9, 0, 0, 0, 0}, {2, 0, 0, 0, 2, 0, 0, 0, 1}, {2, 0, 0, 0, 1}, {2, 0, 0, 0, 0}, append(valid, 0), valid[:len(valid)-1]} {
+		if _, err := DecodeStandbys(bad); !errors.Is(err, ErrUserData) {
 			t.Fatalf("standbys from %v: %v, want ErrUserData", bad, err)
 		}
 		if _, err := DecodeLocalCopies(bad); len(bad) != 5 && !errors.Is(err, ErrUserData) { // {2,0,0,0,0} is no copies
