@@ -90,32 +90,12 @@ func TestStandbyReplicasTakeOverFromTheirCopies(t *testing.T) {
 
 func testStandbyFailover(t *testing.T, replicas int) {
 	const partitions, instances, keys, first, second = 6, 3, 300, 6000, 2000
-	inputs := map[string][]int64{}
-	batch := func(from, n int) []*kgo.Record {
-		var recs []*kgo.Record
-		for i := from; i < from+n; i++ {
-			k, v := fmt.Sprintf("k%03d", i%keys), int64(i%7)
-			inputs[k] = append(inputs[k], v)
-			recs = append(recs, &kgo.Record{Key: []byte(k), Value: []byte(strconv.FormatInt(v, 10))})
-		}
-		return recs
-	}
 	const app = "sb"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "in", "out"))
-	if err != nil {
+	sc := newStandbyCluster(t, partitions, keys)
+	c, brokers, adm := sc.c, sc.brokers, sc.adm
+	if err := sc.produce(first); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Close)
-	brokers := c.ListenAddrs()
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcl.Close()
-	if err := pcl.ProduceSync(context.Background(), batch(0, first)...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	adm := kadm.NewClient(pcl)
 	// The first three listings of a changelog partition's offsets on
 	// their own (a standby's rounds) fail with an error to retry: the
 	// standby tries the round again, its file kept open.
@@ -209,8 +189,8 @@ func testStandbyFailover(t *testing.T, replicas int) {
 		p, _ := strconv.Atoi(label)
 		key := ""
 		for k := range keys {
-			if members[0].inst.PartitionOf([]byte(fmt.Sprintf("k%03d", k))) == int32(p) {
-				key = fmt.Sprintf("k%03d", k)
+			if members[0].inst.PartitionOf([]byte(sc.key(k))) == int32(p) {
+				key = sc.key(k)
 				break
 			}
 		}
@@ -229,14 +209,7 @@ func testStandbyFailover(t *testing.T, replicas int) {
 		}
 	}
 
-	records, err := check.ReadToEnd(context.Background(), brokers, cl, kgo.ReadCommitted())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sizes := map[string]int64{} // committed records per changelog partition
-	for _, r := range records {
-		sizes[strconv.Itoa(int(r.Partition))]++
-	}
+	sizes := changelogSizes(t, brokers, app)
 	for _, label := range moved {
 		for _, m := range members[1:] {
 			if reads := m.log.of(label); len(reads) > 0 {
@@ -298,17 +271,84 @@ func testStandbyFailover(t *testing.T, replicas int) {
 	}
 
 	// The input after the failover counts on from the state taken over.
-	if err := pcl.ProduceSync(context.Background(), batch(first, second)...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the second input consumed", func() bool { return consumedAll(adm, app, first+second)(nil) })
-	outs, err := check.ReadToEnd(context.Background(), brokers, "out", kgo.ReadCommitted())
+	sc.checkAfter(t, app, second, "the failover")
+}
+
+// standbyCluster is the broker of the standby tests, with topics "in" and
+// "out", a client producing the aggregate job's input to it, and the
+// inputs written so far, by key.
+type standbyCluster struct {
+	c       *kfake.Cluster
+	brokers []string
+	pcl     *kgo.Client
+	adm     *kadm.Client
+	keys    int
+	inputs  map[string][]int64
+	sent    int
+}
+
+func newStandbyCluster(t *testing.T, partitions int32, keys int) *standbyCluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "in", "out"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := check.Aggregate(inputs, outs); !r.OK() {
-		t.Fatalf("outputs after the failover: %s", r)
+	t.Cleanup(c.Close)
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("in"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(pcl.Close)
+	return &standbyCluster{c: c, brokers: c.ListenAddrs(), pcl: pcl, adm: kadm.NewClient(pcl), keys: keys, inputs: map[string][]int64{}}
+}
+
+// key is the i-th key.
+func (sc *standbyCluster) key(i int) string { return fmt.Sprintf("k%04d", i) }
+
+// produce writes the next n inputs: input i has key i%keys and value i%7.
+// One goroutine at a time.
+func (sc *standbyCluster) produce(n int) error {
+	var recs []*kgo.Record
+	for i := sc.sent; i < sc.sent+n; i++ {
+		k, v := sc.key(i%sc.keys), int64(i%7)
+		sc.inputs[k] = append(sc.inputs[k], v)
+		recs = append(recs, &kgo.Record{Key: []byte(k), Value: []byte(strconv.FormatInt(v, 10))})
+	}
+	sc.sent += n
+	return sc.pcl.ProduceSync(context.Background(), recs...).FirstErr()
+}
+
+// checkAfter writes n more inputs, waits until app consumed them all, and
+// checks its outputs exactly once: what the tasks count on from the state
+// they took over after what.
+func (sc *standbyCluster) checkAfter(t *testing.T, app string, n int, what string) {
+	t.Helper()
+	if err := sc.produce(n); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the input after "+what+" consumed", func() bool { return consumedAll(sc.adm, app, int64(sc.sent))(nil) })
+	outs, err := check.ReadToEnd(context.Background(), sc.brokers, "out", kgo.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := check.Aggregate(sc.inputs, outs); !r.OK() {
+		t.Fatalf("outputs after %s: %s", what, r)
+	}
+}
+
+// changelogSizes counts the committed records of each partition of app's
+// changelog, by task label.
+func changelogSizes(t *testing.T, brokers []string, app string) map[string]int64 {
+	t.Helper()
+	records, err := check.ReadToEnd(context.Background(), brokers, changelog.TopicName(app), kgo.ReadCommitted())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[string]int64{}
+	for _, r := range records {
+		sizes[strconv.Itoa(int(r.Partition))]++
+	}
+	return sizes
 }
 
 // standbyInstance is an instance of the standby tests: its registry, what
@@ -391,29 +431,9 @@ func TestWarmupReplicasMoveTasksOnceCaughtUp(t *testing.T) {
 func testWarmups(t *testing.T, warmups int, busy bool) {
 	const partitions, keys, first, second, lag = 4, 2000, 8000, 2000, 50
 	const app = "wu"
-	inputs := map[string][]int64{}
-	batch := func(from, n int) []*kgo.Record {
-		var recs []*kgo.Record
-		for i := from; i < from+n; i++ {
-			k, v := fmt.Sprintf("k%04d", i%keys), int64(i%5)
-			inputs[k] = append(inputs[k], v)
-			recs = append(recs, &kgo.Record{Key: []byte(k), Value: []byte(strconv.FormatInt(v, 10))})
-		}
-		return recs
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "in", "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	brokers := c.ListenAddrs()
-	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("in"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pcl.Close()
-	adm := kadm.NewClient(pcl)
-	if err := pcl.ProduceSync(context.Background(), batch(0, first)...).FirstErr(); err != nil {
+	sc := newStandbyCluster(t, partitions, keys)
+	brokers, adm := sc.brokers, sc.adm
+	if err := sc.produce(first); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -426,15 +446,7 @@ func testWarmups(t *testing.T, warmups int, busy bool) {
 	waitUntil(t, "the first instance running every task, the input consumed", func() bool {
 		return running(first0) == partitions && consumedAll(adm, app, first)(nil)
 	})
-	cl := changelog.TopicName(app)
-	records, err := check.ReadToEnd(context.Background(), brokers, cl, kgo.ReadCommitted())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sizes := map[string]int64{} // committed records per changelog partition
-	for _, r := range records {
-		sizes[strconv.Itoa(int(r.Partition))]++
-	}
+	sizes := changelogSizes(t, brokers, app)
 	for p, n := range sizes {
 		if n <= lag {
 			t.Fatalf("changelog partition %s holds %d records, not above the acceptable lag %d", p, n, lag)
@@ -443,7 +455,7 @@ func testWarmups(t *testing.T, warmups int, busy bool) {
 
 	// Busy: input keeps arriving until the tasks have moved, some 10,000
 	// records a second (a load, paced; nothing waits on it).
-	sent, stop := first, make(chan struct{})
+	stop := make(chan struct{})
 	loaded := make(chan error, 1)
 	go func() {
 		for busy {
@@ -453,11 +465,10 @@ func testWarmups(t *testing.T, warmups int, busy bool) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			if err := pcl.ProduceSync(context.Background(), batch(sent, 200)...).FirstErr(); err != nil {
+			if err := sc.produce(200); err != nil {
 				loaded <- err
 				return
 			}
-			sent += 200
 		}
 		loaded <- nil
 	}()
@@ -496,15 +507,5 @@ func testWarmups(t *testing.T, warmups int, busy bool) {
 	}
 
 	// The input after the move counts on from the state moved.
-	if err := pcl.ProduceSync(context.Background(), batch(sent, second)...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the second input consumed", func() bool { return consumedAll(adm, app, int64(sent+second))(nil) })
-	outs, err := check.ReadToEnd(context.Background(), brokers, "out", kgo.ReadCommitted())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r := check.Aggregate(inputs, outs); !r.OK() {
-		t.Fatalf("outputs after the move: %s", r)
-	}
+	sc.checkAfter(t, app, second, "the move")
 }

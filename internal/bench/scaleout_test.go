@@ -41,7 +41,7 @@ func benchScaleOut(b *testing.B, warmups int) {
 		brokers := c.ListenAddrs()[0]
 		start := func(id string) (addr string, stop func()) {
 			cmd, addr := startProcessor(b, bin, brokers, "scaleout", id, "SLUICE_STANDBY_REPLICAS=1",
-				"SLUICE_MAX_WARMUP_REPLICAS="+strconv.Itoa(warmups))
+				"SLUICE_MAX_WARMUP_REPLICAS="+strconv.Itoa(warmups), "SLUICE_LOG_LEVEL=error")
 			return addr, func() { cmd.Process.Signal(syscall.SIGKILL); cmd.Wait() }
 		}
 		preloadKeys(b, brokers, keys)
