@@ -238,14 +238,14 @@ type Options struct {
 	// max.warmup.replicas). A task whose place in the even spread is an
 	// instance without a caught-up copy of it (one that just joined)
 	// stays where a copy is caught up (the instance running it), while
-	// that instance builds a copy as a standby, a warm-up;
-	// once the copy is within AcceptableRecoveryLag of the changelog's
-	// end, the instance asks the group to rebalance and the task moves,
-	// restoring only that lag. A standby the task already had there is a
-	// warm-up without counting against this bound. Default 0:
-	// DefaultMaxWarmupReplicas; negative: no warm-ups, tasks move at once
-	// and restore whatever the new instance lacks. See
-	// docs/operations.md#warm-up-replicas.
+	// that instance builds a copy as a standby, a warm-up; once the copy
+	// is within AcceptableRecoveryLag of the changelog's end, the
+	// instance asks the group to rebalance and the task moves, restoring
+	// about that lag and the epochs committed since. A standby the task
+	// already had there is a warm-up without counting against this
+	// bound. Default 0: DefaultMaxWarmupReplicas; negative: no warm-ups,
+	// tasks move at once and restore whatever the new instance lacks.
+	// See docs/operations.md#warm-up-replicas.
 	MaxWarmupReplicas int
 	// AcceptableRecoveryLag is how many changelog offsets a copy may be
 	// behind the changelog's end (or the group's freshest copy) and still

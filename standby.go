@@ -125,6 +125,7 @@ func (s *standbys) stop() {
 	clear(s.want) // the next Run's group assigns them anew
 	clear(s.warm)
 	clear(s.incoming)
+	s.askTask, s.askAfter, s.askGap = -1, time.Time{}, 0
 	runs := slices.Collect(maps.Values(s.running))
 	s.mu.Unlock()
 	for _, r := range runs {
@@ -133,9 +134,8 @@ func (s *standbys) stop() {
 	}
 }
 
-// assigned takes the standby part of a new assignment, whose tasks here
-// are active.
-func (s *standbys) assigned(sb groupview.Standbys, active []int32) {
+// assigned takes the standby part of a new assignment.
+func (s *standbys) assigned(sb groupview.Standbys) {
 	if s == nil {
 		return
 	}
@@ -166,8 +166,8 @@ func (s *standbys) assigned(sb groupview.Standbys, active []int32) {
 			s.askGap = min(max(2*s.askGap, time.Second), time.Minute)
 			s.askAfter, s.askTask = now.Add(s.askGap), -1
 		default:
-			// It runs here now, or the group changed: the next
-			// warm-up may ask at once.
+			// It runs here now (or elsewhere: the group changed):
+			// the next warm-up may ask at once.
 			s.askGap = 0
 			s.askAfter, s.askTask = now, -1
 		}
@@ -255,9 +255,17 @@ func (s *standbys) releaseAll() {
 	s.reconcile()
 }
 
+// unfollow is unfollowed taking s.mu.
+func (s *standbys) unfollow(p int32) {
+	s.mu.Lock()
+	s.unfollowed(p)
+	s.mu.Unlock()
+}
+
 // unfollowed says the copy of task p is no longer kept up to date here
-// (its task or standby stopped): its lag is no longer known, and the
-// leader no longer takes it for caught up. With s.mu held.
+// (its task or standby stopped, or its standby's rounds fail): its lag is
+// no longer known, and the leader no longer takes it for caught up by it.
+// With s.mu held.
 func (s *standbys) unfollowed(p int32) {
 	if c, ok := s.copies[p]; ok {
 		c.Lag = -1
@@ -377,6 +385,7 @@ func (s *standbys) follow(ctx context.Context, p int32) {
 		if ctx.Err() != nil {
 			return
 		}
+		s.unfollow(p) // until a round succeeds again
 		s.in.log.Warn("standby replica failed; retrying", "task", p, "err", err, "retry_in", backoff)
 		if sleep(ctx, backoff) != nil {
 			return
@@ -430,6 +439,7 @@ func (s *standbys) keep(ctx context.Context, p int32, rounded func()) error {
 		case errors.As(err, &ke) && ke.Retriable:
 			if !failing {
 				in.log.Warn("standby replica's round failed; trying again", "task", p, "err", err)
+				s.unfollow(p) // until a round succeeds again
 			}
 			failing = true
 			if err := sleep(ctx, idle); err != nil {

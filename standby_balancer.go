@@ -94,7 +94,7 @@ func (b *standbyBalancer) ParseSyncAssignment(assignment []byte) (map[string][]i
 		m[t.Topic] = t.Partitions
 	}
 	b.in.standbys.fallback.Store(false)
-	b.in.standbys.assigned(sb, taskSet(m))
+	b.in.standbys.assigned(sb)
 	return m, nil
 }
 
@@ -175,7 +175,7 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 	}
 	standbys := map[string]groupview.Standbys{}
 	for i := range members {
-		m, _ := cb.MemberAt(i)
+		m, meta := cb.MemberAt(i)
 		sb := groupview.Standbys{Tasks: plan.standby[i], Warmup: plan.warmup[i], AcceptableLag: b.warmups.lag}
 		if b.cooperative && b.warmups.most > 0 {
 			// A task this plan moves here is withheld until its owner
@@ -184,7 +184,9 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 			// is (a copy it stopped following would look behind the
 			// owner's last commit, and the task would go back).
 			for _, t := range plan.active[i] {
-				if !slices.ContainsFunc(slices.Collect(maps.Values(final[m.MemberID])), func(ps []int32) bool { return slices.Contains(ps, t) }) {
+				reads := slices.ContainsFunc(meta.Topics, func(topic string) bool { return t < topics[topic] })
+				got := slices.ContainsFunc(slices.Collect(maps.Values(final[m.MemberID])), func(ps []int32) bool { return slices.Contains(ps, t) })
+				if reads && !got {
 					sb.Incoming = append(sb.Incoming, t)
 					if !slices.Contains(sb.Tasks, t) {
 						sb.Tasks = append(slices.Clone(sb.Tasks), t)
@@ -208,7 +210,7 @@ type withoutStandbys struct {
 }
 
 func (b withoutStandbys) ParseSyncAssignment(assignment []byte) (map[string][]int32, error) {
-	b.in.standbys.assigned(groupview.Standbys{}, nil)
+	b.in.standbys.assigned(groupview.Standbys{})
 	if !b.in.standbys.fallback.Swap(true) {
 		b.in.log.Warn("the group assigns with "+b.ProtocolName()+", not "+standbyProtocol+": a member does not set SLUICE_STANDBY_REPLICAS; no standby replicas until it leaves",
 			"standby_replicas", b.in.cfg.StandbyReplicas)
@@ -245,9 +247,11 @@ type taskMember struct {
 }
 
 // taskPlan is each member's tasks, standbys and warm-ups (a subset of its
-// standbys), in the members' order.
+// standbys), in the members' order, and for each task the member it waits
+// to move to (-1: none).
 type taskPlan struct {
 	active, standby, warmup [][]int32
+	waits                   []int
 }
 
 // warmups is the leader's policy of warm-up replicas: at most most added
@@ -290,9 +294,9 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 	}
 	// A member above its share gives up first the tasks whose copy
 	// elsewhere lags its own the least: those restore fastest there.
-	// A lag within the acceptable one counts as none, so that the
-	// choice does not follow the lags' every move from one round to the
-	// next (a warm-up must find its task chosen again).
+	// With warm-ups a lag within the acceptable one counts as none, so
+	// that the choice does not follow the lags' every move from one
+	// round to the next (a warm-up must find its task chosen again).
 	behindElsewhere := func(i int, t int32) int64 {
 		best := int64(-1)
 		for j := range members {
@@ -303,7 +307,7 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 		if best < 0 {
 			return math.MaxInt64
 		}
-		if copyOf(i, t)-best <= warm.lag {
+		if warm.most > 0 && copyOf(i, t)-best <= warm.lag {
 			return 0
 		}
 		return copyOf(i, t) - best
@@ -399,6 +403,7 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 	for t := range tasks {
 		plan.active[owner[t]] = append(plan.active[owner[t]], t)
 	}
+	plan.waits = wants
 
 	replicas = min(replicas, n-1)
 	if replicas <= 0 {

@@ -184,7 +184,7 @@ func TestAssignTasksWarmsUpBeforeMoving(t *testing.T) {
 	copies := map[int32]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000, 4: 1000, 5: 1000}
 	members := []taskMember{{owned: run, local: copies}, {}}
 	plan := assignTasks(6, members, 0, warm)
-	if want := (taskPlan{active: [][]int32{run, nil}, standby: [][]int32{nil, {3, 4}}, warmup: [][]int32{nil, {3, 4}}}); !reflect.DeepEqual(plan, want) {
+	if want := (taskPlan{active: [][]int32{run, nil}, standby: [][]int32{nil, {3, 4}}, warmup: [][]int32{nil, {3, 4}}, waits: []int{-1, -1, -1, 1, 1, 1}}); !reflect.DeepEqual(plan, want) {
 		t.Fatalf("plan %+v, want %+v (3, 4 and 5 wait; two warm-ups)", plan, want)
 	}
 	// Task 3's warm-up caught up as its member measured it (lag 20),
@@ -192,7 +192,7 @@ func TestAssignTasksWarmsUpBeforeMoving(t *testing.T) {
 	// move; 5 waits with a warm-up of its own.
 	members[1] = taskMember{local: map[int32]int64{3: 500, 4: 940}, lag: map[int32]int64{3: 20, 4: -1}}
 	plan = assignTasks(6, members, 0, warm)
-	if want := (taskPlan{active: [][]int32{{0, 1, 2, 5}, {3, 4}}, standby: [][]int32{nil, {5}}, warmup: [][]int32{nil, {5}}}); !reflect.DeepEqual(plan, want) {
+	if want := (taskPlan{active: [][]int32{{0, 1, 2, 5}, {3, 4}}, standby: [][]int32{nil, {5}}, warmup: [][]int32{nil, {5}}, waits: []int{-1, -1, -1, -1, -1, 1}}); !reflect.DeepEqual(plan, want) {
 		t.Fatalf("plan %+v, want %+v", plan, want)
 	}
 	// Without warm-ups the tasks move at once.
@@ -204,7 +204,7 @@ func TestAssignTasksWarmsUpBeforeMoving(t *testing.T) {
 	// (the only other member): the three it waits for are warm-ups
 	// without taking from the bound.
 	plan = assignTasks(6, []taskMember{{owned: run, local: copies}, {}}, 1, warmups{most: 1, lag: 100})
-	if want := (taskPlan{active: [][]int32{run, nil}, standby: [][]int32{nil, run}, warmup: [][]int32{nil, {3, 4, 5}}}); !reflect.DeepEqual(plan, want) {
+	if want := (taskPlan{active: [][]int32{run, nil}, standby: [][]int32{nil, run}, warmup: [][]int32{nil, {3, 4, 5}}, waits: []int{-1, -1, -1, 1, 1, 1}}); !reflect.DeepEqual(plan, want) {
 		t.Fatalf("plan %+v, want %+v", plan, want)
 	}
 	// A changelog within the lag from its start: nothing to warm up.
@@ -265,7 +265,6 @@ func TestAssignTasksWarmupInvariants(t *testing.T) {
 				}
 			}
 		}
-		balanced := assignTasks(tasks, members, replicas, warmups{lag: warm.lag})
 		plan := assignTasks(tasks, members, replicas, warm)
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			newest := func(task int32) int64 {
@@ -300,7 +299,19 @@ func TestAssignTasksWarmupInvariants(t *testing.T) {
 				}
 				return o
 			}
-			was, now := ownerIn(balanced), ownerIn(plan)
+			// was: the even spread, before tasks wait.
+			now := ownerIn(plan)
+			was := slices.Clone(now)
+			count := make([]int, n)
+			for task, place := range plan.waits {
+				if place >= 0 {
+					was[task] = place
+				}
+				count[was[task]]++
+			}
+			if len(count) > 0 && slices.Max(count)-slices.Min(count) > 1 {
+				t.Fatalf("the spread before tasks wait is uneven, %v: %+v", count, plan)
+			}
 			added := 0
 			for task := range tasks {
 				place := was[task]
@@ -410,7 +421,7 @@ func TestWarmupAsksBackOff(t *testing.T) {
 		}
 	}
 	both := groupview.Standbys{Tasks: []int32{1, 2, 3}, Warmup: []int32{1, 2}, AcceptableLag: 100}
-	s.assigned(both, nil)
+	s.assigned(both)
 	s.warmedUp(1, 0)
 	want(0, "without a session's client")
 	s.session(cl)
@@ -422,7 +433,7 @@ func TestWarmupAsksBackOff(t *testing.T) {
 	s.warmedUp(2, 0)
 	want(1, "while an ask is out")
 	for _, gap := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, time.Minute, time.Minute} {
-		s.assigned(both, nil) // not followed
+		s.assigned(both) // not followed
 		if s.askGap != gap || time.Until(s.askAfter) <= 0 {
 			t.Fatalf("after an ask not followed: gap %v, next in %v; want %v", s.askGap, time.Until(s.askAfter), gap)
 		}
@@ -433,7 +444,7 @@ func TestWarmupAsksBackOff(t *testing.T) {
 		s.warmedUp(1, 0)
 		want(before+1, "after the gap")
 	}
-	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}, Warmup: []int32{1, 2}, Incoming: []int32{1}, AcceptableLag: 100}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}, Warmup: []int32{1, 2}, Incoming: []int32{1}, AcceptableLag: 100})
 	if s.askTask != 1 || s.askGap != time.Minute {
 		t.Fatalf("incoming: ask of %d, gap %v; want the ask of 1 standing, gap a minute", s.askTask, s.askGap)
 	}
@@ -441,7 +452,7 @@ func TestWarmupAsksBackOff(t *testing.T) {
 	s.askAfter = time.Now()
 	s.warmedUp(1, 0)
 	want(before, "for an incoming task")
-	s.assigned(groupview.Standbys{Tasks: []int32{2, 3}, Warmup: []int32{2}, AcceptableLag: 100}, []int32{1})
+	s.assigned(groupview.Standbys{Tasks: []int32{2, 3}, Warmup: []int32{2}, AcceptableLag: 100}) // 1 runs here
 	if s.askTask != -1 || s.askGap != 0 {
 		t.Fatalf("arrived: ask of %d, gap %v; want none, 0", s.askTask, s.askGap)
 	}
@@ -748,7 +759,7 @@ func TestStandbyLease(t *testing.T) {
 	defer cancel()
 	s.start(ctx)
 	s.acquire(3) // a task here holds 3
-	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}})
 	for range 2 {
 		if p := <-opened; p != 1 && p != 2 {
 			t.Fatalf("a standby of task %d started", p)
@@ -761,7 +772,7 @@ func TestStandbyLease(t *testing.T) {
 	if isOpen(1) || running(1) != nil {
 		t.Fatal("acquire returned before task 1's standby closed its file")
 	}
-	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{1, 2, 3}})
 	if running(1) != nil {
 		t.Fatal("a standby of task 1 started while its task holds it")
 	}
@@ -773,7 +784,7 @@ func TestStandbyLease(t *testing.T) {
 		t.Fatalf("after the release: 1 open %v, 3 open %v, gauge %v", isOpen(1), isOpen(3), gauge())
 	}
 	r := running(1)
-	s.assigned(groupview.Standbys{Tasks: []int32{2, 3}}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{2, 3}})
 	<-r.done
 	if isOpen(1) || gauge() != 2 {
 		t.Fatalf("task 1's standby still open (%v) after an assignment without it; gauge %v", isOpen(1), gauge())
@@ -787,7 +798,7 @@ func TestStandbyLease(t *testing.T) {
 		t.Fatalf("a standby started again after Run's context ended (%d opens)", len(opened))
 	}
 	s.stop()
-	s.assigned(groupview.Standbys{Tasks: []int32{2}}, nil)
+	s.assigned(groupview.Standbys{Tasks: []int32{2}})
 	if running(2) != nil {
 		t.Fatal("a standby started after stop")
 	}
