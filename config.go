@@ -247,6 +247,13 @@ type Options struct {
 	// tasks move at once and restore whatever the new instance lacks.
 	// See docs/operations.md#warm-up-replicas.
 	MaxWarmupReplicas int
+	// Rack is the instance's rack or availability zone, as Kafka's
+	// client.rack. With StandbyReplicas, each task's standbys go first to
+	// instances in racks other than its own instance's and its other
+	// standbys', so that losing a rack leaves a copy (Kafka Streams'
+	// rack-aware standby assignment). Fetches still go to the partition
+	// leaders. Default "": unknown, any instance will do.
+	Rack string
 	// AcceptableRecoveryLag is how many changelog offsets a copy may be
 	// behind the changelog's end (or the group's freshest copy) and still
 	// count as caught up: a task moves only to a caught-up copy while one

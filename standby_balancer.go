@@ -71,6 +71,9 @@ func (b *standbyBalancer) JoinGroupMetadata(interests []string, current map[stri
 	meta.Version = 3
 	meta.Topics = interests
 	meta.Generation = generation
+	if rack := b.in.cfg.Rack; rack != "" {
+		meta.Rack = &rack
+	}
 	for _, topic := range slices.Sorted(maps.Keys(current)) {
 		owned := kmsg.NewConsumerMemberMetadataOwnedPartition()
 		owned.Topic, owned.Partitions = topic, current[topic]
@@ -125,6 +128,9 @@ func (b *standbyBalancer) Balance(cb *kgo.ConsumerBalancer, topics map[string]in
 	members := make([]taskMember, 0, len(cb.Members()))
 	cb.EachMember(func(m *kmsg.JoinGroupResponseMember, meta *kmsg.ConsumerMemberMetadata) {
 		tm := taskMember{}
+		if meta.Rack != nil {
+			tm.rack = *meta.Rack
+		}
 		for _, o := range meta.OwnedPartitions {
 			for _, t := range o.Partitions {
 				if meta.Generation >= newest[t] {
@@ -244,6 +250,7 @@ func (a *standbyAssignment) IntoSyncAssignment() []kmsg.SyncGroupRequestGroupAss
 type taskMember struct {
 	owned      []int32
 	local, lag map[int32]int64
+	rack       string // Options.Rack, "" unknown
 }
 
 // taskPlan is each member's tasks, standbys and warm-ups (a subset of its
@@ -411,10 +418,25 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 		return plan
 	}
 	// First the members holding a copy, the most recent first, each up
-	// to the even share; then the fewest standbys first.
+	// to the even share; then the fewest standbys first. With racks
+	// (Options.Rack), members away from the racks of the task's owner
+	// and standbys so far come first, so that losing a rack leaves a
+	// copy (Kafka Streams' rack-aware standbys).
 	limit := (int(tasks)*replicas + n - 1) / n
 	scount := make([]int, n)
 	chosen := make([][]int, tasks)
+	// away: member i's rack is unknown, or neither the owner of t nor
+	// another of its standbys is in it.
+	away := func(t int32, i int) bool {
+		r := members[i].rack
+		if r == "" {
+			return true
+		}
+		if members[owner[t]].rack == r {
+			return false
+		}
+		return !slices.ContainsFunc(chosen[t], func(j int) bool { return j != i && members[j].rack == r })
+	}
 	add := func(t int32, i int) {
 		chosen[t] = append(chosen[t], i)
 		scount[i]++
@@ -429,7 +451,7 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 		}
 		slices.SortStableFunc(warm, func(a, b int) int { return cmp.Compare(copyOf(b, t), copyOf(a, t)) })
 		for _, i := range warm {
-			if len(chosen[t]) < replicas && scount[i] < limit {
+			if len(chosen[t]) < replicas && scount[i] < limit && away(t, i) {
 				add(t, i)
 			}
 		}
@@ -441,7 +463,7 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 				if i == owner[t] || slices.Contains(chosen[t], i) {
 					continue
 				}
-				if best < 0 || scount[i] < scount[best] {
+				if a := away(t, i); best < 0 || (a && !away(t, best)) || (a == away(t, best) && scount[i] < scount[best]) {
 					best = i
 				}
 			}
@@ -465,7 +487,10 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 				a := queue[0]
 				for _, t := range plan.standby[a] {
 					for b := range members {
-						if prev[b] != -2 || owner[t] == b || slices.Contains(chosen[t], b) {
+						// A move keeps the copy in its rack, or
+						// takes it away from the task's others.
+						if prev[b] != -2 || owner[t] == b || slices.Contains(chosen[t], b) ||
+							(members[b].rack != members[a].rack && !away(t, b)) {
 							continue
 						}
 						prev[b], via[b] = a, t

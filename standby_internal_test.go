@@ -173,6 +173,124 @@ func TestAssignTasksInvariants(t *testing.T) {
 	}
 }
 
+// With racks (Options.Rack), a task's standbys go first to members in
+// racks other than its owner's and its other standbys', ahead of a fresher
+// copy in the owner's rack and of the even spread.
+func TestAssignTasksPlacesStandbysInOtherRacks(t *testing.T) {
+	members := []taskMember{
+		{owned: []int32{0, 1}, rack: "a"},
+		{owned: []int32{2, 3}, rack: "a", local: map[int32]int64{0: 100, 1: 100}},
+		{owned: []int32{4, 5}, rack: "b"},
+		{owned: []int32{6, 7}, rack: "b"},
+	}
+	plan := assignTasks(8, members, 1, warmups{})
+	checkRacks(t, members, 1, plan)
+	for _, task := range []int32{0, 1} {
+		if slices.Contains(plan.standby[1], task) {
+			t.Fatalf("member 1 (rack a) stands by for task %d of member 0 (rack a): %+v", task, plan.standby)
+		}
+	}
+	// Without racks the copy decides, as before.
+	for i := range members {
+		members[i].rack = ""
+	}
+	plan = assignTasks(8, members, 1, warmups{})
+	if !slices.Contains(plan.standby[1], 0) || !slices.Contains(plan.standby[1], 1) {
+		t.Fatalf("without racks, member 1's copies of tasks 0 and 1 are not its standbys: %+v", plan.standby)
+	}
+	// Three racks and two standbys: each task's copies in three racks.
+	members = []taskMember{{owned: []int32{0, 1}, rack: "a"}, {owned: []int32{2, 3}, rack: "a"}, {owned: []int32{4}, rack: "b"}, {owned: []int32{5}, rack: "c"}}
+	plan = assignTasks(6, members, 2, warmups{})
+	checkRacks(t, members, 2, plan)
+	for task := range int32(6) {
+		racks := map[string]bool{}
+		for i, ts := range plan.active {
+			if slices.Contains(ts, task) {
+				racks[members[i].rack] = true
+			}
+		}
+		for i, ts := range plan.standby {
+			if slices.Contains(ts, task) {
+				racks[members[i].rack] = true
+			}
+		}
+		if len(racks) != 3 {
+			t.Fatalf("task %d's owner and standbys are in racks %v, want a, b and c: %+v", task, racks, plan)
+		}
+	}
+}
+
+// Random groups with racks: each task has its standbys, distinct and not
+// its owner, and at least one outside its owner's rack whenever a member
+// is.
+func TestAssignTasksRackInvariants(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	racks := []string{"", "a", "b", "c"}
+	for i := range 20000 {
+		n := 1 + r.IntN(8)
+		tasks := int32(r.IntN(32))
+		replicas := r.IntN(4)
+		members := make([]taskMember, n)
+		for m := range members {
+			members[m].rack = racks[r.IntN(1+r.IntN(len(racks)))]
+		}
+		for t := range tasks {
+			if r.IntN(3) > 0 {
+				m := r.IntN(n)
+				members[m].owned = append(members[m].owned, t)
+			}
+			if r.IntN(2) == 0 {
+				m := r.IntN(n)
+				if members[m].local == nil {
+					members[m].local = map[int32]int64{}
+				}
+				members[m].local[t] = int64(r.IntN(50))
+			}
+		}
+		plan := assignTasks(tasks, members, replicas, warmups{})
+		t.Run(fmt.Sprint(i), func(t *testing.T) { checkRacks(t, members, replicas, plan) })
+	}
+}
+
+// checkRacks checks one owner a task, its standbys (distinct, not the
+// owner, as many as wanted), and one of them outside the owner's rack
+// whenever a member is.
+func checkRacks(t *testing.T, members []taskMember, replicas int, plan taskPlan) {
+	t.Helper()
+	owner := map[int32]int{}
+	for i, ts := range plan.active {
+		for _, task := range ts {
+			if _, dup := owner[task]; dup {
+				t.Fatalf("task %d assigned twice: %+v", task, plan.active)
+			}
+			owner[task] = i
+		}
+	}
+	want := min(replicas, len(members)-1)
+	outside := func(i, o int) bool {
+		return members[i].rack == "" || members[o].rack == "" || members[i].rack != members[o].rack
+	}
+	for task, o := range owner {
+		var by []int
+		for i, ts := range plan.standby {
+			if slices.Contains(ts, task) {
+				by = append(by, i)
+			}
+		}
+		if len(by) != want || slices.Contains(by, o) {
+			t.Fatalf("task %d of member %d has standbys on %v, want %d others: %+v", task, o, by, want, plan)
+		}
+		someOutside := slices.ContainsFunc(by, func(i int) bool { return outside(i, o) })
+		anyOutside := false
+		for i := range members {
+			anyOutside = anyOutside || (i != o && outside(i, o))
+		}
+		if want > 0 && anyOutside && !someOutside {
+			t.Fatalf("task %d of member %d (rack %q): standbys %v all in its rack, though a member is outside: %+v (members %+v)", task, o, members[o].rack, by, plan, members)
+		}
+	}
+}
+
 // A member that joins a group whose tasks all have caught-up copies
 // elsewhere gets warm-ups first: the tasks its share would take stay
 // where they run, at most MaxWarmupReplicas of them get a warm-up there,
@@ -615,6 +733,26 @@ func TestStandbyBalancerWarmsUpThroughTheGroupProtocol(t *testing.T) {
 	got = balance([]int32{0, 1}, nil)
 	if want := map[string]map[string][]int32{"m1": {"in": {0, 1, 2, 3}}, "m2": {}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("unfollowed copies: %v, want %v", got, want)
+	}
+}
+
+// The rack travels in the JoinGroup metadata (Kafka's field for it): the
+// leader puts the standbys of a task in another rack than its owner's,
+// though a member in the owner's rack holds copies.
+func TestStandbyBalancerPlacesStandbysByRack(t *testing.T) {
+	m1, m2, m3 := standbyMember(nil, "in"), standbyMember(map[int32]int64{0: 100, 1: 100}, "in"), standbyMember(nil, "in")
+	m1.cfg.Rack, m2.cfg.Rack, m3.cfg.Rack = "zone-a", "zone-a", "zone-b"
+	var meta kmsg.ConsumerMemberMetadata
+	if err := meta.ReadFrom(m1.standbyBalancer().JoinGroupMetadata([]string{"in"}, nil, 3)); err != nil || meta.Rack == nil || *meta.Rack != "zone-a" {
+		t.Fatalf("JoinGroup metadata's rack %v, %v; want zone-a", meta.Rack, err)
+	}
+	subs := [][]string{{"in"}, {"in"}, {"in"}}
+	got := balanceOnce(t, []*Instance{m1, m2, m3}, subs, []map[string][]int32{{"in": {0, 1}}, {"in": {2, 3}}, {"in": {4, 5}}}, []int32{3, 3, 3}, map[string]int32{"in": 6})
+	if want := map[string]map[string][]int32{"m1": {"in": {0, 1}}, "m2": {"in": {2, 3}}, "m3": {"in": {4, 5}}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("assigned %v, want %v", got, want)
+	}
+	if m2.standbys.want[0] || m2.standbys.want[1] || !m3.standbys.want[0] || !m3.standbys.want[1] {
+		t.Fatalf("standbys of m1's tasks: m2 (zone-a, with copies) %v, m3 (zone-b) %v; want them on m3", m2.standbys.want, m3.standbys.want)
 	}
 }
 

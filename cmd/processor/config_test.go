@@ -423,8 +423,9 @@ func TestConfigErrorsCoverEveryVariable(t *testing.T) {
 	for _, tt := range slices.Concat(configErrorTests, generateErrorTests, savepointErrorTests, securityErrorTests) {
 		covered[tt.wantVar] = true
 	}
-	// Any string is a usable state directory.
-	noBadValue := []string{"SLUICE_STATE_DIR"}
+	// Any string is a usable state directory, and a rack's name (as
+	// Kafka's client.rack).
+	noBadValue := []string{"SLUICE_STATE_DIR", "SLUICE_RACK"}
 	for _, name := range knownVars() {
 		if !covered[name] && !slices.Contains(noBadValue, name) {
 			t.Errorf("%s has no bad-value case", name)

@@ -356,9 +356,9 @@ func (in *inspection) print(w io.Writer) error {
 	if len(g.Members) > 0 && g.Assignor == groupview.StandbyAssignor {
 		// Standby replicas: the tasks each member keeps a copy of, and
 		// the warm-ups among them (tasks waiting to move to it).
-		fmt.Fprintln(tw, "  INSTANCE\tHOST\tCLIENT\tASSIGNED\tSTANDBY TASKS\tWARMING UP\tMEMBER")
+		fmt.Fprintln(tw, "  INSTANCE\tHOST\tCLIENT\tRACK\tASSIGNED\tSTANDBY TASKS\tWARMING UP\tMEMBER")
 		for _, m := range g.Members {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(m.InstanceID), dash(m.Host), dash(m.ClientID), assigned(m.Assigned), tasksList(m.Standby), tasksList(m.Warmup), m.MemberID)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", dash(m.InstanceID), dash(m.Host), dash(m.ClientID), dash(m.Rack), assigned(m.Assigned), tasksList(m.Standby), tasksList(m.Warmup), m.MemberID)
 		}
 	} else if len(g.Members) > 0 {
 		fmt.Fprintln(tw, "  INSTANCE\tHOST\tCLIENT\tASSIGNED\tMEMBER")

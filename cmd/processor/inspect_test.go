@@ -137,7 +137,7 @@ func TestInspectShowsStandbys(t *testing.T) {
 	var insts []*served
 	for _, id := range []string{"i1", "i2"} {
 		env := aggregateEnv(t, brokers, "sb")
-		env["SLUICE_INSTANCE_ID"], env["SLUICE_STANDBY_REPLICAS"] = id, "1"
+		env["SLUICE_INSTANCE_ID"], env["SLUICE_STANDBY_REPLICAS"], env["SLUICE_RACK"] = id, "1", "zone-"+id
 		insts = append(insts, startServe(t, env))
 	}
 	for _, s := range insts {
@@ -160,6 +160,9 @@ func TestInspectShowsStandbys(t *testing.T) {
 		t.Fatalf("assignor %q, want sluice-standby-v1", got.Group.Assignor)
 	}
 	for i, m := range got.Group.Members {
+		if m.Rack != "zone-"+m.InstanceID {
+			t.Errorf("%s's rack %q, want zone-%s (SLUICE_RACK)", m.InstanceID, m.Rack, m.InstanceID)
+		}
 		other := got.Group.Members[1-i]
 		if !slices.Equal(m.Standby, other.Assigned["in"]) {
 			t.Errorf("%s stands by for %v, want the tasks %s runs, %v", m.InstanceID, m.Standby, other.InstanceID, other.Assigned["in"])
@@ -172,7 +175,7 @@ func TestInspectShowsStandbys(t *testing.T) {
 		}
 	}
 	for _, m := range got.Group.Members {
-		row := []string{m.InstanceID, m.Host, m.ClientID, "in:" + tasksList(m.Assigned["in"]), tasksList(m.Standby), tasksList(m.Warmup), m.MemberID}
+		row := []string{m.InstanceID, m.Host, m.ClientID, m.Rack, "in:" + tasksList(m.Assigned["in"]), tasksList(m.Standby), tasksList(m.Warmup), m.MemberID}
 		if !slices.ContainsFunc(strings.Split(text, "\n"), func(line string) bool { return slices.Equal(strings.Fields(line), row) }) {
 			t.Errorf("inspect output lacks the row %q:\n%s", row, text)
 		}

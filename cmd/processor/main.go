@@ -408,6 +408,7 @@ func engineOptions(cfg Config, log *slog.Logger, reg prometheus.Registerer) slui
 		StandbyReplicas:       cfg.StandbyReplicas,
 		MaxWarmupReplicas:     tolerable(cfg.MaxWarmupReplicas), // 0: none
 		AcceptableRecoveryLag: cfg.AcceptableRecoveryLag,
+		Rack:                  cfg.Rack,
 		RestoreFrom:           cfg.RestoreFrom,
 		AllowNonRestoredState: cfg.AllowNonRestoredState,
 		Logger:                log,

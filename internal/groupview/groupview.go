@@ -41,6 +41,9 @@ type Member struct {
 	Assigned   map[string][]int32 `json:"assigned"`
 	Standby    []int32            `json:"standby,omitempty"`
 	Warmup     []int32            `json:"warmup,omitempty"`
+	// Rack is the rack the member said it is in (sluice.Options.Rack,
+	// Kafka's client.rack), in a classic group.
+	Rack string `json:"rack,omitempty"`
 }
 
 // Describe describes the group under either protocol: a KIP-848
@@ -65,6 +68,9 @@ func Describe(ctx context.Context, cl *kgo.Client, adm *kadm.Client, group strin
 	v.State, v.Assignor = d.State, d.Protocol
 	for _, m := range d.Members {
 		mv := Member{MemberID: m.MemberID, InstanceID: deref(m.InstanceID), ClientID: m.ClientID, Host: m.ClientHost, Assigned: map[string][]int32{}}
+		if meta, ok := m.Join.AsConsumer(); ok {
+			mv.Rack = deref(meta.Rack)
+		}
 		if a, ok := m.Assigned.AsConsumer(); ok {
 			for _, t := range a.Topics {
 				mv.Assigned[t.Topic] = slices.Sorted(slices.Values(t.Partitions))
