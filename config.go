@@ -251,8 +251,9 @@ type Options struct {
 	// client.rack. With StandbyReplicas, each task's standbys go first to
 	// instances in racks other than its own instance's and its other
 	// standbys', so that losing a rack leaves a copy (Kafka Streams'
-	// rack-aware standby assignment). Fetches still go to the partition
-	// leaders. Default "": unknown, any instance will do.
+	// rack-aware standby assignment), ahead of the even spread. Fetches
+	// still go to the partition leaders. Default "": unknown, any
+	// instance will do.
 	Rack string
 	// AcceptableRecoveryLag is how many changelog offsets a copy may be
 	// behind the changelog's end (or the group's freshest copy) and still

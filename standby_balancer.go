@@ -425,17 +425,29 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 	limit := (int(tasks)*replicas + n - 1) / n
 	scount := make([]int, n)
 	chosen := make([][]int, tasks)
-	// away: member i's rack is unknown, or neither the owner of t nor
-	// another of its standbys is in it.
-	away := func(t int32, i int) bool {
+	// awayness of member i for task t: 2, its rack is known and neither
+	// the owner of t nor another of its standbys is in it; 1, its rack is
+	// unknown; 0, the task has a copy in its rack. away is awayness ≥ 1.
+	awayness := func(t int32, i int) int {
 		r := members[i].rack
-		if r == "" {
-			return true
+		switch {
+		case r == "":
+			return 1
+		case members[owner[t]].rack == r || slices.ContainsFunc(chosen[t], func(j int) bool { return j != i && members[j].rack == r }):
+			return 0
 		}
-		if members[owner[t]].rack == r {
-			return false
+		return 2
+	}
+	away := func(t int32, i int) bool { return awayness(t, i) > 0 }
+	// anyAway: some member could still take t away from its racks; when
+	// none can, racks no longer decide and copies count as without them.
+	anyAway := func(t int32) bool {
+		for i := range members {
+			if i != owner[t] && !slices.Contains(chosen[t], i) && away(t, i) {
+				return true
+			}
 		}
-		return !slices.ContainsFunc(chosen[t], func(j int) bool { return j != i && members[j].rack == r })
+		return false
 	}
 	add := func(t int32, i int) {
 		chosen[t] = append(chosen[t], i)
@@ -451,7 +463,7 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 		}
 		slices.SortStableFunc(warm, func(a, b int) int { return cmp.Compare(copyOf(b, t), copyOf(a, t)) })
 		for _, i := range warm {
-			if len(chosen[t]) < replicas && scount[i] < limit && away(t, i) {
+			if len(chosen[t]) < replicas && scount[i] < limit && (away(t, i) || !anyAway(t)) {
 				add(t, i)
 			}
 		}
@@ -463,7 +475,7 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 				if i == owner[t] || slices.Contains(chosen[t], i) {
 					continue
 				}
-				if a := away(t, i); best < 0 || (a && !away(t, best)) || (a == away(t, best) && scount[i] < scount[best]) {
+				if a := awayness(t, i); best < 0 || a > awayness(t, best) || (a == awayness(t, best) && scount[i] < scount[best]) {
 					best = i
 				}
 			}
@@ -483,6 +495,16 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 				prev[i] = -2 // not reached
 			}
 			prev[hi] = -1
+			// moving reports whether the chain to a moves task t
+			// already: its racks are then no longer what chosen says.
+			moving := func(a int, t int32) bool {
+				for x := a; prev[x] >= 0; x = prev[x] {
+					if via[x] == t {
+						return true
+					}
+				}
+				return false
+			}
 			for queue := []int{hi}; len(queue) > 0; queue = queue[1:] {
 				a := queue[0]
 				for _, t := range plan.standby[a] {
@@ -490,7 +512,7 @@ func assignTasks(tasks int32, members []taskMember, replicas int, warm warmups) 
 						// A move keeps the copy in its rack, or
 						// takes it away from the task's others.
 						if prev[b] != -2 || owner[t] == b || slices.Contains(chosen[t], b) ||
-							(members[b].rack != members[a].rack && !away(t, b)) {
+							(members[b].rack != members[a].rack && (!away(t, b) || moving(a, t))) {
 							continue
 						}
 						prev[b], via[b] = a, t
