@@ -43,9 +43,11 @@ import (
 // A warm-up replica (Options.MaxWarmupReplicas; Kafka Streams' KIP-441)
 // is a standby of a task the leader means this instance to run, kept
 // where it runs until this copy catches up: once a round leaves the copy
-// within Options.AcceptableRecoveryLag of the changelog's end, the
-// instance asks the group to rebalance (warmedUp), and the leader, seeing
-// the copy caught up in this member's metadata, moves the task here.
+// within the leader's Options.AcceptableRecoveryLag of the changelog's
+// end, the instance asks the group to rebalance (warmedUp), and the
+// leader, seeing the copy caught up in this member's metadata, moves the
+// task here. A task on its way here (incoming, the cooperative protocol's
+// second round) is followed until it arrives.
 
 // standbyIdle bounds how long a standby waits between two rounds: the
 // first after a round that applied records, doubling up to the second
@@ -60,7 +62,7 @@ type standbys struct {
 	want map[int32]bool  // the last assignment's standbys
 	warm map[int32]bool  // which of them are warm-ups
 	// incoming: which of them are tasks assigned here, withheld until
-	// their owner revoked them; ackLag: the leader's acceptable lag.
+	// their owner revoked them; askLag: the leader's acceptable lag.
 	incoming map[int32]bool
 	askLag   int64
 	active   map[int32]bool // tasks whose file a task here holds

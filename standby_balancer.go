@@ -28,7 +28,9 @@ import (
 //     recent, among those with room: that member restores only the tail
 //     its copy lacks. A standby kept up to date is that member.
 //   - Each task gets Options.StandbyReplicas standbys on members other
-//     than its owner, spread evenly, preferring members that hold a copy.
+//     than its owner, spread evenly, preferring members that hold a copy;
+//     with racks (Options.Rack, the JoinGroup metadata's rack), members in
+//     racks the task has no copy in come first.
 //   - Warm-ups (Options.MaxWarmupReplicas; Kafka Streams' KIP-441): a
 //     task whose place in the spread is a member without a caught-up
 //     copy (within Options.AcceptableRecoveryLag of the end, as the
