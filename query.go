@@ -376,6 +376,28 @@ func (in *Instance) QueryStale(key []byte, fn func(kstate.Scope) error) (standby
 	return standby, in.read(t, p, key, func(_ int32, s kstate.Scope) error { return fn(s) })
 }
 
+// StandbyLag is how far the standby replica of task p kept here was
+// behind its changelog at its last round: the changelog offsets between
+// its copy and the partition's last stable offset, 1 when caught up (the
+// commit's control record follows the last marker), what a move of the
+// task here would restore. ok is false when no standby of p runs here or
+// its lag is not known (before its first whole round, or while its
+// rounds fail). Kafka Streams' allLocalStorePartitionLags has the same
+// for its standbys; the sluice_standby_lag gauge shows it too.
+func (in *Instance) StandbyLag(p int32) (lag int64, ok bool) {
+	s := in.standbys
+	if s == nil {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, held := s.copies[p]
+	if s.running[p] == nil || !held || c.Lag < 0 {
+		return 0, false
+	}
+	return c.Lag, true
+}
+
 // QueryLocal calls fn for each task running on this instance, in
 // partition order, with a read-only scope over its committed state as
 // Query gives one (its key is empty): for reads across keys, such as a

@@ -206,6 +206,14 @@ func testStandbyFailover(t *testing.T, replicas int) {
 			case (replicas == 0 || i+1 != holder[label]) && !errors.Is(err, sluice.ErrNotLocal):
 				t.Errorf("%s, stale, on an instance without its task or standby: %v, want ErrNotLocal", key, err)
 			}
+			if replicas > 0 && i+1 == holder[label] {
+				// The holder's standby is caught up: its lag is
+				// the commit's control record, or none.
+				waitUntil(t, "task "+label+"'s standby lag known and at most 1", func() bool {
+					lag, ok := m.inst.StandbyLag(int32(p))
+					return ok && lag >= 0 && lag <= 1
+				})
+			}
 		}
 	}
 

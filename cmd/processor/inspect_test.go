@@ -204,6 +204,9 @@ func TestInspectShowsStandbys(t *testing.T) {
 			ans = queryAnswer{}
 			code := getJSON(t, other.metrics, path+"&stale=true", &ans)
 			if code == http.StatusOK && ans.Standby && string(ans.Value) == string(want.Value) {
+				if ans.StandbyLag == nil || *ans.StandbyLag < 0 {
+					t.Fatalf("%s, stale, from its standby: standby_lag %v, want a lag", key, ans.StandbyLag)
+				}
 				break
 			}
 			if time.Now().After(deadline) {

@@ -79,10 +79,12 @@ type queryAnswer struct {
 	Partition *int32          `json:"partition,omitempty"`
 	Instance  string          `json:"instance"`
 	Value     json.RawMessage `json:"value,omitempty"`
-	// Standby: the value is a standby replica's (stale=true).
-	Standby bool   `json:"standby,omitempty"`
-	Owner   string `json:"owner,omitempty"`
-	Error   string `json:"error,omitempty"`
+	// Standby: the value is a standby replica's (stale=true), which
+	// was StandbyLag changelog offsets behind at its last round.
+	Standby    bool   `json:"standby,omitempty"`
+	StandbyLag *int64 `json:"standby_lag,omitempty"`
+	Owner      string `json:"owner,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -128,6 +130,9 @@ func (q *stateQueries) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p := st.in.PartitionOf(key)
 	ans.Partition = &p
+	if lag, ok := st.in.StandbyLag(p); ans.Standby && ok {
+		ans.StandbyLag = &lag
+	}
 	var nl *sluice.NotLocalError
 	switch {
 	case errors.As(err, &nl):
