@@ -380,8 +380,8 @@ func (in *Instance) QueryStale(key []byte, fn func(kstate.Scope) error) (standby
 // behind its changelog at its last round: the changelog offsets between
 // its copy and the partition's last stable offset, 1 when caught up (the
 // commit's control record follows the last marker), what a move of the
-// task here would restore. ok is false when no standby of p runs here or
-// its lag is not known (before its first whole round, or while its
+// task here would restore. ok is false when no standby of p runs here (or
+// one the last assignment ended is stopping) or its lag is not known (before its first whole round, or while its
 // rounds fail). Kafka Streams' allLocalStorePartitionLags has the same
 // for its standbys; the sluice_standby_lag gauge shows it too.
 func (in *Instance) StandbyLag(p int32) (lag int64, ok bool) {
@@ -392,8 +392,8 @@ func (in *Instance) StandbyLag(p int32) (lag int64, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, held := s.copies[p]
-	if s.running[p] == nil || !held || c.Lag < 0 {
-		return 0, false
+	if r := s.running[p]; r == nil || r.stopping || !held || c.Lag < 0 {
+		return 0, false // none, or one the last assignment ended
 	}
 	return c.Lag, true
 }
