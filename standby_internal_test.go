@@ -124,20 +124,7 @@ func TestAssignTasksInvariants(t *testing.T) {
 		n := 1 + r.IntN(10)
 		tasks := int32(r.IntN(64))
 		replicas := r.IntN(5)
-		members := make([]taskMember, n)
-		for t := range tasks {
-			if r.IntN(3) > 0 {
-				m := r.IntN(n)
-				members[m].owned = append(members[m].owned, t)
-			}
-			if r.IntN(2) == 0 {
-				m := r.IntN(n)
-				if members[m].local == nil {
-					members[m].local = map[int32]int64{}
-				}
-				members[m].local[t] = int64(r.IntN(50))
-			}
-		}
+		members := randomMembers(r, n, tasks)
 		if r.IntN(10) == 0 && n > 1 && tasks > 0 { // a stale claim: two owners
 			members[0].owned = append(members[0].owned, 0)
 			members[1].owned = append(members[1].owned, 0)
@@ -231,22 +218,9 @@ func TestAssignTasksRackInvariants(t *testing.T) {
 		n := 1 + r.IntN(8)
 		tasks := int32(r.IntN(32))
 		replicas := r.IntN(4)
-		members := make([]taskMember, n)
+		members := randomMembers(r, n, tasks)
 		for m := range members {
 			members[m].rack = racks[r.IntN(1+r.IntN(len(racks)))]
-		}
-		for t := range tasks {
-			if r.IntN(3) > 0 {
-				m := r.IntN(n)
-				members[m].owned = append(members[m].owned, t)
-			}
-			if r.IntN(2) == 0 {
-				m := r.IntN(n)
-				if members[m].local == nil {
-					members[m].local = map[int32]int64{}
-				}
-				members[m].local[t] = int64(r.IntN(50))
-			}
 		}
 		warm := warmups{most: r.IntN(3), lag: int64(r.IntN(30))}
 		plan := assignTasks(tasks, members, replicas, warm)
@@ -597,6 +571,27 @@ func TestWarmupAsksBackOff(t *testing.T) {
 	}
 	s.warmedUp(2, 0)
 	want(before+1, "the next warm-up, once the last arrived")
+}
+
+// randomMembers is a random group of n members over tasks: each task
+// claimed by one member two times in three, and copied (at an offset below
+// 50) on one member one time in two.
+func randomMembers(r *rand.Rand, n int, tasks int32) []taskMember {
+	members := make([]taskMember, n)
+	for t := range tasks {
+		if r.IntN(3) > 0 {
+			m := r.IntN(n)
+			members[m].owned = append(members[m].owned, t)
+		}
+		if r.IntN(2) == 0 {
+			m := r.IntN(n)
+			if members[m].local == nil {
+				members[m].local = map[int32]int64{}
+			}
+			members[m].local[t] = int64(r.IntN(50))
+		}
+	}
+	return members
 }
 
 func checkPlan(t *testing.T, tasks int32, members []taskMember, replicas int, plan taskPlan) {
